@@ -1,0 +1,38 @@
+# One-command entry points. Each target creates the virtual environment and
+# installs jointlab on first use, so `make demo` and `make test` work on a
+# fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# Pinned for dev and CI: 2.13.0 is a CPU build available from local disk.
+TORCH_PIN ?= torch==2.13.0
+STAMP  := $(VENV)/.jointlab-installed
+
+.PHONY: install demo test lint fuzz bench notebooks clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev]" "$(TORCH_PIN)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m jointlab demo --out out/jointlab-demo.html
+
+lint: $(STAMP)
+	$(PY) -m ruff check jointlab tests bench
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+fuzz: $(STAMP)
+	$(PY) -m pytest -q -m slow tests
+
+bench: $(STAMP)
+	$(PY) bench/run.py --json bench/results.json
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

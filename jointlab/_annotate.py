@@ -1,0 +1,198 @@
+"""Trace-time annotation: phase, module attribution and source of every node.
+
+Runs once after tracing and writes into ``node.meta["jointlab"]`` (see
+:mod:`jointlab._meta`). Node kinds are told apart by the small predicates
+below. Everything is one or two linear passes over the graph.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ._meta import KEY, TRAIN_FN
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_JOINTLAB_DIR = os.path.dirname(__file__) + os.sep
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_COPIED_META = ("nn_module_stack", "stack_trace", "custom")
+
+
+# -- predicates ---------------------------------------------------------------
+def is_placeholder(node: fx.Node) -> bool:
+    """True for a graph input."""
+    return node.op == "placeholder"
+
+
+def is_output(node: fx.Node) -> bool:
+    """True for the graph's output node."""
+    return node.op == "output"
+
+
+def is_compute(node: fx.Node) -> bool:
+    """True for nodes that compute something (calls and attribute reads)."""
+    return node.op in ("call_function", "call_method", "call_module", "get_attr")
+
+
+def is_engine_backward(node: fx.Node) -> bool:
+    """True when the autograd engine tagged the node as part of backward."""
+    return bool(node.meta.get("autograd_backward"))
+
+
+def has_module_stack(node: fx.Node) -> bool:
+    """True when make_fx recorded the module whose forward created the node."""
+    return bool(node.meta.get("nn_module_stack"))
+
+
+def is_user_frame(path: str) -> bool:
+    """True for a source file that belongs to neither torch nor jointlab."""
+    return not (path.startswith(_TORCH_DIR) or path.startswith(_JOINTLAB_DIR))
+
+
+# -- helpers ------------------------------------------------------------------
+def node_inputs(node: fx.Node) -> Iterable[fx.Node]:
+    """Nodes read by ``node`` (deduplicated, in argument order)."""
+    return node.all_input_nodes
+
+
+def user_source(stack_trace: str | None) -> str:
+    """Return ``file.py:line`` of the innermost user frame in a stack trace."""
+    if not stack_trace:
+        return ""
+    frames = _FRAME.findall(stack_trace)
+    for path, line, _fn in reversed(frames):
+        if is_user_frame(path):
+            return f"{os.path.basename(path)}:{line}"
+    if frames:
+        path, line, _fn = frames[-1]
+        return f"{os.path.basename(path)}:{line}"
+    return ""
+
+
+def _stack_module(node: fx.Node) -> tuple[str, str]:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return TRAIN_FN, ""
+    path, mtype = next(reversed(stack.values()))
+    name = mtype if isinstance(mtype, str) else getattr(mtype, "__qualname__", str(mtype))
+    return str(path), name.rsplit(".", 1)[-1]
+
+
+def _forward_ancestors(roots: Sequence[Any]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    todo = [r for r in roots if isinstance(r, fx.Node) and is_compute(r)]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        todo.extend(a for a in node_inputs(n) if is_compute(a) and a not in seen)
+    return seen
+
+
+# -- the pass -----------------------------------------------------------------
+def annotate(
+    gm: fx.GraphModule,
+    placeholder_info: Sequence[dict[str, Any]],
+    grad_fqns: Sequence[str],
+    zero_grad_fqns: Iterable[str] = (),
+    num_loss_dict: int = 0,
+) -> None:
+    """Write phase, module, type and source for every node of a make_fx joint graph.
+
+    Args:
+        gm: The joint graph, outputs laid out as ``[loss, *grads, *loss_dict]``.
+        placeholder_info: Per placeholder, a dict with ``phase`` and ``fqn`` or
+            ``input_path`` (and ``module`` for state placeholders).
+        grad_fqns: The parameter FQN of each gradient output.
+        zero_grad_fqns: Parameters whose gradient output is only zeros.
+        num_loss_dict: How many ``loss_dict`` values follow the gradients.
+    """
+    graph = gm.graph
+    out_node = graph.output_node()
+    outs = list(out_node.args[0])
+    fwd_roots = [outs[0], *outs[len(outs) - num_loss_dict :]]
+    ancestors = _forward_ancestors(fwd_roots)
+
+    placeholders = iter(placeholder_info)
+    by_seq: dict[int, fx.Node] = {}
+    pending: list[fx.Node] = []
+    for node in graph.nodes:
+        if is_placeholder(node):
+            meta = dict(next(placeholders))
+            meta.setdefault("module", "")
+            meta.setdefault("module_type", "")
+            meta["source"] = ""
+            node.meta[KEY] = meta
+            continue
+        if is_output(node):
+            node.meta[KEY] = {"phase": "output", "module": "", "module_type": "", "source": ""}
+            continue
+        backward = is_engine_backward(node) or not (
+            has_module_stack(node) or node in ancestors
+        )
+        if backward:
+            pending.append(node)
+            continue
+        mod, mtype = _stack_module(node)
+        node.meta[KEY] = {
+            "phase": "forward",
+            "module": mod,
+            "module_type": mtype,
+            "source": user_source(node.meta.get("stack_trace")),
+        }
+        seq = node.meta.get("seq_nr")
+        if seq is not None and seq >= 0:
+            by_seq.setdefault(seq, node)
+    _attribute_backward(pending, by_seq)
+    _mark_gradients(outs, grad_fqns, set(zero_grad_fqns))
+
+
+def _attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None:
+    unresolved = []
+    for node in nodes:
+        twin = by_seq.get(node.meta.get("seq_nr", -1))
+        meta = {"phase": "backward", "module": "", "module_type": "", "source": ""}
+        node.meta[KEY] = meta
+        if twin is None:
+            unresolved.append(node)
+            continue
+        for key in _COPIED_META:
+            if key in twin.meta and twin.meta[key] is not None:
+                node.meta[key] = twin.meta[key]
+        tmeta = twin.meta[KEY]
+        meta.update(module=tmeta["module"], module_type=tmeta["module_type"],
+                    source=tmeta["source"], fwd_twin=twin.name)
+    # Nodes without a forward twin (gradient seeds, accumulation, zeros for
+    # unused parameters) take the module of their nearest attributed neighbour:
+    # first a producer, then (walking back) a consumer.
+    for node in unresolved:
+        _inherit(node, node_inputs(node))
+    for node in reversed(unresolved):
+        if not node.meta[KEY]["module"]:
+            _inherit(node, node.users)
+    for node in unresolved:
+        if not node.meta[KEY]["module"]:
+            node.meta[KEY]["module"] = TRAIN_FN
+
+
+def _inherit(node: fx.Node, neighbours: Iterable[fx.Node]) -> None:
+    for other in neighbours:
+        ometa = other.meta.get(KEY)
+        if ometa and ometa["phase"] in ("forward", "backward") and ometa["module"]:
+            node.meta[KEY].update(module=ometa["module"], module_type=ometa["module_type"],
+                                  source=ometa["source"])
+            return
+
+
+def _mark_gradients(outs: list[Any], grad_fqns: Sequence[str], zero: set[str]) -> None:
+    for fqn, node in zip(grad_fqns, outs[1 : 1 + len(grad_fqns)]):
+        if isinstance(node, fx.Node) and KEY in node.meta:
+            node.meta[KEY]["grad_of"] = fqn
+            if fqn in zero:
+                node.meta[KEY]["zero_grad"] = True

@@ -1,0 +1,56 @@
+"""The one ``node.meta`` namespace jointlab writes, and small readers for it.
+
+Every jointlab pass writes its per-node facts into ``node.meta["jointlab"]``,
+a plain dict of JSON-friendly values. Tables, plots, widgets and the report
+only read it. Keys written at trace time:
+
+- ``phase``: ``param``, ``buffer``, ``input``, ``forward``, ``backward`` or ``output``.
+- ``module``: FQN of the owning module (``""`` is the root module;
+  :data:`TRAIN_FN` marks ops of the loss outside any module).
+- ``module_type``: class name of that module, or ``""``.
+- ``source``: the user's ``file:line`` that created the node, or ``""``.
+- ``fqn``: for parameter and buffer placeholders, their state name.
+- ``input_path``: for user-input placeholders, the dotted input path.
+- ``grad_of``: for gradient outputs, the parameter FQN.
+- ``zero_grad``: the node only emits zeros for a parameter without a gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.fx as fx
+
+KEY = "jointlab"
+TRAIN_FN = "<train_fn>"
+PHASES = ("param", "buffer", "input", "forward", "backward", "output")
+
+
+def info(node: fx.Node) -> dict[str, Any]:
+    """Return the jointlab annotations of ``node`` (empty if never annotated)."""
+    return node.meta.get(KEY, {})
+
+
+def phase(node: fx.Node) -> str:
+    """Return the node's phase."""
+    return info(node).get("phase", "")
+
+
+def module(node: fx.Node) -> str:
+    """Return the FQN of the module the node belongs to."""
+    return info(node).get("module", "")
+
+
+def is_forward(node: fx.Node) -> bool:
+    """True for a forward compute node."""
+    return phase(node) == "forward"
+
+
+def is_backward(node: fx.Node) -> bool:
+    """True for a backward compute node."""
+    return phase(node) == "backward"
+
+
+def is_state_input(node: fx.Node) -> bool:
+    """True for a parameter or buffer placeholder."""
+    return phase(node) in ("param", "buffer")

@@ -1,0 +1,245 @@
+"""Default tracing mode: one make_fx graph holding forward, loss and backward.
+
+The training step runs under a fake mode with the model's parameters and
+buffers swapped for fake placeholders, and ``torch.autograd.grad`` is called
+*inside* ``torch.compiler._patch_engine_backward()`` so the autograd engine
+records the backward as graph nodes tagged with the ``seq_nr`` of the forward
+op they differentiate. The model is restored from a snapshot afterwards,
+whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch._guards import TracingContext, tracing
+from torch._subclasses import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.traceback import preserve_node_meta
+from torch.nn.utils import stateless
+
+from ._annotate import annotate, is_user_frame
+from ._graph import JointGraph
+from ._guards import ShapeGuards, fakeify, resolve_dynamic_dims, symbolic_fake_mode
+from ._inputs import describe_inputs, describe_state, flatten_inputs, model_state
+from ._snapshot import ModelSnapshot
+from .errors import DataDependentError, LossError, NoTrainableParametersError, TraceError
+
+MODES = ("make_fx", "aot")
+_DATA_DEPENDENT = (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    GuardOnDataDependentSymNode,
+)
+
+
+def trace(
+    model: nn.Module,
+    train_fn: Callable[..., Any],
+    inputs: dict[str, Any],
+    *,
+    mode: str = "make_fx",
+    dynamic: bool = False,
+    dynamic_arg_dims: dict[str, int | list[int]] | None = None,
+) -> JointGraph:
+    """Trace ``train_fn(model, **inputs)`` and its backward into one FX graph.
+
+    Args:
+        model: The model. It is never changed by tracing, even on failure.
+        train_fn: Returns a scalar loss, or ``(loss, loss_dict)``.
+        inputs: Keyword arguments for ``train_fn``; leaves are tensors, int,
+            float, bool, str or None, nested in dicts, lists or tuples.
+        mode: ``"make_fx"`` (default) or ``"aot"`` (AOT joint export with descriptors).
+        dynamic: Make every dim of every tensor input symbolic.
+        dynamic_arg_dims: Dotted input path to the dims to make symbolic,
+            e.g. ``{"batch.input_ids": [0, -1]}``. Parameters stay static.
+
+    Returns:
+        The traced :class:`JointGraph`.
+
+    Raises:
+        ValueError: ``mode`` or ``dynamic`` is invalid.
+        jointlab.errors.JointlabError: The inputs, the loss or the model cannot
+            be traced; the message says why and where.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if mode == "aot":
+        from ._aot import trace_aot
+
+        return trace_aot(model, train_fn, inputs, dynamic=dynamic,
+                         dynamic_arg_dims=dynamic_arg_dims)
+    return _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims)
+
+
+def trainable_names(model: nn.Module) -> list[str]:
+    """Names of parameters with ``requires_grad``, tied weights once.
+
+    Raises:
+        NoTrainableParametersError: There are none.
+    """
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    if not names:
+        raise NoTrainableParametersError(
+            f"{type(model).__name__} has no parameter with requires_grad=True, so there is "
+            "no gradient to trace. Unfreeze at least one parameter."
+        )
+    return names
+
+
+def check_loss(loss: Any) -> None:
+    """Raise :class:`LossError` unless ``loss`` is a differentiable one-element tensor."""
+    if not isinstance(loss, torch.Tensor):
+        raise LossError(
+            f"train_fn returned a {type(loss).__name__} as the loss; it must return a scalar "
+            "tensor (or (loss, loss_dict)). Return the tensor itself, not .item() or a float."
+        )
+    if loss.numel() != 1:
+        raise LossError(
+            f"train_fn returned a loss of shape {list(loss.shape)}; it must be a scalar. "
+            "Reduce it, e.g. loss.mean() or loss.sum()."
+        )
+    if not loss.requires_grad:
+        raise LossError(
+            "train_fn returned a loss that does not require grad: it does not depend on any "
+            "trainable parameter (was it detached, or computed under torch.no_grad()?)."
+        )
+
+
+def split_loss(out: Any) -> tuple[Any, dict[str, Any]]:
+    """Split ``train_fn``'s result into the loss and the ``loss_dict``."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        return out[0], dict(out[1])
+    return out, {}
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn data-dependent tracing failures into :class:`DataDependentError`."""
+    try:
+        yield
+    except _DATA_DEPENDENT as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user_frame(f.filename)]
+        where = (
+            f" at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line}" if frames else ""
+        )
+        raise DataDependentError(
+            "the model reads a tensor's value in Python while tracing" + where + ". A joint "
+            "graph cannot depend on data: replace Python control flow on tensor values "
+            "(if, .item(), printing a tensor) with tensor ops such as torch.where."
+        ) from exc
+
+
+def _fake_inputs(model, leaves, dyn_dims, symbolic):
+    mode = symbolic_fake_mode() if symbolic else FakeTensorMode(allow_non_fake_inputs=True)
+    state = model_state(model)
+    on_meta = any(t.device.type == "meta" for t in state.values())
+    fake_state = [fakeify(mode, t, None) for t in state.values()]
+    fake_user = []
+    for path, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            src = leaf.to("meta") if on_meta else leaf
+            fake_user.append((path, fakeify(mode, src, dyn_dims.get(path))))
+    return mode, list(state), fake_state, fake_user
+
+
+def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointGraph:
+    leaves, treespec = flatten_inputs(inputs)
+    input_spec = describe_inputs(leaves, treespec)
+    tensors = [(p, v) for p, v in leaves if isinstance(v, torch.Tensor)]
+    dyn_dims = resolve_dynamic_dims(tensors, dynamic, dynamic_arg_dims)
+    symbolic = bool(dyn_dims)
+    state_spec = describe_state(model)
+    param_names = trainable_names(model)
+
+    snapshot = ModelSnapshot.take(model)
+    try:
+        fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims, symbolic)
+        fn, box = _joint_fn(model, train_fn, fqns, param_names, leaves, treespec)
+        fn._orig_mod = model  # type: ignore[attr-defined]  # enables nn_module_stack
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(fake_mode)
+            stack.enter_context(tracing(TracingContext(fake_mode)))
+            stack.enter_context(preserve_node_meta())
+            stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+            if hasattr(torch.compiler, "_non_strict_tracing_context"):
+                stack.enter_context(torch.compiler._non_strict_tracing_context())
+            stack.enter_context(user_errors())
+            gm = make_fx(fn, record_stack_traces=True, record_module_stack=True)(
+                *fake_state, *(f for _, f in fake_user)
+            )
+        guards = None
+        if symbolic:
+            guards = ShapeGuards.record(
+                fake_mode.shape_env, fake_user,
+                {p: tuple(t.shape) for p, t in tensors}, dyn_dims,
+            )
+    finally:
+        snapshot.restore()
+
+    placeholder_info = [
+        {"phase": "param" if is_p else "buffer", "fqn": fqn, "module": fqn.rpartition(".")[0]}
+        for fqn, is_p in zip(state_spec.fqns, state_spec.is_param)
+    ] + [{"phase": "input", "input_path": p} for p, _ in tensors]
+    annotate(gm, placeholder_info, param_names, box["zero_grads"], len(box["loss_dict_keys"]))
+    return JointGraph(
+        graph_module=gm,
+        mode="make_fx",
+        state_spec=state_spec,
+        input_spec=input_spec,
+        param_names=param_names,
+        loss_dict_keys=box["loss_dict_keys"],
+        dynamic_dims=dyn_dims,
+        guards=guards,
+    )
+
+
+def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec):
+    box: dict[str, list[str]] = {"loss_dict_keys": [], "zero_grads": []}
+    n_state = len(fqns)
+
+    def joint(*args):
+        box["zero_grads"].clear()
+        state = dict(zip(fqns, args[:n_state]))
+        tensor_args = iter(args[n_state:])
+        values = [next(tensor_args) if isinstance(v, torch.Tensor) else v for _, v in leaves]
+        kwargs = torch.utils._pytree.tree_unflatten(values, treespec)
+        with stateless._reparametrize_module(model, state, tie_weights=True), _engine_backward():
+            loss, loss_dict = split_loss(train_fn(model, **kwargs))
+            check_loss(loss)
+            params = [state[n] for n in param_names]
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+        out = []
+        for name, p, g in zip(param_names, params, grads):
+            if g is None:
+                box["zero_grads"].append(name)
+                g = torch.zeros_like(p)
+            out.append(g)
+        box["loss_dict_keys"][:] = list(loss_dict)
+        return [loss, *out, *loss_dict.values()]
+
+    return joint, box
+
+
+@contextlib.contextmanager
+def _engine_backward() -> Iterator[None]:
+    patch = getattr(torch.compiler, "_patch_engine_backward", None)
+    if patch is None:  # pragma: no cover - older torch: structural phases only
+        yield
+        return
+    with patch():
+        yield
+
+
+__all__ = ["trace", "TraceError"]

@@ -1,0 +1,72 @@
+"""Exception classes that jointlab raises and users catch.
+
+Every error says what was wrong, where (an input path, a parameter name, a
+graph node or a source line) and what to do about it. Each class also derives
+from the matching builtin (``ValueError``, ``TypeError``, ``RuntimeError``) so
+generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "JointlabError",
+    "InputTypeError",
+    "InputStructureError",
+    "InputMismatchError",
+    "GuardError",
+    "LossError",
+    "NoTrainableParametersError",
+    "DataDependentError",
+    "StateMismatchError",
+    "MetaDeviceError",
+    "TraceError",
+    "NodeExecutionError",
+]
+
+
+class JointlabError(Exception):
+    """Base class of every error jointlab raises on purpose."""
+
+
+class InputTypeError(JointlabError, TypeError):
+    """An input leaf has a type jointlab cannot place in the graph."""
+
+
+class InputStructureError(JointlabError, ValueError):
+    """The nesting or keys of the inputs differ from what was traced."""
+
+
+class InputMismatchError(JointlabError, ValueError):
+    """A tensor input has a shape, dtype or device the graph was not traced for."""
+
+
+class GuardError(InputMismatchError):
+    """A dynamic-shape guard recorded at trace time rejects the given inputs."""
+
+
+class LossError(JointlabError, TypeError):
+    """``train_fn`` did not return a differentiable scalar loss."""
+
+
+class NoTrainableParametersError(JointlabError, ValueError):
+    """The model has no parameter with ``requires_grad=True``."""
+
+
+class DataDependentError(JointlabError, RuntimeError):
+    """The model branches on, or reads, a tensor's value while tracing."""
+
+
+class StateMismatchError(JointlabError, ValueError):
+    """The model's parameters or buffers differ from those at trace time."""
+
+
+class MetaDeviceError(JointlabError, RuntimeError):
+    """An operation needs real data but the model lives on the meta device."""
+
+
+class TraceError(JointlabError, RuntimeError):
+    """Tracing failed for a reason not covered by a more specific error."""
+
+
+class NodeExecutionError(JointlabError, RuntimeError):
+    """A graph node raised while the joint graph was executing."""
