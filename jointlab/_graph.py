@@ -128,6 +128,31 @@ class JointGraph:
                 grads.setdefault(info["grad_of"], n)
         return {name: (ph[name], grads.get(name)) for name in self.param_names}
 
+    # -- descriptor-style queries (one API over both modes; see _descriptors) ---
+    def inputs_and_grads(self) -> list[tuple[fx.Node, fx.Node | None]]:
+        """Every input placeholder with its gradient node (None if it has none)."""
+        from ._descriptors import inputs_and_grads
+
+        return inputs_and_grads(self)
+
+    def outputs_and_tangents(self) -> list[tuple[fx.Node, fx.Node | None]]:
+        """Every output value with its tangent placeholder (None if it has none)."""
+        from ._descriptors import outputs_and_tangents
+
+        return outputs_and_tangents(self)
+
+    def params(self) -> dict[str, fx.Node]:
+        """Parameter placeholders by FQN."""
+        from ._descriptors import params
+
+        return params(self)
+
+    def buffers(self) -> dict[str, fx.Node]:
+        """Buffer placeholders by FQN."""
+        from ._descriptors import buffers
+
+        return buffers(self)
+
     # -- running --------------------------------------------------------------
     def flat_args(self, model: nn.Module, inputs: dict[str, Any]) -> list[torch.Tensor]:
         """Validate ``model`` and ``inputs`` and return state + tensor inputs, flat.
