@@ -21,6 +21,7 @@ __all__ = [
     "MetaDeviceError",
     "TraceError",
     "NodeExecutionError",
+    "PersistError",
 ]
 
 
@@ -70,3 +71,7 @@ class TraceError(JointlabError, RuntimeError):
 
 class NodeExecutionError(JointlabError, RuntimeError):
     """A graph node raised while the joint graph was executing."""
+
+
+class PersistError(JointlabError, ValueError):
+    """A JointGraph cannot be saved, or a file is not a safe jointlab graph archive."""
