@@ -22,6 +22,7 @@ __all__ = [
     "TraceError",
     "NodeExecutionError",
     "PersistError",
+    "TableQueryError",
 ]
 
 
@@ -75,3 +76,7 @@ class NodeExecutionError(JointlabError, RuntimeError):
 
 class PersistError(JointlabError, ValueError):
     """A JointGraph cannot be saved, or a file is not a safe jointlab graph archive."""
+
+
+class TableQueryError(JointlabError, ValueError):
+    """A node-table query got an unknown grouping, phase or filter value."""
