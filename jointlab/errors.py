@@ -23,6 +23,7 @@ __all__ = [
     "NodeExecutionError",
     "PersistError",
     "TableQueryError",
+    "ValueNotAvailableError",
 ]
 
 
@@ -80,3 +81,7 @@ class PersistError(JointlabError, ValueError):
 
 class TableQueryError(JointlabError, ValueError):
     """A node-table query got an unknown grouping, phase or filter value."""
+
+
+class ValueNotAvailableError(JointlabError, ValueError):
+    """A stepped node's value was not computed yet, or was freed after its last use."""
