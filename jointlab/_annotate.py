@@ -50,8 +50,13 @@ def has_module_stack(node: fx.Node) -> bool:
 
 
 def is_user_frame(path: str) -> bool:
-    """True for a source file that belongs to neither torch nor jointlab."""
-    return not (path.startswith(_TORCH_DIR) or path.startswith(_JOINTLAB_DIR))
+    """True for a source file outside torch and jointlab's private modules.
+
+    jointlab's public modules (e.g. the demo models) count as user code.
+    """
+    if path.startswith(_TORCH_DIR):
+        return False
+    return not (path.startswith(_JOINTLAB_DIR) and os.path.basename(path).startswith("_"))
 
 
 # -- helpers ------------------------------------------------------------------
@@ -118,6 +123,12 @@ def annotate(
     outs = list(out_node.args[0])
     fwd_roots = [outs[0], *outs[len(outs) - num_loss_dict :]]
     ancestors = _forward_ancestors(fwd_roots)
+    # Untagged nodes created before the loss (saved-tensor detaches, unused
+    # outputs of multi-output ops) are forward; after it, untagged nodes
+    # outside any module (the gradient seed, zeros for unused parameters)
+    # belong to the backward.
+    loss = outs[0] if isinstance(outs[0], fx.Node) else None
+    after_loss = False
 
     placeholders = iter(placeholder_info)
     by_seq: dict[int, fx.Node] = {}
@@ -133,9 +144,10 @@ def annotate(
         if is_output(node):
             node.meta[KEY] = {"phase": "output", "module": "", "module_type": "", "source": ""}
             continue
-        backward = is_engine_backward(node) or not (
-            has_module_stack(node) or node in ancestors
+        backward = is_engine_backward(node) or (
+            after_loss and not (has_module_stack(node) or node in ancestors)
         )
+        after_loss = after_loss or node is loss
         if backward:
             pending.append(node)
             continue

@@ -168,6 +168,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
         fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims, symbolic)
         fn, box = _joint_fn(model, train_fn, fqns, param_names, leaves, treespec)
         fn._orig_mod = model  # type: ignore[attr-defined]  # enables nn_module_stack
+        _keep_stack_frames_of(train_fn)
         with contextlib.ExitStack() as stack:
             stack.enter_context(fake_mode)
             stack.enter_context(tracing(TracingContext(fake_mode)))
@@ -230,6 +231,15 @@ def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec):
         return [loss, *out, *loss_dict.values()]
 
     return joint, box
+
+
+def _keep_stack_frames_of(train_fn: Callable[..., Any]) -> None:
+    # With module-stack recording, make_fx keeps only frames named "forward"
+    # in stack traces; registering train_fn as an anchor keeps its frame too,
+    # so ops of the loss get a source line.
+    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if register is not None:
+        register(train_fn)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,54 @@
+"""Shared test helpers: exact model snapshots and eager reference steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def deep_state(model: nn.Module) -> dict[str, Any]:
+    """Everything tracing must not change, copied (values) and by identity."""
+    out: dict[str, Any] = {"rng": torch.get_rng_state().clone()}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        out[f"{name}#training"] = mod.training
+        for pname, p in list(mod._parameters.items()) + list(mod._buffers.items()):
+            key = f"{name}.{pname}"
+            if p is None:
+                out[key] = None
+                continue
+            out[key] = (
+                id(p), type(p), p.detach().clone(), p.requires_grad,
+                None if p.grad is None else (id(p.grad), p.grad.clone()),
+            )
+    return out
+
+
+def assert_unchanged(before: dict[str, Any], model: nn.Module) -> None:
+    """Assert ``model`` (and the global RNG) equal a :func:`deep_state` snapshot bitwise."""
+    after = deep_state(model)
+    assert before.keys() == after.keys()
+    for key, b in before.items():
+        a = after[key]
+        if key == "rng" or isinstance(b, bool) or b is None:
+            assert (torch.equal(a, b) if key == "rng" else a == b), key
+            continue
+        assert a[0] == b[0] and a[1] is b[1], f"{key}: object replaced"
+        assert a[2].dtype == b[2].dtype and torch.equal(a[2], b[2]), f"{key}: value changed"
+        assert a[3] == b[3], f"{key}: requires_grad changed"
+        assert (a[4] is None) == (b[4] is None), f"{key}: grad changed"
+        if b[4] is not None:
+            assert a[4][0] == b[4][0] and torch.equal(a[4][1], b[4][1]), f"{key}: grad changed"
+
+
+def eager_step(model: nn.Module, train_fn, inputs: dict[str, Any], seed: int):
+    """One eager forward+backward; returns (loss, grads by FQN, loss_dict)."""
+    torch.manual_seed(seed)
+    out = train_fn(model, **inputs)
+    loss, loss_dict = (out if isinstance(out, tuple) else (out, {}))
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+    g = {n: (torch.zeros_like(p) if gr is None else gr) for (n, p), gr in zip(params, grads)}
+    return loss.detach(), g, {k: v.detach() if isinstance(v, torch.Tensor) else v
+                              for k, v in loss_dict.items()}
