@@ -1,0 +1,304 @@
+"""Save/load round trips and hostile archives for jointlab._persist."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import zipfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import jointlab as jl
+from jointlab.errors import GuardError, PersistError
+from tests.fixtures import zoo
+
+
+def _trace(name: str, batch: int = 4, **kw):
+    fx_ = zoo.FIXTURES[name]
+    model, inputs = fx_.make_model(), fx_.make_inputs(batch)
+    return fx_, model, inputs, jl.trace(model, fx_.train_fn, inputs, **kw)
+
+
+def _run(joint, model, inputs, seed=0):
+    torch.manual_seed(seed)
+    loss, grads, ld = joint.run(model, inputs)
+    bufs = {k: v.clone() for k, v in model.named_buffers()}
+    return loss, grads, ld, bufs
+
+
+def _assert_bitwise(a, b):
+    assert torch.equal(a[0], b[0])
+    assert list(a[1]) == list(b[1])
+    for k in a[1]:
+        assert torch.equal(a[1][k], b[1][k]), k
+    assert list(a[2]) == list(b[2])
+    for k in a[2]:
+        assert torch.equal(a[2][k], b[2][k]), k
+    for k in a[3]:
+        assert torch.equal(a[3][k], b[3][k]), k
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_bn", "tiny_lm", "nested_inputs", "unused_param",
+                                  "shared_submodule"])
+def test_roundtrip_runs_bit_for_bit(name, tmp_path):
+    fx_, model, inputs, joint = _trace(name)
+    path = tmp_path / "g.jlg"
+    joint.save(str(path))
+    loaded = jl.load(str(path))
+    # Two independent models from the same builder: buffers (BatchNorm) evolve identically.
+    model2 = fx_.make_model()
+    for _ in range(2):  # two steps: buffer updates feed the second step
+        _assert_bitwise(_run(joint, model, inputs), _run(loaded, model2, inputs))
+    assert loaded.state_fqns == joint.state_fqns
+    assert loaded.param_names == joint.param_names
+    assert loaded.loss_dict_keys == joint.loss_dict_keys
+    assert loaded.input_spec == joint.input_spec
+    assert loaded.state_spec == joint.state_spec
+
+
+def test_dropout_matches_eager_after_load(tmp_path):
+    fx_, model, inputs, joint = _trace("tiny_lm")
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    torch.manual_seed(7)
+    loss = fx_.train_fn(model, **inputs)
+    torch.manual_seed(7)
+    got, _, _ = loaded.run(model, inputs)
+    torch.testing.assert_close(got, loss.detach())
+    torch.manual_seed(8)
+    other, _, _ = loaded.run(model, inputs)
+    assert not torch.equal(other, got)  # dropout really is live in the loaded graph
+
+
+def test_annotations_and_names_survive(tmp_path):
+    _, _, _, joint = _trace("tiny_lm")
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    a, b = list(joint.graph.nodes), list(loaded.graph.nodes)
+    assert [n.name for n in a] == [n.name for n in b]
+    assert [str(n.target) for n in a] == [str(n.target) for n in b]
+    for n1, n2 in zip(a, b):
+        assert n1.meta["jointlab"] == n2.meta["jointlab"], n1.name
+        assert n1.meta.get("nn_module_stack") == n2.meta.get("nn_module_stack")
+        assert n1.meta.get("seq_nr") == n2.meta.get("seq_nr")
+    assert {k: (p.name, g.name if g else None) for k, (p, g) in joint.param_grads.items()} == {
+        k: (p.name, g.name if g else None) for k, (p, g) in loaded.param_grads.items()}
+    # meta["val"] is rebuilt with the same shapes, dtypes and storage sharing
+    for n1, n2 in zip(a, b):
+        v1, v2 = n1.meta.get("val"), n2.meta.get("val")
+        if isinstance(v1, torch.Tensor):
+            assert isinstance(v2, torch.Tensor), n1.name
+            assert (v1.shape, v1.dtype, v1.stride()) == (v2.shape, v2.dtype, v2.stride())
+
+
+def test_dynamic_graph_serves_other_sizes_and_keeps_guards(tmp_path):
+    fx_, model, inputs, joint = _trace("mlp", dynamic=True)
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    for batch in (3, 9):
+        other = fx_.make_inputs(batch)
+        _assert_bitwise(_run(joint, model, other), _run(loaded, model, other))
+        eager = fx_.train_fn(model, **other)
+        torch.testing.assert_close(_run(loaded, model, other)[0], eager.detach())
+    with pytest.raises(GuardError, match="dim 0 of 'x'"):
+        loaded.run(model, fx_.make_inputs(1))
+
+
+def test_tensor_constant_in_graph(tmp_path):
+    class WithConst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.fc(x) * torch.tensor([1.0, 2.0, 3.0])
+
+    torch.manual_seed(0)
+    model, x = WithConst(), torch.randn(2, 3)
+    joint = jl.trace(model, lambda m, x: m(x).sum(), {"x": x})
+    assert any(n.op == "get_attr" for n in joint.graph.nodes)
+    joint.save(str(tmp_path / "g.jlg"))
+    with zipfile.ZipFile(tmp_path / "g.jlg") as zf:
+        assert "constants.pt" in zf.namelist()
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    _assert_bitwise(_run(joint, model, {"x": x}), _run(loaded, model, {"x": x}))
+
+
+def test_archive_is_data_only(tmp_path):
+    _, _, _, joint = _trace("cnn_bn")
+    joint.save(str(tmp_path / "g.jlg"))
+    with zipfile.ZipFile(tmp_path / "g.jlg") as zf:
+        assert set(zf.namelist()) == {"format.json", "graph.json", "layout.json"}
+        graph = json.loads(zf.read("graph.json"))
+    targets = {r["target"] for r in graph["nodes"] if r["op"] == "call_function"}
+    assert all(t.startswith("torch.ops.aten.") or t == "operator.getitem" for t in targets)
+
+
+def test_loaded_graph_still_checks_inputs(tmp_path):
+    fx_, model, inputs, joint = _trace("mlp")
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    with pytest.raises(jl.errors.InputMismatchError, match="'x'"):
+        loaded.run(model, fx_.make_inputs(5))
+    with pytest.raises(jl.errors.InputStructureError, match="missing: y"):
+        loaded.run(model, {"x": inputs["x"]})
+
+
+# -- hostile files ----------------------------------------------------------------------
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _tamper(src, dst, member, edit):
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for name in zin.namelist():
+            data = zin.read(name)
+            if name == member:
+                data = edit(data)
+            zout.writestr(name, data)
+        if member not in zin.namelist():
+            zout.writestr(member, edit(b""))
+
+
+@pytest.fixture
+def saved(tmp_path):
+    _, _, _, joint = _trace("mlp")
+    path = tmp_path / "good.jlg"
+    joint.save(str(path))
+    return path
+
+
+def _edit_graph(fn):
+    def edit(data):
+        doc = json.loads(data)
+        fn(doc["nodes"])
+        return json.dumps(doc).encode()
+    return edit
+
+
+def _first_call(nodes):
+    return next(r for r in nodes if r["op"] == "call_function")
+
+
+def _set_target(target, args):
+    def fn(nodes):
+        rec = _first_call(nodes)
+        rec["target"], rec["args"], rec["kwargs"] = target, args, {"t": "dict", "v": []}
+    return fn
+
+
+def _hostile_cases(marker):
+    cmd = f"touch {marker}"
+    return {
+        "os_system_target": ("graph.json", _edit_graph(_set_target("os.system", [cmd])),
+                             "allow-list"),
+        "builtins_eval_target": ("graph.json", _edit_graph(_set_target(
+            "builtins.eval", [f"__import__('os').system('{cmd}')"])), "allow-list"),
+        "dunder_op_path": ("graph.json", _edit_graph(_set_target(
+            "torch.ops.aten.__class__.__init__", [])), "allow-list"),
+        "foreign_namespace": ("graph.json", _edit_graph(_set_target(
+            "torch.ops.profiler._record_function_enter.default", ["x"])), "allow-list"),
+        "call_module_node": ("graph.json", _edit_graph(
+            lambda nodes: _first_call(nodes).update(op="call_method", target="system")),
+            "op must be one of"),
+        "name_injection": ("graph.json", _edit_graph(lambda nodes: _first_call(nodes).update(
+            name=f"x = __import__('os').system('{cmd}'); y")), "names must be Python"),
+        "placeholder_target_injection": ("graph.json", _edit_graph(lambda nodes: nodes[0].update(
+            target=f"a=__import__('os').system('{cmd}')")), "names must be Python"),
+        "unknown_value_tag": ("graph.json", _edit_graph(lambda nodes: _first_call(nodes).update(
+            args=[{"t": "pickle", "v": pickle.dumps(1).hex()}])), "unknown value tag"),
+        "extra_code_member": ("code.py", lambda _: f"import os; os.system('{cmd}')".encode(),
+                              "unexpected members"),
+        "pickled_constants": ("constants.pt", lambda _: pickle.dumps(_Payload(marker), protocol=2),
+                              "constants.pt"),
+        "torch_saved_payload": ("constants.pt", lambda _: _torch_saved(_Payload(marker)),
+                                "constants.pt"),
+        "bad_dtype": ("layout.json", lambda d: d.replace(b'"float32"', b'"_C"'), "dtype"),
+        "bad_device": ("layout.json", lambda d: d.replace(b'"cpu"', b'"cpu;rm"'), "device"),
+        "bad_treespec": ("layout.json", lambda d: _edit_layout(d), "layout"),
+        "meta_key_smuggling": ("graph.json", _edit_graph(lambda nodes: nodes[1]["meta"].update(
+            {"__reduce__": cmd})), "unexpected node meta key"),
+    }
+
+
+def _edit_layout(data):
+    doc = json.loads(data)
+    spec = json.loads(doc["inputs"]["treespec"])
+    spec[1]["type"] = "os.system"
+    doc["inputs"]["treespec"] = json.dumps(spec)
+    return json.dumps(doc).encode()
+
+
+def _torch_saved(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("case", sorted(_hostile_cases("m")))
+def test_hostile_archive_is_refused_and_runs_nothing(case, saved, tmp_path):
+    marker = tmp_path / "PWNED"
+    member, edit, message = _hostile_cases(marker)[case]
+    bad = tmp_path / "bad.jlg"
+    _tamper(saved, bad, member, edit)
+    with pytest.raises(PersistError, match=message):
+        jl.load(str(bad))
+    assert not marker.exists()
+
+
+def test_raw_pickle_file_is_refused(tmp_path):
+    marker = tmp_path / "PWNED"
+    bad = tmp_path / "bad.jlg"
+    bad.write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(PersistError, match="not a zip"):
+        jl.load(str(bad))
+    assert not marker.exists()
+
+
+def test_torch_save_of_a_joint_graph_file_is_refused(tmp_path):
+    marker = tmp_path / "PWNED"
+    bad = tmp_path / "bad.jlg"
+    bad.write_bytes(_torch_saved(_Payload(marker)))  # a zip, but torch's, not ours
+    with pytest.raises(PersistError, match="unexpected members"):
+        jl.load(str(bad))
+    assert not marker.exists()
+
+
+def test_sympy_guard_tampering_is_refused(tmp_path):
+    fx_, model, inputs, joint = _trace("mlp", dynamic=True)
+    joint.save(str(tmp_path / "g.jlg"))
+    marker = tmp_path / "PWNED"
+
+    def edit(data):
+        doc = json.loads(data)
+        doc["guards"]["dims"]["x"][0] = {"fn": "__import__", "args": [{"int": 1}]}
+        return json.dumps(doc).encode()
+
+    _tamper(tmp_path / "g.jlg", tmp_path / "bad.jlg", "layout.json", edit)
+    with pytest.raises(PersistError, match="not allow-listed"):
+        jl.load(str(tmp_path / "bad.jlg"))
+    assert not marker.exists()
+
+
+def test_save_refuses_unsafe_targets(tmp_path):
+    _, _, _, joint = _trace("mlp")
+    node = next(n for n in joint.graph.nodes if n.op == "call_function")
+    node.target = F.relu  # a Python function, not an ATen overload
+    with pytest.raises(PersistError, match="cannot save safely"):
+        joint.save(str(tmp_path / "g.jlg"))
+
+
+def test_payload_is_live_so_the_hostile_tests_can_fail(tmp_path):
+    marker = tmp_path / "PWNED"
+    pickle.loads(pickle.dumps(_Payload(marker)))  # what an unsafe loader would do
+    assert marker.exists()
