@@ -1,0 +1,117 @@
+"""Descriptor-style queries on both modes.
+
+References: in ``aot`` mode, PyTorch's own ``fx_utils`` helpers over the
+descriptors; in both modes, the values the graph actually computes compared
+with eager autograd (a gradient node must hold that parameter's gradient).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch._functorch._aot_autograd import fx_utils
+
+import jointlab as jl
+from jointlab._meta import KEY
+from tests.fixtures import zoo
+from tests.util import eager_step
+
+MODES = ("make_fx", "aot")
+
+
+@functools.cache
+def _traced(name: str, mode: str):
+    f = zoo.get(name)
+    inputs = f.make_inputs(4)
+    return f, inputs, jl.trace(f.make_model(), f.train_fn, inputs, mode=mode)
+
+
+def _node_values(joint, model, inputs, seed):
+    """Run the graph with an fx.Interpreter and keep every node's value."""
+    values = {}
+
+    class Keep(torch.fx.Interpreter):
+        def run_node(self, n):
+            values[n] = out = super().run_node(n)
+            return out
+
+    flat = joint.flat_args(model, inputs)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        Keep(joint.graph_module).run(*joint.runtime.prepare(joint, flat))
+    return values
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_unused_param_names_counts_and_grads(mode):
+    f, inputs, joint = _traced("unused_param", mode)
+    model = f.make_model()
+    names = [n for n, _ in model.named_parameters()]
+    assert list(joint.params()) == names  # frozen_scale included
+    assert joint.buffers() == {}
+    pairs = joint.inputs_and_grads()
+    assert len(pairs) == len(names) + 2  # + x, y
+    by_fqn = {ph.meta[KEY].get("fqn", ph.meta[KEY].get("input_path")): g for ph, g in pairs}
+    for none in ("unused.weight", "unused.bias", "frozen_scale", "x", "y"):
+        assert by_fqn[none] is None, none
+    values = _node_values(joint, model, inputs, seed=0)
+    _, egrads, _ = eager_step(f.make_model(), f.train_fn, inputs, seed=0)
+    for fqn in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+        g = by_fqn[fqn]
+        assert g is not None and g in joint.graph.output_node().all_input_nodes
+        torch.testing.assert_close(values[g], egrads[fqn], rtol=1e-6, atol=1e-7)
+    (loss, tangent), = joint.outputs_and_tangents()
+    eloss = eager_step(f.make_model(), f.train_fn, inputs, seed=0)[0]
+    torch.testing.assert_close(values[loss], eloss)
+    assert (tangent is None) == (mode == "make_fx")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_buffers_and_loss_dict_outputs(mode):
+    _, _, bn = _traced("cnn_bn", mode)
+    assert list(bn.buffers()) == bn.buffer_names
+    assert all(n.meta[KEY]["phase"] == "buffer" for n in bn.buffers().values())
+    assert all(g is None for ph, g in bn.inputs_and_grads() if ph.meta[KEY]["phase"] == "buffer")
+    f, inputs, nested = _traced("nested_inputs", mode)
+    outs = nested.outputs_and_tangents()
+    assert len(outs) == 1 + len(nested.loss_dict_keys)
+    values = _node_values(nested, f.make_model(), inputs, seed=0)
+    eloss, _, eld = eager_step(f.make_model(), f.train_fn, inputs, seed=0)
+    torch.testing.assert_close(values[outs[0][0]], eloss)
+    for (node, tangent), key in zip(outs[1:], nested.loss_dict_keys):
+        assert tangent is None
+        torch.testing.assert_close(values[node], eld[key])
+
+
+def test_aot_queries_agree_with_torch_fx_utils():
+    for name in ("tiny_lm", "cnn_bn", "unused_param"):
+        _, _, joint = _traced(name, "aot")
+        g = joint.graph
+        ref = fx_utils.get_all_input_and_grad_nodes(g)
+        ours = joint.inputs_and_grads()
+        plain = {d: pair for d, pair in ref.items()
+                 if type(d).__name__ != "TangentAOTInput"}
+        assert ours == list(plain.values())
+        ref_out = fx_utils.get_plain_output_and_tangent_nodes(g)
+        assert joint.outputs_and_tangents() == list(ref_out.values())
+        assert list(joint.params()) == [k.removeprefix("model.")
+                                        for k in fx_utils.get_named_param_nodes(g)]
+        assert list(joint.params().values()) == list(fx_utils.get_named_param_nodes(g).values())
+        assert list(joint.buffers().values()) == fx_utils.get_buffer_nodes(g)
+
+
+def test_modes_agree_on_names_and_grad_presence():
+    for name in ("tiny_lm", "unused_param", "cnn_bn"):
+        a, m = _traced(name, "aot")[2], _traced(name, "make_fx")[2]
+        assert set(m.params()) <= set(a.params())  # aot adds tied aliases
+        extra = set(a.params()) - set(m.params())
+        assert extra == ({"lm_head.weight"} if name == "tiny_lm" else set())
+        assert list(a.buffers()) == list(m.buffers())
+
+        def has_grad(joint):
+            return {ph.meta[KEY]["fqn"] for ph, g in joint.inputs_and_grads()
+                    if g is not None and ph.meta[KEY]["phase"] == "param"}
+
+        assert has_grad(a) - extra == has_grad(m)
