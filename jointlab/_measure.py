@@ -287,14 +287,27 @@ def measure(joint: Any, model: nn.Module, inputs: dict[str, Any], device: str = 
     flat = joint.flat_args(model, inputs)
     dev = torch.device(device)
     flat = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in flat]
-    n = len(gm.graph.nodes)
-    sampler: Any = CudaStatsSampler(dev) if dev.type == "cuda" else ProfilerSampler()
     with _preserved(model), torch.no_grad():
-        args = joint.runtime.prepare(joint, flat)
-        base = live_at_start(args, gm, device)
-        with sampler.running():
-            out = StepInterpreter(gm, sampler).run(*args)
+        return measure_graph(gm, joint.runtime.prepare(joint, flat), device)
+
+
+def measure_graph(gm: fx.GraphModule, args: list[Any], device: str = "cpu") -> pd.DataFrame:
+    """Run ``gm(*args)`` node by node and record live bytes per step.
+
+    Args:
+        gm: Any GraphModule.
+        args: Its positional args (real tensors on ``device``).
+        device: ``cpu`` (profiler events) or ``cuda`` (allocator counters).
+
+    Returns:
+        One row per node step: ``measured``, ``measured_total``, ``workspace``.
+    """
+    dev = torch.device(device)
+    sampler: Any = CudaStatsSampler(dev) if dev.type == "cuda" else ProfilerSampler()
+    base = live_at_start(args, gm, device)
+    with torch.no_grad(), sampler.running():
+        out = StepInterpreter(gm, sampler).run(*args)
         del out
-    graph, total, ws = sampler.result(n)
+    graph, total, ws = sampler.result(len(gm.graph.nodes))
     return pd.DataFrame({"measured": graph + base, "measured_total": total + base,
                          "workspace": ws})
