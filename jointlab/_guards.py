@@ -137,25 +137,33 @@ class ShapeGuards:
             shape = tuple(tensors[path].shape)
             for d, (expr, got) in enumerate(zip(exprs, shape)):
                 self._bind(path, d, expr, int(got), bindings, where)
+        subs = {k: sympy.Integer(v) for k, v in bindings.items()}
+        for expr, sloc in self.guards:
+            if expr.free_symbols <= bindings.keys() and not bool(expr.xreplace(subs)):
+                given = ", ".join(f"{where[s]} = {bindings[s]}"
+                                  for s in sorted(expr.free_symbols, key=str))
+                at = f" at {sloc.strip('()')}" if sloc else ""
+                raise GuardError(
+                    f"the trace took a shape-dependent branch{at} that requires "
+                    f"{self._readable(expr, where)}, but got {given}. Trace again with "
+                    "inputs of this size, or avoid branching on sizes."
+                )
         for sym, (lo, hi) in self.ranges.items():
             if sym in bindings and not lo <= bindings[sym] <= hi:
+                why = (
+                    " PyTorch specializes sizes 0 and 1, so a dynamic dim traced with a "
+                    "size >= 2 cannot take them; trace with that size instead."
+                    if bindings[sym] < 2 <= lo else " Trace again with inputs of this size."
+                )
                 raise GuardError(
                     f"{where[sym]} is {bindings[sym]}, but the trace assumed it lies in "
-                    f"[{lo}, {hi}]. PyTorch specializes sizes 0 and 1, so a dynamic dim "
-                    "traced with size >= 2 cannot take them. Trace with that size instead."
+                    f"[{lo}, {hi}].{why}"
                 )
-        for expr, sloc in self.guards:
-            if not expr.free_symbols <= bindings.keys():
-                continue
-            if not bool(expr.xreplace({k: sympy.Integer(v) for k, v in bindings.items()})):
-                named = ", ".join(f"{where[s]} = {bindings[s]}" for s in sorted(
-                    expr.free_symbols, key=str))
-                raise GuardError(
-                    f"the trace took a shape-dependent branch that requires {expr} "
-                    f"(where {self._legend(expr, where)}), but got {named}."
-                    + (f" The branch is at {sloc}." if sloc else "")
-                    + " Trace again with inputs of this size."
-                )
+
+    @staticmethod
+    def _readable(expr: Any, where: dict[sympy.Symbol, str]) -> str:
+        names = {s: sympy.Symbol(f"<{where.get(s, s)}>") for s in expr.free_symbols}
+        return str(expr.xreplace(names))
 
     def _bind(self, path, d, expr, got, bindings, where) -> None:
         desc = f"dim {d} of '{path}'"
@@ -185,6 +193,3 @@ class ShapeGuards:
                     why = " This dim is static in the trace."
                 raise GuardError(f"{desc} is {got}, but the trace expected {want}.{why}")
 
-    @staticmethod
-    def _legend(expr, where) -> str:
-        return ", ".join(f"{s} is {where.get(s, '?')}" for s in sorted(expr.free_symbols, key=str))
