@@ -24,6 +24,7 @@ __all__ = [
     "PersistError",
     "TableQueryError",
     "ValueNotAvailableError",
+    "BakedConstantWarning",
 ]
 
 
@@ -85,3 +86,7 @@ class TableQueryError(JointlabError, ValueError):
 
 class ValueNotAvailableError(JointlabError, ValueError):
     """A stepped node's value was not computed yet, or was freed after its last use."""
+
+
+class BakedConstantWarning(UserWarning):
+    """A value captured from Python was frozen into the joint graph as a constant."""
