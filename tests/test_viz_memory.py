@@ -1,0 +1,88 @@
+"""Memory figures: what they draw matches the profile they are given."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import jointlab as jl
+from jointlab._memory import CATEGORIES
+from jointlab.viz.memory import downsample, plot_lifetimes, plot_memory
+from tests.fixtures import zoo
+
+
+@pytest.fixture(scope="module")
+def profile():
+    f = zoo.FIXTURES["tiny_lm"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    return joint.memory(model, inputs)
+
+
+def _trace(fig, name):
+    return next(t for t in fig.data if t.name == name)
+
+
+def test_stacked_categories_sum_to_total_and_measured_overlaid(profile):
+    fig = plot_memory(profile)
+    stacked = [t for t in fig.data if t.stackgroup == "pred"]
+    assert {t.name for t in stacked} <= set(CATEGORIES)
+    total = _trace(fig, "predicted total")
+    assert np.allclose(sum(np.asarray(t.y) for t in stacked), np.asarray(total.y))
+    meas = _trace(fig, "measured (graph values)")
+    scale = profile.timeline["total"].max() / max(total.y)
+    assert np.isclose(max(meas.y) * scale, profile.measured_peak_bytes)
+    # hover carries node, module, op and shape of each step
+    row = profile.timeline.iloc[int(np.argmax(total.y))]
+    assert list(total.customdata[int(np.argmax(total.y))]) == [
+        row["node"], row["module"], row["op"], row["shape"]]
+
+
+def test_boundary_and_peak_marked(profile):
+    fig = plot_memory(profile, measured=False)
+    assert not any(t.name and t.name.startswith("measured") for t in fig.data)
+    xs = [s.x0 for s in fig.layout.shapes]
+    assert profile.boundary_step - 0.5 in xs
+    peak = _trace(fig, "peak")
+    assert profile.timeline["node"].iloc[peak.x[0]] == profile.peak_node
+    assert profile.peak_node in peak.text[0]
+
+
+def test_downsampling_keeps_peaks_and_bounds_points():
+    rng = np.random.default_rng(0)
+    n = 50_000
+    tl = pd.DataFrame({"total": rng.integers(0, 10_000, n)})
+    tl.loc[31_337, "total"] = 99_999
+    small = downsample(tl, 1000)
+    assert len(small) <= 1000
+    assert small["total"].max() == 99_999
+    assert small.index.is_monotonic_increasing
+    # every bucket's kept row is that bucket's maximum
+    bucket = np.arange(n) * 1000 // n
+    assert (small["total"].to_numpy() == tl.groupby(bucket)["total"].max().to_numpy()).all()
+
+
+def test_long_timelines_are_downsampled_in_the_figure(profile):
+    fig = plot_memory(profile, max_points=50)
+    assert all(len(t.x) <= 50 for t in fig.data)
+    scale = profile.timeline["total"].max() / max(_trace(plot_memory(profile), "predicted total").y)
+    assert np.isclose(max(_trace(fig, "predicted total").y) * scale, profile.peak_bytes)
+    assert _trace(fig, "peak").x[0] == int(profile.timeline["total"].argmax())
+
+
+def test_lifetime_gantt_shows_largest_storages(profile):
+    fig = plot_lifetimes(profile, top=10)
+    shown = {y: (b, x) for t in fig.data if t.type == "bar"
+             for y, b, x in zip(t.y, t.base, t.x)}
+    assert len(shown) == 10
+    life = profile.lifetimes.set_index("storage")
+    for name, (base, width) in shown.items():
+        assert base == life.loc[name, "first_step"]
+        assert base + width - 1 == life.loc[name, "last_step"]
+    rest = life.drop(index=list(shown))
+    rest = rest[~rest.category.isin(["param", "buffer", "input"])]
+    assert rest["bytes"].max() <= life.loc[list(shown), "bytes"].min()
+    with_state = plot_lifetimes(profile, top=3, include_state=True)
+    names = {y for t in with_state.data for y in t.y}
+    assert names & set(life.index[life.category == "param"])
