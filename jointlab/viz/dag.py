@@ -1,0 +1,375 @@
+"""``plot_dag``: the joint graph as one plotly figure, forward above, backward mirrored below.
+
+The figure is built from the node annotations (``node.meta["jointlab"]``)
+and the layered layout of :mod:`jointlab.viz._layout`. Nodes are WebGL
+markers, edges one WebGL line trace, so tens of thousands of nodes stay
+interactive. Every string that comes from the model (op, module, source,
+names) is HTML-escaped before it reaches a hover label.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from .. import _meta
+from .._analyze import ensure_analyzed
+from . import _layout
+
+PHASE_COLORS = {
+    "param": "#2ca02c", "buffer": "#8c564b", "input": "#7f7f7f",
+    "forward": "#1f77b4", "backward": "#d62728", "output": "#9467bd",
+}
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#843c39")
+COLOR_BY = ("phase", "module", "category", "bytes")
+BACKWARD_PHASES = ("backward", "output")
+MAX_LEGEND_GROUPS = 24
+
+
+@dataclass
+class DagData:
+    """The nodes and edges being drawn (graph nodes, or module groups when collapsed).
+
+    Attributes:
+        names: Node (or group) names, in topological order.
+        info: The jointlab meta of each node, or the aggregated facts of each group.
+        src: Edge sources, as indices into ``names``.
+        dst: Edge targets.
+        twin: Index of the forward twin of each node, -1 if none.
+        members: For groups, the graph node names inside each group.
+    """
+
+    names: list[str]
+    info: list[dict[str, Any]]
+    src: np.ndarray
+    dst: np.ndarray
+    twin: list[int]
+    members: list[list[str]] = field(default_factory=list)
+
+    @property
+    def is_bwd(self) -> list[bool]:
+        """Per node, whether it is drawn in the backward band."""
+        return [i.get("phase") in BACKWARD_PHASES for i in self.info]
+
+
+# -- data ---------------------------------------------------------------------------
+def graph_data(joint: Any) -> DagData:
+    """Collect the nodes, edges and twins of a joint graph.
+
+    Args:
+        joint: A :class:`jointlab.JointGraph`.
+
+    Returns:
+        One entry per graph node.
+    """
+    ensure_analyzed(joint.graph_module)
+    nodes = list(joint.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    by_name = {n.name: i for i, n in enumerate(nodes)}
+    src: list[int] = []
+    dst: list[int] = []
+    for i, n in enumerate(nodes):
+        for a in n._input_nodes:
+            src.append(index[a])
+            dst.append(i)
+    info = [_meta.info(n) for n in nodes]
+    twin = [by_name.get(m.get("fwd_twin"), -1) for m in info]
+    return DagData([n.name for n in nodes], info, np.asarray(src, dtype=np.int64),
+                   np.asarray(dst, dtype=np.int64), twin)
+
+
+def module_prefix(module: str, depth: int) -> str:
+    """The first ``depth`` dotted components of a module FQN."""
+    return ".".join(module.split(".")[:depth]) if depth > 0 else ""
+
+
+def collapse(data: DagData, depth: int) -> DagData:
+    """Group nodes by (module prefix, band): one node per module and side.
+
+    Args:
+        data: Ungrouped data from :func:`graph_data`.
+        depth: Number of module FQN components kept.
+
+    Returns:
+        Group nodes whose ``info`` holds ``count``, ``flops``, ``bytes`` and
+        the most frequent ops; edges between groups, without self loops.
+    """
+    group_of: list[int] = []
+    keys: dict[tuple[str, bool], int] = {}
+    for m in data.info:
+        if m.get("phase") == "output":
+            key = ("(output)", True)
+        else:
+            key = (module_prefix(m.get("module", ""), depth), m.get("phase") in BACKWARD_PHASES)
+        group_of.append(keys.setdefault(key, len(keys)))
+    g = np.asarray(group_of, dtype=np.int64)
+    members: list[list[str]] = [[] for _ in keys]
+    ops: list[Counter] = [Counter() for _ in keys]
+    phases: list[Counter] = [Counter() for _ in keys]
+    flops = np.bincount(g, [m.get("flops", 0) for m in data.info], minlength=len(keys))
+    nbytes = np.bincount(g, [m.get("bytes", 0) for m in data.info], minlength=len(keys))
+    for i, m in enumerate(data.info):
+        members[g[i]].append(data.names[i])
+        ops[g[i]][m.get("target", "")] += 1
+        phases[g[i]][m.get("phase", "")] += 1
+    info = []
+    for k, (mod, bwd) in enumerate(keys):
+        main_phase = "output" if mod == "(output)" else "backward" if bwd else "forward"
+        info.append({"phase": main_phase, "module": mod or "(root)", "count": len(members[k]),
+                     "flops": int(flops[k]), "bytes": int(nbytes[k]), "group": True,
+                     "phases": dict(phases[k]), "top_ops": ops[k].most_common(4),
+                     "category": "group"})
+    s, d = g[data.src], g[data.dst]
+    keep = s != d
+    pairs = np.unique(np.stack([s[keep], d[keep]], axis=1), axis=0) if keep.any() else \
+        np.zeros((0, 2), dtype=np.int64)
+    fwd_group = {mod: k for k, (mod, bwd) in enumerate(keys) if not bwd}
+    twin = [fwd_group.get(mod, -1) if bwd else -1 for (mod, bwd) in keys]
+    names = [f"{'bwd' if bwd else 'fwd'}:{mod or '(root)'}" for (mod, bwd) in keys]
+    return DagData(names, info, pairs[:, 0].copy(), pairs[:, 1].copy(), twin, members)
+
+
+# -- hover ----------------------------------------------------------------------------
+def _fmt_int(v: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{unit}"
+    return f"{v:g}"
+
+
+def _fmt_bytes(v: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{int(v)} B"
+
+
+def node_hover(name: str, m: dict[str, Any]) -> str:
+    """Hover label of one graph node; every model-derived string escaped.
+
+    Args:
+        name: The node name.
+        m: Its jointlab meta.
+
+    Returns:
+        Plotly hover HTML.
+    """
+    e = html.escape
+    shape = m.get("shape")
+    lines = [f"<b>{e(str(m.get('target', '')))}</b> {e(name)}",
+             f"phase: {e(str(m.get('phase', '')))}",
+             f"shape: {e(str(list(shape)) if shape is not None else '-')} "
+             f"{e(str(m.get('dtype', '')))}",
+             f"module: {e(str(m.get('module', '')))} {e(str(m.get('module_type', '')))}",
+             f"FLOPs: {_fmt_int(m.get('flops', 0))}   bytes: {_fmt_bytes(m.get('bytes', 0))}",
+             f"source: {e(str(m.get('source', '')) or '-')}"]
+    if m.get("fwd_twin"):
+        lines.append(f"forward twin: {e(str(m['fwd_twin']))}")
+    if m.get("grad_of"):
+        lines.append(f"gradient of: {e(str(m['grad_of']))}")
+    if m.get("saved_for_backward"):
+        lines.append("saved for backward")
+    return "<br>".join(lines)
+
+
+def group_hover(name: str, m: dict[str, Any]) -> str:
+    """Hover label of a collapsed module group (counts and sums)."""
+    e = html.escape
+    ops = ", ".join(f"{e(str(op))}×{c}" for op, c in m["top_ops"])
+    phases = ", ".join(f"{e(str(p))} {c}" for p, c in m["phases"].items())
+    side = "backward" if m["phase"] == "backward" else "forward"
+    return "<br>".join([f"<b>{e(m['module'])}</b> ({side})",
+                        f"nodes: {m['count']}  ({phases})",
+                        f"FLOPs: {_fmt_int(m['flops'])}   bytes: {_fmt_bytes(m['bytes'])}",
+                        f"top ops: {ops}"])
+
+
+def hover_texts(data: DagData) -> list[str]:
+    """Hover label of every node in ``data``."""
+    fn = group_hover if data.members else node_hover
+    return [fn(n, m) for n, m in zip(data.names, data.info)]
+
+
+# -- colour -----------------------------------------------------------------------------
+def color_keys(data: DagData, color_by: str) -> list[str]:
+    """The categorical key each node is coloured by."""
+    if color_by == "phase":
+        return [m.get("phase", "") for m in data.info]
+    if color_by == "category":
+        return [m.get("category", "") for m in data.info]
+    return [module_prefix(m.get("module", ""), 2) or "(root)" for m in data.info]
+
+
+def _key_colors(keys: list[str], color_by: str) -> dict[str, str]:
+    uniq = list(dict.fromkeys(keys))
+    if color_by == "phase":
+        return {k: PHASE_COLORS.get(k, "#444444") for k in uniq}
+    return {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(uniq)}
+
+
+# -- traces -------------------------------------------------------------------------------
+def _line_trace(xs: np.ndarray, ys: np.ndarray, name: str, color: str, width: float,
+                dash: str = "solid", visible: bool | str = True) -> go.Scattergl:
+    return go.Scattergl(x=xs, y=ys, mode="lines", name=name, hoverinfo="skip",
+                        line={"color": color, "width": width, "dash": dash}, visible=visible)
+
+
+def _node_traces(data: DagData, lay: _layout.Layout, color_by: str, size: np.ndarray
+                 ) -> list[go.Scattergl]:
+    text = np.asarray(hover_texts(data), dtype=object)
+    names = np.asarray(data.names, dtype=object)
+    common = {"mode": "markers", "hovertemplate": "%{text}<extra></extra>"}
+    if color_by == "bytes":
+        b = np.asarray([m.get("bytes", 0) for m in data.info], dtype=float)
+        return [go.Scattergl(x=lay.x, y=lay.y, text=text, customdata=names, name="nodes",
+                             marker={"size": size, "color": np.log10(b + 1),
+                                     "colorscale": "Viridis", "colorbar": {"title": "log10 bytes"}},
+                             **common)]
+    keys = color_keys(data, color_by)
+    colors = _key_colors(keys, color_by)
+    if len(colors) > MAX_LEGEND_GROUPS:
+        return [go.Scattergl(x=lay.x, y=lay.y, text=text, customdata=names, name=color_by,
+                             marker={"size": size, "color": [colors[k] for k in keys]}, **common)]
+    karr = np.asarray(keys, dtype=object)
+    traces = []
+    for k, c in colors.items():
+        sel = np.flatnonzero(karr == k)
+        traces.append(go.Scattergl(x=lay.x[sel], y=lay.y[sel], text=text[sel],
+                                   customdata=names[sel], name=k or "(none)",
+                                   marker={"size": size[sel], "color": c}, **common))
+    return traces
+
+
+def _edge_subset(lay: _layout.Layout, src: np.ndarray, dst: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    return _layout.route_edges(lay.x, lay.y, src, dst)
+
+
+def relation_edges(joint: Any, data: DagData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Edges worth highlighting, as (src, dst) index arrays.
+
+    ``saved``: forward-to-backward edges that carry a saved activation.
+    ``grads``: each trainable parameter to its gradient node (not a graph edge).
+
+    Args:
+        joint: The JointGraph.
+        data: Ungrouped data from :func:`graph_data`.
+
+    Returns:
+        ``{"saved": (src, dst), "grads": (src, dst)}``.
+    """
+    phase = np.asarray([m.get("phase", "") for m in data.info], dtype=object)
+    saved = (phase[data.src] == "forward") & (phase[data.dst] == "backward")
+    index = {n: i for i, n in enumerate(data.names)}
+    pairs = [(index[p.name], index[g.name]) for p, g in joint.param_grads.values() if g is not None]
+    gs = np.asarray([p for p, _ in pairs], dtype=np.int64)
+    gd = np.asarray([g for _, g in pairs], dtype=np.int64)
+    return {"saved": (data.src[saved], data.dst[saved]), "grads": (gs, gd)}
+
+
+def highlight_indices(data: DagData, names: list[str]) -> np.ndarray:
+    """Indices of the named nodes together with their forward/backward twins.
+
+    Args:
+        data: Figure data.
+        names: Node names to highlight.
+
+    Returns:
+        Sorted unique indices.
+    """
+    index = {n: i for i, n in enumerate(data.names)}
+    want = {index[n] for n in names if n in index}
+    fwd = {data.twin[i] for i in want if data.twin[i] >= 0}
+    anchor = want | fwd
+    extra = {i for i, t in enumerate(data.twin) if t in anchor}
+    return np.asarray(sorted(want | fwd | extra), dtype=np.int64)
+
+
+def plot_dag(joint: Any, *, color_by: str = "phase", group_depth: int | None = None,
+             highlight: str | list[str] | None = None, relations: bool = True,
+             sweeps: int = 4, height: int = 560, title: str | None = None) -> go.Figure:
+    """Plot the joint graph: forward left-to-right on top, backward mirrored below.
+
+    Args:
+        joint: A :class:`jointlab.JointGraph`.
+        color_by: ``"phase"``, ``"module"``, ``"category"`` or ``"bytes"``.
+        group_depth: Collapse nodes by module FQN prefix of this many components
+            (one node per module and side, with counts and sums in the hover).
+        highlight: Node name(s) to ring, together with their forward/backward twins.
+        relations: Draw saved-activation edges and parameter-to-gradient links
+            in their own colours (ungrouped figures only).
+        sweeps: Barycentre sweeps for crossing reduction.
+        height: Figure height in pixels.
+        title: Figure title; a summary line by default.
+
+    Returns:
+        A ``plotly.graph_objects.Figure``; ``fig.to_html(include_plotlyjs=True)``
+        is self-contained.
+
+    Raises:
+        ValueError: Unknown ``color_by`` or a negative ``group_depth``.
+    """
+    if color_by not in COLOR_BY:
+        raise ValueError(f"color_by must be one of {COLOR_BY}, got {color_by!r}")
+    if group_depth is not None and group_depth < 0:
+        raise ValueError(f"group_depth must be >= 0, got {group_depth}")
+    data = graph_data(joint)
+    full = data
+    if group_depth is not None:
+        data = collapse(data, group_depth)
+    lay = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, sweeps=sweeps)
+    n = len(data.names)
+    if data.members:
+        counts = np.asarray([m["count"] for m in data.info], dtype=float)
+        size = 8 + 14 * np.sqrt(counts / max(counts.max(), 1))
+    else:
+        size = np.full(n, 7.0 if n < 5000 else 5.0)
+    to_out = np.asarray([m.get("phase") == "output" for m in data.info], dtype=bool)[data.dst]
+    ex, ey = _edge_subset(lay, data.src[~to_out], data.dst[~to_out])
+    ox, oy = _edge_subset(lay, data.src[to_out], data.dst[to_out])
+    traces: list[Any] = [_line_trace(ex, ey, "edges", "rgba(120,120,140,0.35)", 1),
+                         _line_trace(ox, oy, "→ output", "rgba(148,103,189,0.35)", 1,
+                                     visible="legendonly")]
+    if relations and not data.members:
+        rel = relation_edges(joint, full)
+        sx, sy = _edge_subset(lay, *rel["saved"])
+        gx, gy = _edge_subset(lay, *rel["grads"])
+        traces.append(_line_trace(sx, sy, "saved activations", "rgba(255,140,0,0.55)", 1.2))
+        traces.append(_line_trace(gx, gy, "param → grad", "rgba(44,160,44,0.6)", 1.2, "dot",
+                                  "legendonly"))
+    traces.extend(_node_traces(data, lay, color_by, size))
+    names = [highlight] if isinstance(highlight, str) else list(highlight or [])
+    hi = highlight_indices(data, names)
+    traces.append(go.Scattergl(x=lay.x[hi], y=lay.y[hi], mode="markers", name="selected",
+                               hoverinfo="skip", showlegend=bool(len(hi)),
+                               marker={"size": 16, "color": "rgba(0,0,0,0)",
+                                       "line": {"width": 2.5, "color": "#111"}}))
+    if title is None:
+        nf = sum(not b for b in data.is_bwd)
+        what = f"{n} module groups (depth {group_depth})" if data.members else f"{n} nodes"
+        title = (f"Joint graph: {what}. Forward ({nf}) left→right on top, "
+                 f"backward ({n - nf}) mirrored below")
+    fig = go.Figure(traces)
+    fig.update_layout(
+        title={"text": html.escape(title), "font": {"size": 14}}, height=height,
+        template="plotly_white", hovermode="closest", dragmode="pan",
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top"},
+        xaxis={"visible": False}, yaxis={"visible": False},
+        shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
+                 "line": {"color": "rgba(0,0,0,0.15)", "width": 1, "dash": "dot"}}],
+        annotations=[
+            {"xref": "paper", "x": 0, "y": float(lay.y.max(initial=1)) + 0.6, "text": "forward →",
+             "showarrow": False, "xanchor": "left", "font": {"color": PHASE_COLORS["forward"]}},
+            {"xref": "paper", "x": 0, "y": float(lay.y.min(initial=-1)) - 0.6,
+             "text": "← backward", "showarrow": False, "xanchor": "left",
+             "font": {"color": PHASE_COLORS["backward"]}}])
+    fig.update_layout(modebar_add=["select2d", "lasso2d"])
+    fig._jointlab_data = data  # for explore(); plotly ignores unknown attributes
+    return fig
