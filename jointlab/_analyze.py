@@ -31,6 +31,7 @@ from torch.utils.flop_counter import flop_registry
 
 from ._meta import KEY
 
+_STAMP = "_jointlab_analyzed"
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "dot", "mv"}
 _NORM_PREFIX = ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
                 "native_group_norm", "batch_norm", "layer_norm", "group_norm", "rms_norm",
@@ -163,27 +164,68 @@ def ensure_analyzed(gm: fx.GraphModule) -> None:
         gm: A traced joint graph whose nodes carry fake ``meta["val"]``.
     """
     graph = gm.graph
-    stamp = (len(graph.nodes), id(graph.output_node()))
-    if getattr(gm, "_jointlab_analyzed", None) == stamp:
+    stamp = graph_fingerprint(graph)
+    if getattr(gm, _STAMP, None) == stamp:
         return
     owner: dict[int, str] = {}
     for node in graph.nodes:
         meta = node.meta.setdefault(KEY, {})
         _analyze_node(node, meta, owner)
-    gm._jointlab_analyzed = stamp
+    setattr(gm, _STAMP, stamp)
+
+
+def graph_fingerprint(graph: fx.Graph) -> tuple[int, int]:
+    """A cheap fingerprint of a graph's structure; any edit changes it.
+
+    Covers node identity and order, targets and argument tuples, so inserting,
+    erasing or re-targeting a node, or rewiring its inputs, all change it.
+
+    Args:
+        graph: The graph.
+
+    Returns:
+        ``(id(graph), hash of the per-node signature)``.
+    """
+    sig = tuple((id(n), n.target, id(n._args), id(n._kwargs)) for n in graph.nodes)
+    return (id(graph), hash(sig))
+
+
+def forget_analysis(gm: fx.GraphModule) -> None:
+    """Make the next :func:`ensure_analyzed` recompute (e.g. after editing node meta).
+
+    Args:
+        gm: The graph module.
+    """
+    if hasattr(gm, _STAMP):
+        delattr(gm, _STAMP)
+
+
+_FACTS: dict[tuple[str, Any], tuple[str, str, bool]] = {}
+
+
+def _target_facts(node: fx.Node) -> tuple[str, str, bool]:
+    """``(target name, category, inplace)``: they depend only on op and target, so memoize."""
+    key = (node.op, node.target)
+    try:
+        return _FACTS[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable target
+        facts = (target_name(node), category(node), is_inplace(node))
+    try:
+        _FACTS[key] = facts
+    except TypeError:
+        pass
+    return facts
 
 
 def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) -> None:
     val = node.meta.get("val")
     tensors = _tensors(val)
     first = tensors[0] if tensors else None
-    meta["target"] = target_name(node)
-    meta["category"] = category(node)
+    meta["target"], meta["category"], meta["inplace"] = _target_facts(node)
     meta["shape"] = tuple(hint(s) for s in first.shape) if first is not None else None
     meta["dtype"] = str(first.dtype).removeprefix("torch.") if first is not None else ""
     meta["numel"] = hint(first.numel()) if first is not None else 0
     meta["out_bytes"] = sum(tensor_bytes(t) for t in tensors)
-    meta["inplace"] = is_inplace(node)
     meta["flops"] = node_flops(node)
     meta["saved_for_backward"] = meta.get("phase") == "forward" and any(
         u.meta.get(KEY, {}).get("phase") == "backward" for u in node.users)
@@ -194,7 +236,9 @@ def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) ->
         return
     sid = _storage_id(first)
     root = owner.get(sid) if sid is not None else None
-    if root is None or node.op == "placeholder":
+    # Placeholders follow the same rule: AOT mode gives tied weights one
+    # placeholder per name, all on one storage, and only the first allocates.
+    if root is None:
         if sid is not None:
             owner.setdefault(sid, node.name)
         meta["bytes"] = meta["out_bytes"]
