@@ -1,0 +1,325 @@
+"""Node tables: columns, numbers against independent references, summaries, cache, card."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pandas as pd
+import pytest
+import torch
+import torch.fx as fx
+from torch.utils.flop_counter import FlopCounterMode
+
+import jointlab as jl
+from jointlab._analyze import ensure_analyzed
+from jointlab._meta import KEY, TRAIN_FN
+from jointlab._tables import COLUMNS, node_table
+from jointlab.errors import JointlabError, TableQueryError
+from tests.fixtures import zoo
+
+BATCH = 4
+MODES = ["make_fx", "aot"]
+NAMES = ["mlp", "cnn_bn", "tiny_lm", "nested_inputs", "unused_param", "shared_submodule"]
+_TRACES: dict[tuple[str, str], tuple] = {}
+
+
+def traced(name: str, mode: str = "make_fx"):
+    """(model, inputs, joint) of a zoo fixture, traced once per test session."""
+    key = (name, mode)
+    if key not in _TRACES:
+        fx_ = zoo.FIXTURES[name]
+        model, inputs = fx_.make_model(), fx_.make_inputs(BATCH)
+        _TRACES[key] = (model, inputs, jl.trace(model, fx_.train_fn, inputs, mode=mode))
+    return _TRACES[key]
+
+
+def fresh(name: str, mode: str = "make_fx"):
+    """A new trace, for tests that edit the graph."""
+    fx_ = zoo.FIXTURES[name]
+    model, inputs = fx_.make_model(), fx_.make_inputs(BATCH)
+    return model, inputs, jl.trace(model, fx_.train_fn, inputs, mode=mode)
+
+
+class Recorder(fx.Interpreter):
+    """Runs the graph on real tensors and keeps every node's output alive."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.values: dict[str, object] = {}
+
+    def run_node(self, n: fx.Node):
+        out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+
+def real_values(joint, model, inputs) -> dict[str, object]:
+    rec = Recorder(joint.graph_module)
+    flat = joint.flat_args(copy.deepcopy(model), inputs)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        rec.run(*joint.runtime.prepare(joint, flat))
+    return rec.values
+
+
+# -- shape of the table --------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_one_row_per_node_in_graph_order(mode):
+    _, _, joint = traced("tiny_lm", mode)
+    df = joint.nodes
+    assert list(df.columns) == list(COLUMNS)
+    assert list(df.index) == [n.name for n in joint.graph.nodes]
+    assert set(df["phase"]) <= {"param", "buffer", "input", "forward", "backward", "output"}
+    assert set(df["category"]) <= {"matmul", "conv", "pointwise", "reduction", "view", "norm",
+                                    "rng", "copy", "collective", "other"}
+    mm = df[df["target"] == "aten.mm"]
+    assert len(mm) > 0 and (mm["category"] == "matmul").all()
+    for n in joint.graph.nodes:
+        row = df.loc[n.name]
+        assert row["op"] == n.op
+        assert row["num_users"] == len(n.users)
+        assert row["args"] == tuple(a.name for a in n.all_input_nodes)
+        assert row["phase"] == n.meta[KEY]["phase"]
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            assert row["shape"] == tuple(val.shape)
+            assert row["dtype"] == str(val.dtype).removeprefix("torch.")
+
+
+def test_cached_and_pure_reader():
+    _, _, joint = fresh("mlp")
+    ensure_analyzed(joint.graph_module)
+    before = {n.name: copy.deepcopy(n.meta[KEY]) for n in joint.graph.nodes}
+    df = joint.nodes
+    assert joint.nodes is df
+    assert {n.name: n.meta[KEY] for n in joint.graph.nodes} == before
+
+
+def test_stack_trace_points_at_user_code():
+    _, _, joint = traced("mlp")
+    fwd = joint.nodes[joint.nodes["phase"] == "forward"]
+    mm = fwd[fwd["category"] == "matmul"]
+    assert len(mm) == 3
+    assert all(re.fullmatch(r"zoo\.py:\d+", s) for s in mm["stack_trace"])
+
+
+# -- the numbers against independent references ----------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", NAMES)
+def test_total_flops_match_flop_counter(name, mode):
+    _, _, joint = traced(name, mode)
+    fixture = zoo.FIXTURES[name]
+    model, inputs = fixture.make_model(), fixture.make_inputs(BATCH)
+    with FlopCounterMode(display=False) as counter:
+        out = fixture.train_fn(model, **inputs)
+        (out[0] if isinstance(out, tuple) else out).backward()
+    ref = counter.get_total_flops()
+    assert ref > 0
+    assert joint.nodes["flops"].sum() == pytest.approx(ref, rel=0.01)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["cnn_bn", "tiny_lm"])
+def test_saved_for_backward_is_forward_with_backward_user(name, mode):
+    _, _, joint = traced(name, mode)
+    df = joint.nodes
+    expected = {
+        n.name for n in joint.graph.nodes
+        if n.meta[KEY]["phase"] == "forward"
+        and any(u.meta[KEY]["phase"] == "backward" for u in n.users)
+    }
+    assert expected
+    assert set(df.index[df["saved_for_backward"]]) == expected
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["mlp", "cnn_bn", "tiny_lm", "shared_submodule"])
+def test_bytes_and_aliases_match_a_real_run(name, mode):
+    model, inputs, joint = traced(name, mode)
+    values = real_values(joint, model, inputs)
+    df = joint.nodes
+    seen: set[int] = set()
+    fresh_rows = views = 0
+    for n in joint.graph.nodes:
+        v, row = values.get(n.name), df.loc[n.name]
+        if isinstance(v, (tuple, list)):
+            assert row["bytes"] == 0  # each getitem owns its part
+            continue
+        if not isinstance(v, torch.Tensor) or v.numel() == 0:
+            continue
+        ptr = v.untyped_storage().data_ptr()
+        if row["is_view"]:
+            src = values[row["alias_of"]]
+            assert src.untyped_storage().data_ptr() == ptr, n.name
+            assert row["bytes"] == 0
+            views += 1
+        else:
+            assert ptr not in seen, f"{n.name} claims a new allocation but reuses a storage"
+            assert row["bytes"] == v.numel() * v.element_size(), n.name
+            assert v.untyped_storage().nbytes() >= row["bytes"]
+            assert pd.isna(row["alias_of"])
+            fresh_rows += 1
+        seen.add(ptr)
+    assert fresh_rows > 0 and views > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", NAMES)
+def test_backward_ops_name_a_module(name, mode):
+    model, _, joint = traced(name, mode)
+    classes = {k: type(m).__name__ for k, m in model.named_modules(remove_duplicate=False)}
+    bwd = joint.nodes[joint.nodes["phase"] == "backward"]
+    named = [
+        (mod == TRAIN_FN) or (mod in classes and classes[mod] == mtype)
+        for mod, mtype in zip(bwd["module"], bwd["module_type"])
+    ]
+    assert len(bwd) > 0
+    assert sum(named) / len(bwd) >= 0.95
+
+
+# -- cache invalidation ------------------------------------------------------------------
+def _first(graph: fx.Graph, target) -> fx.Node:
+    return next(n for n in graph.nodes if n.target is target)
+
+
+def test_table_follows_inserted_node():
+    _, _, joint = fresh("mlp")
+    before = joint.nodes
+    gelu = _first(joint.graph, torch.ops.aten.gelu.default)
+    with joint.graph.inserting_after(gelu):
+        neg = joint.graph.call_function(torch.ops.aten.neg.default, (gelu,))
+    neg.meta["val"] = torch.ops.aten.neg.default(gelu.meta["val"])
+    after = joint.nodes
+    assert after is not before and len(after) == len(before) + 1
+    assert after.loc[neg.name, "target"] == "aten.neg"
+    assert after.loc[neg.name, "category"] == "pointwise"
+    assert after.loc[neg.name, "bytes"] == gelu.meta["val"].numel() * 4
+    assert after.loc[gelu.name, "num_users"] == before.loc[gelu.name, "num_users"] + 1
+    assert list(after.index).index(neg.name) == list(after.index).index(gelu.name) + 1
+
+
+def test_table_follows_replaced_target():
+    _, _, joint = fresh("mlp")
+    gelu = _first(joint.graph, torch.ops.aten.gelu.default)
+    assert joint.nodes.loc[gelu.name, "target"] == "aten.gelu"
+    gelu.target = torch.ops.aten.relu.default
+    assert joint.nodes.loc[gelu.name, "target"] == "aten.relu"
+
+
+def test_analysis_restamps_on_edit():
+    _, _, joint = fresh("tiny_lm")
+    gm = joint.graph_module
+    ensure_analyzed(gm)
+    fwd = next(n for n in gm.graph.nodes
+               if n.meta[KEY]["phase"] == "forward" and not n.meta[KEY]["saved_for_backward"]
+               and isinstance(n.meta.get("val"), torch.Tensor))
+    with gm.graph.inserting_before(gm.graph.output_node()):
+        reader = gm.graph.call_function(torch.ops.aten.neg.default, (fwd,))
+    reader.meta[KEY] = {"phase": "backward", "module": "", "module_type": "", "source": ""}
+    ensure_analyzed(gm)
+    assert fwd.meta[KEY]["saved_for_backward"]
+    assert joint.nodes.loc[fwd.name, "saved_for_backward"]
+    gm.graph.erase_node(reader)
+    ensure_analyzed(gm)
+    assert not fwd.meta[KEY]["saved_for_backward"]
+    assert not joint.nodes.loc[fwd.name, "saved_for_backward"]
+
+
+# -- summaries and selection ---------------------------------------------------------------
+def test_summary_by_module_adds_up():
+    _, _, joint = traced("tiny_lm")
+    df = joint.nodes
+    s = joint.summary()
+    assert list(s.columns) == ["nodes_fwd", "nodes_bwd", "flops_fwd", "flops_bwd",
+                               "bytes_fwd", "bytes_bwd", "saved_bytes"]
+    fwd, bwd = df[df["phase"] == "forward"], df[df["phase"] == "backward"]
+    assert s["nodes_fwd"].sum() == len(fwd) and s["nodes_bwd"].sum() == len(bwd)
+    assert s["flops_fwd"].sum() == fwd["flops"].sum()
+    assert s["flops_bwd"].sum() == bwd["flops"].sum()
+    assert s["bytes_bwd"].sum() == bwd["bytes"].sum()
+    assert s["saved_bytes"].sum() == df["bytes"][df["saved_for_backward"]].sum()
+    qkv = df[df["module"] == "h.0.attn.qkv"]
+    assert s.loc["h.0.attn.qkv", "flops_bwd"] == qkv["flops"][qkv["phase"] == "backward"].sum()
+    # a linear layer's backward costs twice its forward (grad input + grad weight)
+    assert s.loc["h.0.attn.qkv", "flops_bwd"] == 2 * s.loc["h.0.attn.qkv", "flops_fwd"] > 0
+    assert TRAIN_FN in s.index
+
+
+def test_summary_depth_merges_submodules():
+    _, _, joint = traced("tiny_lm")
+    full, d2 = joint.summary(), joint.summary(depth=2)
+    inside = [m for m in full.index if m == "h.0" or m.startswith("h.0.")]
+    assert len(inside) > 1
+    assert d2.loc["h.0"].equals(full.loc[inside].sum())
+    assert "h.0.attn" not in d2.index
+    assert joint.summary(depth=0).index.tolist() == ["", TRAIN_FN]
+
+
+def test_summary_by_phase_and_op():
+    _, _, joint = traced("cnn_bn")
+    df = joint.nodes
+    by_phase = joint.summary(by="phase")
+    assert by_phase["nodes"].sum() == len(df)
+    assert by_phase.loc["backward", "flops"] == df["flops"][df["phase"] == "backward"].sum()
+    assert by_phase.loc["param", "flops"] == 0
+    by_op = joint.summary(by="op")
+    assert by_op.loc["aten.convolution", "nodes_fwd"] == 2
+    assert by_op.loc["aten.convolution_backward", "nodes_bwd"] == 2
+    total = by_op["flops_fwd"] + by_op["flops_bwd"]
+    assert total.is_monotonic_decreasing and total.sum() == df["flops"].sum()
+
+
+def test_select_filters():
+    _, _, joint = traced("tiny_lm")
+    df = joint.nodes
+    attn_bwd = joint.select(module="h.0.attn", phase="backward")
+    assert len(attn_bwd) > 0
+    assert (attn_bwd["phase"] == "backward").all()
+    assert all(m == "h.0.attn" or m.startswith("h.0.attn.") for m in attn_bwd["module"])
+    assert "h.0.attn.qkv" in set(attn_bwd["module"])
+    assert len(joint.select(module="h.0")) > len(joint.select(module="h.0.attn"))
+    assert joint.select(module="h.1").index.intersection(joint.select(module="h.10").index).empty
+    mm = joint.select(op="aten.mm")
+    assert len(mm) == (df["target"] == "aten.mm").sum() > 0
+    assert joint.select(op="mm").equals(mm)
+    assert joint.select().equals(df)
+
+
+@pytest.mark.parametrize("kwargs", [{"phase": "fwd"}, {"module": 3}])
+def test_select_rejects_bad_arguments(kwargs):
+    _, _, joint = traced("mlp")
+    with pytest.raises(TableQueryError):
+        joint.select(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"by": "layer"}, {"depth": -1}, {"depth": 1.5}])
+def test_summary_rejects_bad_arguments(kwargs):
+    _, _, joint = traced("mlp")
+    with pytest.raises(JointlabError, match="by|depth"):
+        joint.summary(**kwargs)
+
+
+# -- the notebook card --------------------------------------------------------------------
+def test_card_shows_the_facts_and_stays_small():
+    model, _, small = traced("mlp")
+    _, _, big = traced("tiny_lm")
+    card = small._repr_html_()
+    n_params = sum(p.numel() for p in model.parameters())
+    assert f"{n_params:,}" in card
+    assert "forward" in card and "backward" in card and "saved" in card
+    assert f"{len(small.graph.nodes):,}" in card
+    assert len(big._repr_html_()) < 2000
+    assert abs(len(big._repr_html_()) - len(card)) < 100
+
+
+def test_card_escapes_model_strings():
+    _, _, joint = fresh("mlp")
+    joint.mode = "<script>alert(1)</script>"
+    card = joint._repr_html_()
+    assert "<script>" not in card and "&lt;script&gt;" in card
+
+
+def test_node_table_direct_call_matches_cached():
+    _, _, joint = traced("cnn_bn")
+    pd.testing.assert_frame_equal(node_table(joint), joint.nodes)
