@@ -86,7 +86,8 @@ class Breakpoint:
 
     Static parts are ANDed; without ``when`` the stepper stops *before* a
     matching node, with ``when`` it stops *after* a matching node whose value
-    satisfies the predicate.
+    satisfies the predicate. Module, op and value conditions look at compute
+    nodes only (placeholders hold given values, not computed ones).
     """
 
     node: str | None = None
@@ -98,7 +99,8 @@ class Breakpoint:
         """True when the static part of the breakpoint matches ``node``."""
         if self.node is not None and node.name != self.node:
             return False
-        if (self.module is not None or self.op is not None) and not is_compute(node):
+        static = self.module is not None or self.op is not None or self.when is not None
+        if static and self.node is None and not is_compute(node):
             return False
         if self.module is not None and not in_module(node, self.module):
             return False
@@ -203,6 +205,7 @@ class Stepper(fx.Interpreter):
         flat = [t.to(self.device) for t in joint.flat_args(model, inputs)]
         n_params = joint.num_state_inputs - len(joint.buffer_names)
         self._buffer_origin = [t.clone() for t in flat[n_params:joint.num_state_inputs]]
+        flat[n_params:joint.num_state_inputs] = [t.clone() for t in self._buffer_origin]
         self._flat = flat
         self._rng = _Rng(seed, self.device)
         self._random = [draws_random(n) for n in self.nodes]
