@@ -1,0 +1,90 @@
+"""Property: for generated models, trace + run equals eager autograd with the same seed.
+
+For every spec and tracing mode: tracing leaves the model bitwise unchanged;
+loss, gradients, loss_dict and buffers match eager over two steps (with an
+SGD update in between); a dynamic trace serves a second batch size.
+``-m slow`` (``make fuzz``) runs 500 examples per mode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import jointlab as jl
+from tests.fuzz import models
+from tests.fuzz.state import assert_unchanged, deep_state
+from tests.fuzz.strategies import model_specs
+
+MODES = ["make_fx"] + (["aot"] if importlib.util.find_spec("jointlab._aot") else [])
+_COMMON = dict(deadline=None, database=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _eager_step(model, inputs, seed):
+    torch.manual_seed(seed)
+    loss, ld = models.train_fn(model, **inputs)
+    params = _trainable(model)
+    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    grads = {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(params.items(), grads)}
+    return loss.detach(), grads, {k: v.detach() for k, v in ld.items()}
+
+
+def _compare_step(joint, eager_model, graph_model, inputs, seed: int, what: str) -> None:
+    e_loss, e_grads, e_ld = _eager_step(eager_model, inputs, seed)
+    torch.manual_seed(seed)
+    g_loss, g_grads, g_ld = joint.run(graph_model, inputs)
+    torch.testing.assert_close(g_loss, e_loss, msg=lambda m: f"{what} loss: {m}")
+    assert list(g_grads) == list(e_grads)
+    for name in e_grads:
+        torch.testing.assert_close(g_grads[name], e_grads[name],
+                                   msg=lambda m, n=name: f"{what} grad {n}: {m}")
+    assert list(g_ld) == list(e_ld)
+    for key in e_ld:
+        torch.testing.assert_close(g_ld[key], e_ld[key], msg=lambda m, k=key: f"{what} {k}: {m}")
+    g_bufs = dict(graph_model.named_buffers())
+    for name, buf in eager_model.named_buffers():
+        torch.testing.assert_close(g_bufs[name], buf, msg=lambda m, n=name: f"{what} {n}: {m}")
+    with torch.no_grad():  # the same SGD step on both models keeps them identical
+        g_params = _trainable(graph_model)
+        for name, p in _trainable(eager_model).items():
+            p.sub_(0.1 * e_grads[name])
+            g_params[name].sub_(0.1 * e_grads[name])
+
+
+def check_spec(spec: dict[str, Any], mode: str) -> None:
+    """The fuzz property for one spec and mode."""
+    eager_model, graph_model = models.build(spec), models.build(spec)
+    inputs = models.make_inputs(spec, spec["batch"])
+    before = deep_state(graph_model)
+    joint = jl.trace(graph_model, models.train_fn, inputs, mode=mode, dynamic=spec["dynamic"])
+    assert_unchanged(before, graph_model)
+    for step in range(2):
+        _compare_step(joint, eager_model, graph_model, inputs, seed=step, what=f"step {step}")
+    if spec["dynamic"]:
+        other = models.make_inputs(spec, spec["batch2"])
+        _compare_step(joint, eager_model, graph_model, other, seed=5,
+                      what=f"batch {spec['batch2']}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=25, derandomize=True, **_COMMON)
+@given(spec=model_specs())
+def test_trace_matches_eager(mode, spec):
+    check_spec(spec, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=500, derandomize=False, **_COMMON)
+@given(spec=model_specs())
+def test_trace_matches_eager_slow(mode, spec):
+    check_spec(spec, mode)
