@@ -1,0 +1,139 @@
+"""compare(): graph vs eager autograd, injected bugs, compiled candidates, display."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import jointlab as jl
+from jointlab import _meta
+from tests.fixtures import zoo
+from tests.util import assert_unchanged, deep_state
+
+aten = torch.ops.aten
+
+
+def _setup(name: str):
+    f = zoo.FIXTURES[name]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    return f, model, inputs, jl.trace(model, f.train_fn, inputs)
+
+
+def _node(joint, target, module_prefix: str):
+    return next(n for n in joint.graph.nodes
+                if n.target == target and _meta.module(n).startswith(module_prefix))
+
+
+@pytest.mark.parametrize("name", ["tiny_lm", "cnn_bn", "nested_inputs", "unused_param"])
+def test_untouched_graph_matches_eager(name):
+    f, model, inputs, joint = _setup(name)
+    before = deep_state(model)
+    c = jl.compare(joint, model, inputs, seed=3, train_fn=f.train_fn)
+    assert c.ok and c.first_divergence is None
+    assert set(c.grads["name"]) == set(joint.param_names)
+    assert (c.grads["max_abs_err"] == 0).all() and (c.grads["cosine"] > 0.999999).all()
+    assert list(c.loss_dict["name"]) == joint.loss_dict_keys[: len(c.loss_dict)]
+    if f.has_buffers_updated:
+        assert len(c.buffers) == len(joint.buffer_names) and c.buffers["ok"].all()
+    assert_unchanged(before, model)  # each side ran on its own copy
+
+
+def test_dropout_needs_aligned_rng():
+    f, model, inputs, joint = _setup("tiny_lm")
+    assert f.has_dropout
+    c = jl.compare(joint, model, inputs, seed=11, train_fn=f.train_fn)
+    torch.manual_seed(11)
+    eager_loss = f.train_fn(f.make_model(), **inputs).detach()
+    assert c.ok and c.loss["value"][0] == float(eager_loss)
+    other = jl.Stepper(joint, model, inputs, device="cpu", seed=12).run()
+    assert float(other[0]) != float(eager_loss)  # a misaligned seed would be caught
+
+
+def test_gelu_forward_swapped_for_relu_is_localized():
+    f, model, inputs, joint = _setup("tiny_lm")
+    gelu = _node(joint, aten.gelu.default, "h.1.")
+    gelu.target, gelu.kwargs = aten.relu.default, {}  # its gelu_backward is left alone
+    joint.graph_module.recompile()
+    c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
+    assert not c.ok and not c.grads["ok"].all()
+    d = c.first_divergence
+    assert d.node == gelu.name and d.module == "h.1.mlp.1" and d.phase == "forward"
+    assert d.source.startswith("models.py:")
+
+
+def test_wrong_constant_in_one_block_is_localized():
+    f, model, inputs, joint = _setup("tiny_lm")
+    ln = _node(joint, aten.native_layer_norm.default, "h.0.ln_2")
+    ln.args = (*ln.args[:4], 0.5)  # eps 1e-5 -> 0.5
+    joint.graph_module.recompile()
+    c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
+    assert not c.ok
+    assert c.first_divergence.module == "h.0.ln_2"
+    assert c.first_divergence.what == "module output"
+
+
+def test_backward_only_bug_is_localized():
+    f, model, inputs, joint = _setup("tiny_lm")
+    gb = _node(joint, aten.gelu_backward.default, "h.0.")
+    with joint.graph.inserting_after(gb):
+        scaled = joint.graph.call_function(aten.mul.Tensor, (gb, 1.5))
+    gb.replace_all_uses_with(scaled, delete_user_cb=lambda u: u is not scaled)
+    scaled.meta["jointlab"] = dict(_meta.info(gb))
+    joint.graph_module.recompile()
+    c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
+    assert c.loss["ok"].all() and not c.grads["ok"].all()
+    d = c.first_divergence
+    assert d.phase == "backward" and d.module.startswith("h.0.mlp")
+
+
+def test_loss_bug_outside_modules_and_html():
+    f, model, inputs, joint = _setup("mlp")
+    mse = _node(joint, aten.mse_loss.default, "<train_fn>")
+    with joint.graph.inserting_after(mse):
+        doubled = joint.graph.call_function(aten.mul.Tensor, (mse, 2.0))
+    mse.replace_all_uses_with(doubled, delete_user_cb=lambda u: u.op == "output")
+    doubled.meta["jointlab"] = dict(_meta.info(mse))
+    joint.graph_module.recompile()
+    c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
+    assert not c.ok and c.first_divergence.module == "<train_fn>"
+    assert c.first_divergence.what == "loss"
+    page = c._repr_html_()
+    assert "&lt;train_fn&gt;" in page and "<train_fn>" not in page
+    assert page.count("class='jl-fail'") == (~c.loss["ok"]).sum() + (~c.grads["ok"]).sum()
+
+
+def test_tolerances_decide_pass_fail():
+    f, model, inputs, joint = _setup("mlp")
+    bias = _node(joint, aten.addmm.default, "fc3")
+    with joint.graph.inserting_after(bias):
+        nudged = joint.graph.call_function(aten.add.Tensor, (bias, 1e-3))
+    bias.replace_all_uses_with(nudged, delete_user_cb=lambda u: u is not nudged)
+    nudged.meta["jointlab"] = dict(_meta.info(bias))
+    joint.graph_module.recompile()
+    strict = jl.compare(joint, model, inputs, train_fn=f.train_fn)
+    loose = jl.compare(joint, model, inputs, train_fn=f.train_fn, rtol=0.1, atol=0.1)
+    assert not strict.ok and strict.first_divergence.module == "fc3"
+    assert loose.ok and loose.first_divergence is None
+    assert float(strict.loss["max_abs_err"][0]) > 0
+
+
+def test_compiled_candidate_and_graph_in_one_call():
+    f, model, inputs, joint = _setup("mlp")
+    c = jl.compare(joint.compile("aot_eager"), model, inputs, train_fn=f.train_fn)
+    assert c.ok and set(c.grads["candidate"]) == {"aot_eager", "graph"}
+    assert len(c.grads) == 2 * len(joint.param_names)
+
+
+@pytest.mark.slow
+def test_inductor_vs_graph_vs_eager():
+    f, model, inputs, joint = _setup("mlp")
+    c = jl.compare(joint.compile("inductor"), model, inputs, train_fn=f.train_fn)
+    assert c.ok and set(c.grads["candidate"]) == {"inductor", "graph"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compare_on_cuda():
+    f, model, inputs, joint = _setup("tiny_lm")
+    c = jl.compare(joint, model, inputs, train_fn=f.train_fn, device="cuda", seed=2)
+    assert c.ok, c.grads
