@@ -125,6 +125,12 @@ def module_stack_hooks(model: nn.Module) -> Iterator[None]:
 
     AOT copies that field onto every node it creates, so forward nodes learn
     their module. Hooks are removed on exit, whatever happens.
+
+    Args:
+        model: The user's model; module names are its ``named_modules()`` FQNs.
+
+    Yields:
+        Nothing; the hooks are active inside the block.
     """
     stack: list[tuple[str, str]] = []
 

@@ -254,3 +254,29 @@ def test_dynamic_batch_runs_other_sizes_and_guards():
     bad = {"x": torch.randn(5, 16), "y": torch.randn(6, 4)}
     with pytest.raises(errors.GuardError):
         joint.run(model, bad)
+
+
+def test_meta_model_traces_but_run_refuses():
+    f = zoo.get("mlp")
+    model = zoo.make_meta_mlp()
+    joint = jl.trace(model, f.train_fn, f.make_inputs(4), mode="aot")
+    assert all(n.meta["val"].device.type == "meta" for n in joint.placeholders)
+    with pytest.raises(errors.MetaDeviceError):
+        joint.run(model, f.make_inputs(4))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["mlp", "cnn_bn"])
+def test_cuda_matches_eager_over_two_steps(name):
+    f = zoo.get(name)
+    inputs = {k: v.cuda() for k, v in f.make_inputs(4).items()}
+    model, ref = f.make_model().cuda(), f.make_model().cuda()
+    joint = jl.trace(model, f.train_fn, inputs, mode="aot")
+    for step in range(2):
+        loss, grads, _ = joint.run(model, inputs)
+        eloss, egrads, _ = eager_step(ref, f.train_fn, inputs, seed=step)
+        torch.testing.assert_close(loss, eloss)
+        for k in grads:
+            torch.testing.assert_close(grads[k], egrads[k])
+        for a, b in zip(model.buffers(), ref.buffers(), strict=True):
+            torch.testing.assert_close(a, b)
