@@ -146,7 +146,7 @@ class Explorer:
         self.status.value = (f"<b>{len(names)}</b> node(s) selected: "
                              + html.escape(", ".join(self.selected[:8]))
                              + (" …" if len(self.selected) > 8 else ""))
-        self.table.clear_output()
+        self.table.outputs = ()
         if names:
             self.table.append_display_data(node_rows(self.joint, names[:TABLE_ROWS]))
 

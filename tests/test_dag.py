@@ -1,0 +1,190 @@
+"""plot_dag and its layout: geometry checked against the fx graph itself."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import jointlab as jl
+from jointlab.viz import _layout, dag
+from tests.fixtures import zoo
+
+HOSTILE = "</script><script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def joint():
+    f = zoo.FIXTURES["tiny_lm"]
+    return jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
+
+
+@pytest.fixture(scope="module")
+def laid(joint):
+    data = dag.graph_data(joint)
+    return data, _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin)
+
+
+def fx_edges(joint):
+    nodes = list(joint.graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    return [(pos[a], pos[n]) for n in nodes for a in n.all_input_nodes]
+
+
+def test_no_two_nodes_overlap(joint, laid):
+    _, lay = laid
+    pts = np.stack([lay.x, lay.y], axis=1)
+    assert len(pts) == len(joint.graph.nodes)
+    d = np.abs(pts[:, None, :] - pts[None, :, :]).max(axis=2)
+    np.fill_diagonal(d, np.inf)
+    assert d.min() >= 0.5  # markers sit on a grid at least half a slot apart
+
+
+def test_every_edge_goes_to_a_later_layer(joint, laid):
+    _, lay = laid
+    edges = fx_edges(joint)
+    assert edges
+    assert all(lay.layer[s] < lay.layer[d] for s, d in edges)
+
+
+def test_backward_band_mirrors_forward(joint, laid):
+    data, lay = laid
+    phase = [jl._meta.phase(n) for n in joint.graph.nodes]
+    fwd = np.array([p in ("param", "buffer", "input", "forward") for p in phase])
+    assert (lay.y[fwd] > 0).all() and (lay.y[~fwd] < 0).all()
+    pairs = [(i, t) for i, t in enumerate(data.twin) if t >= 0]
+    assert len(pairs) > 20
+    dx = np.array([abs(lay.x[i] - lay.x[t]) for i, t in pairs])
+    span = lay.x.max() - lay.x.min()
+    # a backward node sits (nearly) under the forward node it differentiates
+    assert np.median(dx) <= 0.05 * span
+    assert np.mean(dx <= 3) >= 0.7, np.mean(dx <= 3)
+
+
+def _segment_crossings(x, y, edges):
+    """Brute-force proper intersections of straight edge segments (independent of _layout)."""
+    e = np.array(edges)
+    p1 = np.stack([x[e[:, 0]], y[e[:, 0]]], 1)
+    p2 = np.stack([x[e[:, 1]], y[e[:, 1]]], 1)
+
+    def orient(a, b, c):
+        return np.sign((b[..., 0] - a[..., 0]) * (c[..., 1] - a[..., 1])
+                       - (b[..., 1] - a[..., 1]) * (c[..., 0] - a[..., 0]))
+
+    A, B = p1[:, None], p2[:, None]
+    C, D = p1[None], p2[None]
+    shared = (e[:, None, 0] == e[None, :, 0]) | (e[:, None, 0] == e[None, :, 1]) | \
+        (e[:, None, 1] == e[None, :, 0]) | (e[:, None, 1] == e[None, :, 1])
+    hit = (orient(A, B, C) * orient(A, B, D) < 0) & (orient(C, D, A) * orient(C, D, B) < 0)
+    return int(np.triu(hit & ~shared, 1).sum())
+
+
+def test_barycentre_reduces_crossings_on_a_real_graph(joint):
+    data = dag.graph_data(joint)
+    edges = fx_edges(joint)
+    before = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, sweeps=0)
+    after = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, sweeps=4)
+    c0 = _segment_crossings(before.x, before.y, edges)
+    c1 = _segment_crossings(after.x, after.y, edges)
+    assert c1 < c0
+    assert _layout.crossings(after.x, after.y, data.src, data.dst) <= \
+        _layout.crossings(before.x, before.y, data.src, data.dst)
+
+
+def test_edges_are_one_trace_of_straight_or_one_bend_polylines(joint, laid):
+    data, lay = laid
+    xs = lay.edge_x
+    gaps = np.flatnonzero(np.isnan(xs))
+    assert len(gaps) == len(data.src)  # one NaN separator per edge
+    seg_len = np.diff(np.r_[-1, gaps]) - 1
+    assert set(seg_len.tolist()) <= {2, 3}  # 2 points (straight) or 3 (one bend)
+
+
+class Hostile(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.add_module(HOSTILE, nn.Linear(4, 4))
+
+    def forward(self, x):
+        return getattr(self, HOSTILE)(x).relu()
+
+
+def test_hover_escapes_hostile_module_names():
+    m = Hostile()
+    j = jl.trace(m, lambda mod, x: mod(x).sum(), {"x": torch.randn(2, 4)})
+    assert any(HOSTILE in jl._meta.module(n) for n in j.graph.nodes)
+    fig = dag.plot_dag(j)
+    texts = [t for tr in fig.data if tr.text is not None for t in tr.text]
+    assert any("&lt;/script&gt;&lt;script&gt;alert(1)" in t for t in texts)
+    assert not any("<script>" in t for t in texts)
+    page = fig.to_html(include_plotlyjs=True, full_html=True)
+    assert "<script>alert(1)" not in page and "</script><script>alert" not in page
+    grouped = dag.plot_dag(j, group_depth=1)
+    assert not any("<script>" in t for tr in grouped.data if tr.text is not None for t in tr.text)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_collapse_counts_sum_to_node_count(joint, depth):
+    fig = dag.plot_dag(joint, group_depth=depth)
+    counts = {}
+    for tr in fig.data:
+        if tr.customdata is None:
+            continue
+        for name, t in zip(tr.customdata, tr.text):
+            counts[name] = int(re.search(r"nodes: (\d+)", t).group(1))
+    assert sum(counts.values()) == len(joint.graph.nodes)
+    # independent count by module prefix of the forward side
+    expected: dict[str, int] = {}
+    for n in joint.graph.nodes:
+        m = jl._meta.info(n)
+        if m["phase"] in ("param", "buffer", "input", "forward"):
+            key = "fwd:" + (".".join(m["module"].split(".")[:depth]) or "(root)")
+            expected[key] = expected.get(key, 0) + 1
+    assert {k: v for k, v in counts.items() if k.startswith("fwd:")} == expected
+
+
+def test_relations_saved_activations_and_param_grads(joint):
+    fig = dag.plot_dag(joint)
+    by_name = {tr.name: tr for tr in fig.data}
+    phase = {n: jl._meta.phase(n) for n in joint.graph.nodes}
+    n_saved = sum(1 for n in joint.graph.nodes for a in n.all_input_nodes
+                  if phase[a] == "forward" and phase[n] == "backward")
+    assert n_saved > 0
+    assert len(by_name["saved activations"].x) == 4 * n_saved  # bent edges, 4 entries each
+    n_grads = sum(g is not None for _, g in joint.param_grads.values())
+    gx = np.asarray(by_name["param → grad"].x, dtype=float)
+    assert np.isnan(gx).sum() == n_grads
+
+
+def test_highlight_rings_node_and_twins(joint):
+    node = next(n for n in joint.graph.nodes if n.meta.get("jointlab", {}).get("fwd_twin"))
+    twin = node.meta["jointlab"]["fwd_twin"]
+    fig = dag.plot_dag(joint, highlight=twin)
+    ring = fig.data[-1]
+    assert ring.name == "selected" and len(ring.x) >= 2
+    names = {t: tr for tr in fig.data if tr.customdata is not None for t in tr.customdata}
+    ring_pts = set(zip(ring.x, ring.y))
+    for name in (node.name, twin):
+        tr = names[name]
+        i = list(tr.customdata).index(name)
+        assert (tr.x[i], tr.y[i]) in ring_pts
+
+
+@pytest.mark.parametrize("color_by", dag.COLOR_BY)
+def test_color_modes_and_self_contained_html(joint, color_by):
+    fig = dag.plot_dag(joint, color_by=color_by)
+    page = fig.to_html(include_plotlyjs=True)
+    assert not re.search(r"<script[^>]*\ssrc=", page)  # no external script
+    assert len(page) > 1_000_000  # plotly.js inlined
+    n = sum(len(tr.x) for tr in fig.data if tr.customdata is not None)
+    assert n == len(joint.graph.nodes)
+
+
+def test_bad_arguments(joint):
+    with pytest.raises(ValueError, match="color_by"):
+        dag.plot_dag(joint, color_by="rainbow")
+    with pytest.raises(ValueError, match="group_depth"):
+        dag.plot_dag(joint, group_depth=-1)
