@@ -19,6 +19,7 @@ rebuilt by propagating fake inputs of the recorded shapes through the graph.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import warnings
@@ -258,9 +259,6 @@ def _decode_meta(meta: Any) -> dict[str, Any]:
 
 # -- the layout -----------------------------------------------------------------------
 def _encode_layout(joint: JointGraph) -> dict[str, Any]:
-    if joint.mode != "make_fx":
-        raise PersistError(f"saving mode={joint.mode!r} graphs is not supported yet; only "
-                           "make_fx graphs can be saved. Trace with mode='make_fx'.")
     s, i = joint.state_spec, joint.input_spec
     leaves = [{
         "path": leaf.path, "is_tensor": leaf.is_tensor, "shape": list(leaf.shape),
@@ -278,7 +276,44 @@ def _encode_layout(joint: JointGraph) -> dict[str, Any]:
         "loss_dict_keys": list(joint.loss_dict_keys),
         "dynamic_dims": {p: sorted(d) for p, d in joint.dynamic_dims.items()},
         "guards": _encode_guards(joint.guards) if joint.guards is not None else None,
+        "runtime": _encode_runtime(joint),
     }
+
+
+def _encode_runtime(joint: JointGraph) -> Any:
+    """The runtime's plain-data plan: None for make_fx, the field dict for AOT."""
+    from ._graph import MakeFxRuntime
+
+    if joint.mode == "make_fx" and type(joint.runtime) is MakeFxRuntime:
+        return None
+    from ._aot import AotRuntime
+
+    if joint.mode == "aot" and type(joint.runtime) is AotRuntime:
+        fields = {f.name: getattr(joint.runtime, f.name)
+                  for f in dataclasses.fields(AotRuntime)}
+        return encode_value(fields, "the AOT runtime")
+    raise PersistError(f"cannot save a mode={joint.mode!r} graph with runtime "
+                       f"{type(joint.runtime).__name__}")
+
+
+def _decode_runtime(mode: str, data: Any) -> Any:
+    if mode == "make_fx":
+        if data is not None:
+            raise PersistError("a make_fx archive must not carry a runtime plan")
+        return None
+    from ._aot import AotRuntime
+
+    fields = decode_value(data)
+    names = {f.name for f in dataclasses.fields(AotRuntime)}
+    if not isinstance(fields, dict) or set(fields) != names:
+        raise PersistError(f"malformed AOT runtime plan: expected fields {sorted(names)}")
+    plan_ok = all(i is None or isinstance(i, int) for i in fields["arg_plan"]) and all(
+        isinstance(k, str) and isinstance(i, int) for k, i in fields["out_plan"])
+    if not plan_ok or not isinstance(fields["tangent_dtype"], torch.dtype):
+        raise PersistError("malformed AOT runtime plan")
+    fields["out_plan"] = [tuple(x) for x in fields["out_plan"]]
+    fields["tangent_shape"] = tuple(fields["tangent_shape"])
+    return AotRuntime(**fields)
 
 
 def _encode_guards(g: ShapeGuards) -> dict[str, Any]:
@@ -310,7 +345,7 @@ def _decode_guards(d: dict[str, Any]) -> ShapeGuards:
 
 def _decode_layout(d: Any, gm: fx.GraphModule) -> JointGraph:
     try:
-        if d["mode"] != "make_fx":
+        if d["mode"] not in ("make_fx", "aot"):
             raise PersistError(f"unsupported mode {d['mode']!r} in the archive")
         s = d["state"]
         state = StateSpec(
@@ -327,7 +362,8 @@ def _decode_layout(d: Any, gm: fx.GraphModule) -> JointGraph:
             for lf in d["inputs"]["leaves"])
         treespec = pytree.treespec_loads(str(d["inputs"]["treespec"]))
         return JointGraph(
-            gm, mode="make_fx", state_spec=state, input_spec=InputSpec(treespec, leaves),
+            gm, mode=d["mode"], runtime=_decode_runtime(d["mode"], d.get("runtime")),
+            state_spec=state, input_spec=InputSpec(treespec, leaves),
             param_names=[str(x) for x in d["param_names"]],
             loss_dict_keys=[str(x) for x in d["loss_dict_keys"]],
             dynamic_dims={str(p): {int(x) for x in v} for p, v in d["dynamic_dims"].items()},

@@ -302,3 +302,15 @@ def test_payload_is_live_so_the_hostile_tests_can_fail(tmp_path):
     marker = tmp_path / "PWNED"
     pickle.loads(pickle.dumps(_Payload(marker)))  # what an unsafe loader would do
     assert marker.exists()
+
+
+@pytest.mark.parametrize("name,dynamic", [("cnn_bn", False), ("tiny_lm", False),
+                                          ("nested_inputs", True)])
+def test_aot_roundtrip_runs_bit_for_bit(name, dynamic, tmp_path):
+    fx_, model, inputs, joint = _trace(name, mode="aot", dynamic=dynamic)
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    assert loaded.mode == "aot" and type(loaded.runtime) is type(joint.runtime)
+    model2 = fx_.make_model()
+    for _ in range(2):  # buffer mutations are applied by the loaded runtime too
+        _assert_bitwise(_run(joint, model, inputs), _run(loaded, model2, inputs))
