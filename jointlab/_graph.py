@@ -11,6 +11,7 @@ own modules.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -86,6 +87,9 @@ class JointGraph:
         self.dynamic_dims = dict(dynamic_dims or {})
         self.guards = guards
         self.runtime: Runtime = runtime or MakeFxRuntime()
+        #: The training function that was traced (None for a loaded graph);
+        #: :func:`jointlab.compare` re-runs it eagerly as the reference.
+        self.train_fn: Callable[..., Any] | None = None
         self._cache: dict[str, tuple[Any, Any]] = {}
 
     # -- layout ---------------------------------------------------------------

@@ -78,9 +78,12 @@ def trace(
     if mode == "aot":
         from ._aot import trace_aot
 
-        return trace_aot(model, train_fn, inputs, dynamic=dynamic,
-                         dynamic_arg_dims=dynamic_arg_dims)
-    return _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims)
+        joint = trace_aot(model, train_fn, inputs, dynamic=dynamic,
+                          dynamic_arg_dims=dynamic_arg_dims)
+    else:
+        joint = _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims)
+    joint.train_fn = train_fn
+    return joint
 
 
 def trainable_names(model: nn.Module) -> list[str]:
