@@ -102,7 +102,7 @@ def plot_memory(profile: Any, *, max_points: int = 4000, measured: bool = True) 
         x=[pk], y=[profile.peak_bytes / scale], mode="markers+text", name="peak",
         marker={"color": "black", "size": 9, "symbol": "triangle-down"},
         text=[f"peak {profile.peak_bytes / scale:.2f} {unit} at {profile.peak_node}"],
-        textposition="top center", hoverinfo="skip", showlegend=False))
+        textposition=_label_side(pk, len(full)), hoverinfo="skip", showlegend=False))
     title = "Memory per node step"
     if profile.measured:
         title += (f" — predicted peak {profile.peak_bytes / scale:.2f} {unit}, measured "
@@ -113,6 +113,13 @@ def plot_memory(profile: Any, *, max_points: int = 4000, measured: bool = True) 
                       yaxis={"range": [0, 1.12 * peak / scale]},
                       legend={"orientation": "h", "y": -0.15})
     return fig
+
+
+def _label_side(x: int, n: int) -> str:
+    """Keep the peak label inside the plot near either edge."""
+    if x > 0.7 * n:
+        return "top left"
+    return "top right" if x < 0.3 * n else "top center"
 
 
 def _mark_boundary(fig: go.Figure, boundary: int, n: int) -> None:
