@@ -161,13 +161,17 @@ def annotate(
         seq = node.meta.get("seq_nr")
         if seq is not None and seq >= 0:
             by_seq.setdefault(seq, node)
+    zero = set(zero_grad_fqns)
+    _own_zero_grads(outs, grad_fqns, zero, placeholder_info)
     _attribute_backward(pending, by_seq)
-    _mark_gradients(outs, grad_fqns, set(zero_grad_fqns))
+    _mark_gradients(outs, grad_fqns, zero)
 
 
 def _attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None:
     unresolved = []
     for node in nodes:
+        if KEY in node.meta:  # already attributed (zeros for unused parameters)
+            continue
         twin = by_seq.get(node.meta.get("seq_nr", -1))
         meta = {"phase": "backward", "module": "", "module_type": "", "source": ""}
         node.meta[KEY] = meta
@@ -200,6 +204,18 @@ def _inherit(node: fx.Node, neighbours: Iterable[fx.Node]) -> None:
             node.meta[KEY].update(module=ometa["module"], module_type=ometa["module_type"],
                                   source=ometa["source"])
             return
+
+
+def _own_zero_grads(outs: list[Any], grad_fqns: Sequence[str], zero: set[str],
+                    placeholder_info: Sequence[dict[str, Any]]) -> None:
+    # Zeros emitted for a parameter without a gradient belong to the module
+    # that owns the parameter.
+    owners = {p.get("fqn"): p for p in placeholder_info}
+    for fqn, node in zip(grad_fqns, outs[1 : 1 + len(grad_fqns)]):
+        if fqn in zero and isinstance(node, fx.Node) and KEY not in node.meta:
+            p = owners.get(fqn, {})
+            node.meta[KEY] = {"phase": "backward", "module": p.get("module", ""),
+                              "module_type": p.get("module_type", ""), "source": ""}
 
 
 def _mark_gradients(outs: list[Any], grad_fqns: Sequence[str], zero: set[str]) -> None:

@@ -212,9 +212,9 @@ class JointGraph:
     # -- caching for derived views --------------------------------------------
     def graph_version(self) -> tuple[int, int]:
         """A cheap fingerprint that changes when the graph is edited."""
-        g = self.graph
-        sig = tuple((id(n), n.target, id(n._args), id(n._kwargs)) for n in g.nodes)
-        return (id(g), hash(sig))
+        from ._analyze import graph_fingerprint
+
+        return graph_fingerprint(self.graph)
 
     def cached(self, key: str, build: Any) -> Any:
         """Return ``build(self)`` cached under ``key`` until the graph changes."""
@@ -227,8 +227,11 @@ class JointGraph:
         return value
 
     def invalidate(self) -> None:
-        """Drop cached tables and profiles (call after editing node meta)."""
+        """Drop cached tables, profiles and analysis (call after editing node meta)."""
+        from ._analyze import forget_analysis
+
         self._cache.clear()
+        forget_analysis(self.graph_module)
 
     # -- analyses (implemented in their own modules) ---------------------------
     @property

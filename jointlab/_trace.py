@@ -193,7 +193,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
         snapshot.restore()
 
     placeholder_info = [
-        {"phase": "param" if is_p else "buffer", "fqn": fqn, "module": fqn.rpartition(".")[0]}
+        state_placeholder_info(model, fqn, is_p)
         for fqn, is_p in zip(state_spec.fqns, state_spec.is_param)
     ] + [{"phase": "input", "input_path": p} for p, _ in tensors]
     annotate(gm, placeholder_info, param_names, box["zero_grads"], len(box["loss_dict_keys"]))
@@ -207,6 +207,13 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
         dynamic_dims=dyn_dims,
         guards=guards,
     )
+
+
+def state_placeholder_info(model: nn.Module, fqn: str, is_param: bool) -> dict[str, Any]:
+    """Trace-time annotation of a parameter or buffer placeholder."""
+    owner = fqn.rpartition(".")[0]
+    return {"phase": "param" if is_param else "buffer", "fqn": fqn, "module": owner,
+            "module_type": type(model.get_submodule(owner)).__name__}
 
 
 def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec):
