@@ -196,7 +196,7 @@ class Stepper(fx.Interpreter):
         if traced_on and traced_on != {self.device}:
             gm = retarget(gm, self.device)
         super().__init__(gm, garbage_collect_values=False)
-        self.joint = joint
+        self.joint, self.model, self.inputs, self.seed = joint, model, inputs, seed
         self.keep_all = keep == "all"
         self.keep = set() if keep is None or self.keep_all else set(keep)
         self.nodes: list[fx.Node] = list(self.graph.nodes)
@@ -524,11 +524,19 @@ class Stepper(fx.Interpreter):
         df.index.name = "name"
         return df
 
-    def widget(self) -> Any:
-        """An ipywidgets panel to drive this stepper (see :mod:`jointlab.widgets.stepper`)."""
+    def widget(self, train_fn: Any = None, comparison: Any = None) -> Any:
+        """An ipywidgets panel to drive this stepper (see :mod:`jointlab.widgets.stepper`).
+
+        Args:
+            train_fn: The training step, for the panel's comparison with eager.
+            comparison: A Comparison to show from the start.
+
+        Returns:
+            An ``ipywidgets.VBox``.
+        """
         from .widgets.stepper import stepper_widget
 
-        return stepper_widget(self)
+        return stepper_widget(self, train_fn=train_fn, comparison=comparison)
 
     def __repr__(self) -> str:
         """Where the stepper stands."""

@@ -1,0 +1,93 @@
+"""Stepper cost: bulk run() vs joint.run, per-node stepping vs fx.Interpreter, compare vs eager."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.fx as fx
+from run import interleaved, row
+
+
+def _interleaved_min(fns, repeat):
+    """Best time of each function, run alternately (the least load-disturbed sample)."""
+    best = {k: float("inf") for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
+
+
+def _per_node_interpreter(joint, flat) -> tuple[float, float]:
+    """Seconds per node of fx.Interpreter.run beyond the GraphModule's own time."""
+    gm = joint.graph_module
+    n = len(joint.graph.nodes)
+    with torch.no_grad():
+        t = _interleaved_min({"interp": lambda: fx.Interpreter(gm).run(*flat),
+                              "gm": lambda: gm(*flat)}, repeat=20)
+    return (t["interp"] - t["gm"]) / n, t["gm"]
+
+
+def _per_node_stepper(joint, model, inputs, gm_time: float) -> float:
+    import jointlab as jl
+
+    s = jl.Stepper(joint, model, inputs, device="cpu", seed=0)
+    n = len(s.nodes)
+    best = float("inf")
+    for _ in range(20):
+        s.reset()
+        t0 = time.perf_counter()
+        while not s.done:
+            s.step()
+        best = min(best, time.perf_counter() - t0)
+    return (best - gm_time) / n
+
+
+def rows(ctx):
+    import jointlab as jl
+    from jointlab.models import lm_inputs, make_gpt2
+
+    model, train_fn, inputs = ctx.gpt2
+    joint = ctx.gpt2_joint
+    s = jl.Stepper(joint, model, inputs, device="cpu", seed=0)
+
+    def stepper_run():
+        s.reset()
+        s.run()
+
+    rep = 5 if ctx.quick else 9
+    t = _interleaved_min({"joint": lambda: joint.run(model, inputs), "stepper": stepper_run},
+                         repeat=rep)
+    ratio = t["stepper"] / t["joint"]
+
+    # per-node overhead: a small model, so op time does not drown the overhead
+    tiny_m = make_gpt2(n_layer=2, d=32, n_head=2, vocab=64, seq=8)
+    tiny_in = lm_inputs(1, 64, 8)
+    tiny = jl.trace(tiny_m, train_fn, tiny_in)
+    interp, gm_time = _per_node_interpreter(tiny, tiny.flat_args(tiny_m, tiny_in))
+    stepped = _per_node_stepper(tiny, tiny_m, tiny_in, gm_time)
+
+    def eager_step():
+        m = copy.deepcopy(model)
+        loss = train_fn(m, **inputs)
+        torch.autograd.grad(loss, [p for p in m.parameters() if p.requires_grad])
+
+    t2 = interleaved({"eager": eager_step,
+                      "compare": lambda: jl.compare(joint, model, inputs, train_fn=train_fn)},
+                     repeat=2 if ctx.quick else 3)
+    n = len(joint.graph.nodes)
+    return [
+        row("gpt2-12L d256: Stepper.run() / joint.run", ratio, "x", "<= 1.10", ratio <= 1.10,
+            detail=f"{n} nodes, joint.run {t['joint'] * 1e3:.0f} ms"),
+        row("gpt2-2L d32: fx.Interpreter overhead per node", interp * 1e6, "us"),
+        row("gpt2-2L d32: Stepper.step() overhead per node", stepped * 1e6, "us"),
+        row("gpt2-2L d32: step() overhead / Interpreter overhead", stepped / interp, "x",
+            "<= 2", stepped / interp <= 2),
+        row("gpt2-12L d256: compare / one eager step", t2["compare"] / t2["eager"], "x",
+            detail=f"eager step {t2['eager'] * 1e3:.0f} ms"),
+    ]

@@ -1,0 +1,68 @@
+"""Stepper panel: buttons drive the stepper, labels and inspector follow it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import jointlab as jl
+from tests.fixtures import zoo
+
+W = pytest.importorskip("ipywidgets")
+
+
+@pytest.fixture()
+def panel():
+    f = zoo.FIXTURES["mlp"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    s = jl.Stepper(joint, model, inputs, device="cpu", seed=0)
+    return s, s.widget(train_fn=f.train_fn), f, model, inputs
+
+
+def test_step_button_moves_the_position_label(panel):
+    s, w, *_ = panel
+    assert w.position_label.value == f"position 0 / {len(s.nodes)}"
+    w.buttons["step"].click()
+    w.buttons["step"].click()
+    assert s.position == 2 and w.position_label.value.startswith("position 2 /")
+    assert w.buttons["step"].description == "Step"
+
+
+def test_inspector_shows_stats_of_the_stepped_value(panel):
+    s, w, f, model, inputs = panel
+    while s.current.name != "addmm":
+        w.buttons["step"].click()
+    w.buttons["step"].click()
+    want = torch.nn.functional.linear(inputs["x"], model.fc1.weight, model.fc1.bias).detach()
+    page = w.inspector.value
+    assert "addmm" in page and "[4, 32]" in page and "float32" in page
+    assert f"{float(want.max())}"[:6] in page
+    assert "jl-hist" in page
+
+
+def test_breakpoint_editor_continue_and_reset(panel):
+    s, w, *_ = panel
+    editor = w.children[3].children
+    editor[0].value, editor[1].value = "module", "fc3"
+    w.buttons["add"].click()
+    w.buttons["continue"].click()
+    assert s.current.meta["jointlab"]["module"] == "fc3"
+    assert "fc3" in w.children[4].value  # breakpoint list
+    w.buttons["continue"].click()  # next fc3 node (forward addmm, then backward ones)
+    assert s.current.meta["jointlab"]["module"] == "fc3"
+    w.buttons["clear"].click()
+    w.buttons["continue"].click()
+    assert s.done and "done" in w.children[2].value
+    w.buttons["reset"].click()
+    assert s.position == 0 and w.position_label.value.startswith("position 0 /")
+
+
+def test_step_over_module_and_compare_table(panel):
+    s, w, *_ = panel
+    w.buttons["step"].click()
+    before = s.position
+    w.buttons["over"].click()
+    assert s.position > before
+    w.children[-2].click()  # "Compare with eager"
+    assert "jointlab compare: match" in w.compare_box.value
