@@ -1,0 +1,76 @@
+"""Headless Chromium for the browser tests (system Chromium driven by Playwright).
+
+``pytest.skip`` only when no Chromium binary is installed; CI installs it
+(``.ci/run``). Screenshots go to a temp dir and, when ``JOINTLAB_SCREENSHOTS``
+is set, are copied there as well.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage"]
+# Console noise that is not a page error: refused network requests in a closed sandbox.
+BENIGN = ("net::ERR_CONNECTION_REFUSED", "net::ERR_INTERNET_DISCONNECTED", "net::ERR_FAILED",
+          "net::ERR_NAME_NOT_RESOLVED", "net::ERR_BLOCKED_BY_CLIENT", "Failed to load resource")
+
+
+def chromium_path() -> str:
+    """Path of the system Chromium, or skip the test with the reason."""
+    for cand in (os.environ.get("JOINTLAB_CHROMIUM"), "/usr/bin/chromium",
+                 shutil.which("chromium"), shutil.which("chromium-browser")):
+        if cand and pathlib.Path(cand).exists():
+            return cand
+    pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does this in CI)")
+
+
+@contextmanager
+def browser() -> Iterator[Any]:
+    """A headless Chromium browser (Playwright) for the duration of the block."""
+    from playwright.sync_api import sync_playwright
+
+    exe = chromium_path()
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, headless=True, args=FLAGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class PageErrors:
+    """Collects uncaught page errors and console errors (benign network refusals ignored)."""
+
+    def __init__(self, page: Any) -> None:
+        """Start listening on ``page``."""
+        self.errors: list[str] = []
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        page.on("console", self._console)
+
+    def _console(self, msg: Any) -> None:
+        if msg.type != "error":
+            return
+        text = msg.text
+        if any(b in text for b in BENIGN):
+            return
+        self.errors.append(f"console.error: {text}")
+
+
+def save_screenshot(page: Any, tmp_dir: pathlib.Path, name: str) -> pathlib.Path:
+    """Full-page screenshot into ``tmp_dir`` (and ``$JOINTLAB_SCREENSHOTS`` when set)."""
+    path = tmp_dir / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    dest = os.environ.get("JOINTLAB_SCREENSHOTS")
+    if dest:
+        pathlib.Path(dest).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, pathlib.Path(dest) / path.name)
+    return path
