@@ -58,14 +58,19 @@ def browser_first_render(html_path: str) -> tuple[float, bool]:
             timeout=300_000)
         page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
         first = time.perf_counter() - t0
-        hovered = page.evaluate(
-            """() => new Promise(res => {
-                 const d = document.querySelector('div.js-plotly-plot');
-                 const tr = d.data.findIndex(t => t.customdata && t.x.length > 0);
-                 d.on('plotly_hover', () => res(true));
-                 Plotly.Fx.hover(d, [{curveNumber: tr, pointNumber: 0}]);
-                 setTimeout(() => res(!!d.querySelector('.hoverlayer .hovertext')), 5000);
-               })""")
+        xy = page.evaluate(
+            """() => { const d = document.querySelector('div.js-plotly-plot');
+                 const fl = d._fullLayout, box = d.getBoundingClientRect();
+                 const t = d._fullData.find(t => t.customdata && t.x.length > 0);
+                 return [box.left + fl._size.l + fl.xaxis.l2p(t.x[0]),
+                         box.top + fl._size.t + fl.yaxis.l2p(t.y[0])]; }""")
+        page.mouse.move(xy[0] - 1, xy[1])
+        page.mouse.move(xy[0], xy[1])
+        try:  # a real mouse hover over the first node must show its label
+            page.wait_for_selector(".hoverlayer .hovertext", timeout=30_000)
+            hovered = "phase:" in (page.text_content(".hoverlayer .hovertext") or "")
+        except Exception:  # playwright's TimeoutError: no label appeared
+            hovered = False
         ctx.close()
     return first, bool(hovered)
 
