@@ -340,7 +340,8 @@ def plot_dag(joint: Any, *, color_by: str = "phase", group_depth: int | None = N
         rel = relation_edges(joint, full)
         sx, sy = _edge_subset(lay, *rel["saved"])
         gx, gy = _edge_subset(lay, *rel["grads"])
-        traces.append(_line_trace(sx, sy, "saved activations", "rgba(255,140,0,0.3)", 1))
+        traces.append(_line_trace(sx, sy, "saved activations", "rgba(255,140,0,0.3)", 1,
+                                  visible=True if n <= 5000 else "legendonly"))
         traces.append(_line_trace(gx, gy, "param → grad", "rgba(44,160,44,0.6)", 1.2, "dot",
                                   "legendonly"))
     traces.extend(_node_traces(data, lay, color_by, size))
