@@ -137,3 +137,16 @@ def test_compare_on_cuda():
     f, model, inputs, joint = _setup("tiny_lm")
     c = jl.compare(joint, model, inputs, train_fn=f.train_fn, device="cuda", seed=2)
     assert c.ok, c.grads
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+@pytest.mark.parametrize("name", ["cnn_bn", "tiny_lm", "shared_submodule"])
+def test_untouched_graph_matches_in_both_modes_without_passing_train_fn(name, mode):
+    f = zoo.get(name)
+    model = f.make_model()
+    inputs = f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs, mode=mode)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    c = jl.compare(joint, model, inputs)
+    assert c.ok and c.first_divergence is None
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
