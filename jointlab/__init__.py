@@ -24,7 +24,7 @@ _LAZY = {
     "plot_memory": "jointlab.viz",
     "plot_lifetimes": "jointlab.viz",
     "explore": "jointlab.widgets",
-    "report": "jointlab.report",
+    "report": "jointlab._report",
 }
 
 __all__ = ["JointGraph", "errors", "trace", *_LAZY]
@@ -33,5 +33,7 @@ __all__ = ["JointGraph", "errors", "trace", *_LAZY]
 def __getattr__(name: str) -> Any:
     """Import optional parts of the API on first access."""
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
     raise AttributeError(f"module 'jointlab' has no attribute {name!r}")

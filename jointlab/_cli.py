@@ -56,7 +56,7 @@ def demo(out: str) -> int:
     status = "matches" if worst < 1e-4 else "DIFFERS FROM"
     print(f"joint graph {status} eager autograd (max abs diff {worst:.2e})")
     try:
-        from .report import report
+        from ._report import report
     except ImportError:
         report = None
     if report is not None:

@@ -525,7 +525,7 @@ class Stepper(fx.Interpreter):
         return df
 
     def widget(self, train_fn: Any = None, comparison: Any = None) -> Any:
-        """An ipywidgets panel to drive this stepper (see :mod:`jointlab.widgets.stepper`).
+        """An ipywidgets panel to drive this stepper (see :mod:`jointlab.widgets._stepper`).
 
         Args:
             train_fn: The training step, for the panel's comparison with eager.
@@ -534,7 +534,7 @@ class Stepper(fx.Interpreter):
         Returns:
             An ``ipywidgets.VBox``.
         """
-        from .widgets.stepper import stepper_widget
+        from .widgets._stepper import stepper_widget
 
         return stepper_widget(self, train_fn=train_fn, comparison=comparison)
 

@@ -7,9 +7,8 @@ import pytest
 from plotly.callbacks import Points
 
 import jointlab as jl
+import jointlab.widgets._explore as explore_mod  # noqa: E402
 from tests.fixtures import zoo
-
-explore_mod = pytest.importorskip("jointlab.widgets.explore")
 
 
 @pytest.fixture(scope="module")

@@ -21,5 +21,7 @@ __all__ = list(_LAZY)
 def __getattr__(name: str) -> Any:
     """Import the figure functions on first access."""
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
     raise AttributeError(f"module 'jointlab.viz' has no attribute {name!r}")

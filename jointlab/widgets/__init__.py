@@ -9,8 +9,8 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "explore": "jointlab.widgets.explore",
-    "stepper_widget": "jointlab.widgets.stepper",
+    "explore": "jointlab.widgets._explore",
+    "stepper_widget": "jointlab.widgets._stepper",
 }
 
 __all__ = list(_LAZY)
@@ -19,5 +19,7 @@ __all__ = list(_LAZY)
 def __getattr__(name: str) -> Any:
     """Import the widget apps on first access."""
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
     raise AttributeError(f"module 'jointlab.widgets' has no attribute {name!r}")
