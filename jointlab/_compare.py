@@ -104,7 +104,7 @@ def _rows(pairs: dict[str, tuple[Any, Any]], rtol, atol, candidate: str) -> list
 
 # -- running the candidates ------------------------------------------------------
 def _candidates(joint: Any) -> dict[str, Any]:
-    from ._step import CompiledJoint
+    from ._compile import CompiledJoint
 
     items = joint if isinstance(joint, (list, tuple)) else [joint]
     out: dict[str, Any] = {}

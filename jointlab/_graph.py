@@ -196,9 +196,24 @@ class JointGraph:
             ``(loss, grads, loss_dict)``: ``grads`` maps FQN to gradient in
             :attr:`param_names` order.
         """
+        return self.run_with(self.graph_module, model, inputs, accumulate=accumulate)
+
+    def run_with(self, fn: Callable[..., Any], model: nn.Module, inputs: dict[str, Any], *,
+                 accumulate: bool = False) -> RunResult:
+        """Like :meth:`run`, but execute the graph through ``fn`` (e.g. a compiled module).
+
+        Args:
+            fn: Called with the graph's positional args; returns its outputs.
+            model: The live model.
+            inputs: Keyword inputs with the traced structure.
+            accumulate: Also add the gradients into ``param.grad``.
+
+        Returns:
+            ``(loss, grads by FQN, loss_dict)``.
+        """
         flat = self.flat_args(model, inputs)
         with torch.no_grad():
-            outputs = self.graph_module(*self.runtime.prepare(self, flat))
+            outputs = fn(*self.runtime.prepare(self, flat))
             loss, grads, ld = self.runtime.finish(self, list(outputs), flat)
         grad_map = dict(zip(self.param_names, grads))
         if accumulate:
@@ -301,7 +316,7 @@ class JointGraph:
         Returns:
             A JointGraph-like object whose ``run`` uses the compiled graph.
         """
-        from ._step import compile_joint
+        from ._compile import compile_joint
 
         return compile_joint(self, backend=backend)
 

@@ -12,10 +12,8 @@ their last use, as the GraphModule frees them, unless ``keep`` asks otherwise.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,7 +21,10 @@ import torch.fx as fx
 from torch import nn
 
 from . import _meta
+from ._breakpoints import Breakpoint, _predicate, draws_random, in_module
 from ._compare import compare
+from ._compile import CompiledJoint, compile_joint
+from ._rng import StepRng, retarget
 from .errors import NodeExecutionError, ValueNotAvailableError
 
 if TYPE_CHECKING:
@@ -34,139 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["Breakpoint", "CompiledJoint", "Stepper", "compare", "compile_joint"]
 
 _FAST_MIN_NODES = 16  # below this, stepping node by node is cheaper than codegen
-
-
-# -- small predicates ----------------------------------------------------------
-def is_compute(node: fx.Node) -> bool:
-    """True for nodes that call something (not placeholders or the output)."""
-    return node.op in ("call_function", "call_method", "call_module", "get_attr")
-
-
-def in_module(node: fx.Node, prefix: str) -> bool:
-    """True when the node belongs to ``prefix`` or one of its submodules (either phase)."""
-    mod = _meta.module(node)
-    return mod == prefix or mod.startswith(prefix + ".")
-
-
-def op_names(node: fx.Node) -> set[str]:
-    """Names an ``op=`` breakpoint may use: ``aten.mm.default``, ``aten.mm``, ``mm``."""
-    target = node.target
-    names = {str(target), getattr(target, "__name__", "")}
-    if isinstance(target, torch._ops.OpOverload):
-        base = target._schema.name.split("::")[-1]
-        names |= {f"{target.namespace}.{base}", base}
-    return names - {""}
-
-
-def draws_random(node: fx.Node) -> bool:
-    """True when the op is tagged as consuming the global RNG."""
-    tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
-
-
-def tensors_of(value: Any) -> list[torch.Tensor]:
-    """Tensor leaves of a node value (a tensor, or a tuple/list of them)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [v for v in value if isinstance(v, torch.Tensor)]
-    return []
-
-
-def non_finite(value: Any) -> bool:
-    """True when a floating tensor in ``value`` holds a NaN or an infinity."""
-    return any(t.is_floating_point() and not bool(torch.isfinite(t).all())
-               for t in tensors_of(value))
-
-
-# -- breakpoints ---------------------------------------------------------------
-@dataclass
-class Breakpoint:
-    """Stop condition: a node name, a module prefix, an op, and/or a value predicate.
-
-    Static parts are ANDed; without ``when`` the stepper stops *before* a
-    matching node, with ``when`` it stops *after* a matching node whose value
-    satisfies the predicate. Module, op and value conditions look at compute
-    nodes only (placeholders hold given values, not computed ones).
-    """
-
-    node: str | None = None
-    module: str | None = None
-    op: str | None = None
-    when: Callable[[Any], bool] | None = None
-
-    def selects(self, node: fx.Node) -> bool:
-        """True when the static part of the breakpoint matches ``node``."""
-        if self.node is not None and node.name != self.node:
-            return False
-        static = self.module is not None or self.op is not None or self.when is not None
-        if static and self.node is None and not is_compute(node):
-            return False
-        if self.module is not None and not in_module(node, self.module):
-            return False
-        return self.op is None or self.op in op_names(node)
-
-
-def _predicate(when: Any) -> Callable[[Any], bool] | None:
-    if when is None or callable(when):
-        return when
-    if when in ("nonfinite", "non-finite", "nan"):
-        return non_finite
-    raise ValueError(f"when= must be a callable or 'non-finite', got {when!r}")
-
-
-# -- RNG kept apart from the user's --------------------------------------------
-class _Rng:
-    """The stepper's own RNG stream, swapped in only around random ops."""
-
-    def __init__(self, seed: int | None, device: torch.device) -> None:
-        self.seed, self.cuda = seed, device.type == "cuda"
-        self.device = device
-        self.state: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self.reset()
-
-    def _get(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        cuda = torch.cuda.get_rng_state(self.device) if self.cuda else None
-        return torch.get_rng_state(), cuda
-
-    def _set(self, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], self.device)
-
-    def reset(self) -> None:
-        """Start the stream from ``seed`` again (no-op without a seed)."""
-        if self.seed is None:
-            return
-        user = self._get()
-        torch.manual_seed(self.seed)
-        self.state = self._get()
-        self._set(user)
-
-    def enter(self) -> Any:
-        """Swap the stepper's stream in; return the user's to hand to :meth:`exit`."""
-        if self.state is None:
-            return None
-        user = self._get()
-        self._set(self.state)
-        return user
-
-    def exit(self, user: Any) -> None:
-        """Save the stepper's stream and restore the user's."""
-        if user is not None:
-            self.state = self._get()
-            self._set(user)
-
-
-def retarget(gm: fx.GraphModule, device: torch.device) -> fx.GraphModule:
-    """Copy ``gm`` with every ``device=`` keyword pointing at ``device``."""
-    gm = copy.deepcopy(gm)
-    for node in gm.graph.nodes:
-        if isinstance(node.kwargs.get("device"), torch.device):
-            node.kwargs = {**node.kwargs, "device": device}
-    gm.recompile()
-    return gm
-
 
 # -- the stepper ---------------------------------------------------------------
 class Stepper(fx.Interpreter):
@@ -207,7 +75,7 @@ class Stepper(fx.Interpreter):
         self._buffer_origin = [t.clone() for t in flat[n_params:joint.num_state_inputs]]
         flat[n_params:joint.num_state_inputs] = [t.clone() for t in self._buffer_origin]
         self._flat = flat
-        self._rng = _Rng(seed, self.device)
+        self._rng = StepRng(seed, self.device)
         self._random = [draws_random(n) for n in self.nodes]
         self._segments: dict[tuple, Callable] = {}
         self.breakpoints: list[Breakpoint] = []
@@ -552,50 +420,3 @@ def node_error(n: fx.Node, exc: BaseException) -> NodeExecutionError:
     return NodeExecutionError(
         f"node '{n.name}' of module '{mod or '<root>'}' ({info.get('phase', '?')}, {src}) "
         f"raised {type(exc).__name__}: {exc}\n  {n.format_node()}")
-
-
-# -- compiled execution ----------------------------------------------------------
-class CompiledJoint:
-    """A joint graph whose :meth:`run` goes through ``torch.compile``."""
-
-    def __init__(self, joint: JointGraph, backend: str) -> None:
-        """Wrap ``joint``; compilation happens on the first :meth:`run`."""
-        self.joint = joint
-        self.backend = backend
-        self.compiled = torch.compile(joint.graph_module, backend=backend)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.joint, name)
-
-    def run(self, model: nn.Module, inputs: dict[str, Any], *, accumulate: bool = False):
-        """Run one step like :meth:`JointGraph.run`, through the compiled graph."""
-        joint = self.joint
-        flat = joint.flat_args(model, inputs)
-        with torch.no_grad():
-            outs = self.compiled(*joint.runtime.prepare(joint, flat))
-            loss, grads, ld = joint.runtime.finish(joint, list(outs), flat)
-        grad_map = dict(zip(joint.param_names, grads))
-        if accumulate:
-            params = dict(model.named_parameters())
-            with torch.no_grad():
-                for name, g in grad_map.items():
-                    p = params[name]
-                    p.grad = g.detach().clone() if p.grad is None else p.grad.add_(g)
-        return loss, grad_map, dict(zip(joint.loss_dict_keys, ld))
-
-    def __repr__(self) -> str:
-        """Name the backend."""
-        return f"CompiledJoint(backend={self.backend!r}, {self.joint!r})"
-
-
-def compile_joint(joint: JointGraph, backend: str = "inductor") -> CompiledJoint:
-    """Compile ``joint`` with ``torch.compile``.
-
-    Args:
-        joint: The joint graph.
-        backend: A ``torch.compile`` backend name (``"inductor"``, ``"aot_eager"``, ...).
-
-    Returns:
-        An object with the same ``run(model, inputs)`` as the JointGraph.
-    """
-    return CompiledJoint(joint, backend)

@@ -1,0 +1,62 @@
+"""The stepper's private RNG stream, and moving a graph's constants to a device."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+
+# -- RNG kept apart from the user's --------------------------------------------
+class StepRng:
+    """The stepper's own RNG stream, swapped in only around random ops."""
+
+    def __init__(self, seed: int | None, device: torch.device) -> None:
+        self.seed, self.cuda = seed, device.type == "cuda"
+        self.device = device
+        self.state: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.reset()
+
+    def _get(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cuda = torch.cuda.get_rng_state(self.device) if self.cuda else None
+        return torch.get_rng_state(), cuda
+
+    def _set(self, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], self.device)
+
+    def reset(self) -> None:
+        """Start the stream from ``seed`` again (no-op without a seed)."""
+        if self.seed is None:
+            return
+        user = self._get()
+        torch.manual_seed(self.seed)
+        self.state = self._get()
+        self._set(user)
+
+    def enter(self) -> Any:
+        """Swap the stepper's stream in; return the user's to hand to :meth:`exit`."""
+        if self.state is None:
+            return None
+        user = self._get()
+        self._set(self.state)
+        return user
+
+    def exit(self, user: Any) -> None:
+        """Save the stepper's stream and restore the user's."""
+        if user is not None:
+            self.state = self._get()
+            self._set(user)
+
+
+def retarget(gm: fx.GraphModule, device: torch.device) -> fx.GraphModule:
+    """Copy ``gm`` with every ``device=`` keyword pointing at ``device``."""
+    gm = copy.deepcopy(gm)
+    for node in gm.graph.nodes:
+        if isinstance(node.kwargs.get("device"), torch.device):
+            node.kwargs = {**node.kwargs, "device": device}
+    gm.recompile()
+    return gm
