@@ -165,6 +165,21 @@ def annotate(
     _own_zero_grads(outs, grad_fqns, zero, placeholder_info)
     _attribute_backward(pending, by_seq)
     _mark_gradients(outs, grad_fqns, zero)
+    _copy_into_subgraphs(gm, by_seq)
+
+
+def _copy_into_subgraphs(gm: fx.GraphModule, by_seq: dict[int, fx.Node]) -> None:
+    # Higher-order ops (e.g. checkpointed regions) keep their own subgraphs;
+    # their backward nodes get the module metadata of their forward twin too.
+    for sub in gm.modules():
+        if sub is gm or not isinstance(sub, fx.GraphModule):
+            continue
+        for node in sub.graph.nodes:
+            twin = by_seq.get(node.meta.get("seq_nr", -1))
+            if twin is not None and is_engine_backward(node):
+                for key in _COPIED_META:
+                    if twin.meta.get(key) is not None:
+                        node.meta[key] = twin.meta[key]
 
 
 def _attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None:
