@@ -127,7 +127,8 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return hint(t.numel()) * t.element_size()
 
 
-def _tensors(val: Any) -> list[torch.Tensor]:
+def tensors_of(val: Any) -> list[torch.Tensor]:
+    """Tensor leaves of a node value (a tensor, or a tuple/list of them)."""
     if isinstance(val, torch.Tensor):
         return [val]
     if isinstance(val, (list, tuple)):
@@ -219,7 +220,7 @@ def _target_facts(node: fx.Node) -> tuple[str, str, bool]:
 
 def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) -> None:
     val = node.meta.get("val")
-    tensors = _tensors(val)
+    tensors = tensors_of(val)
     first = tensors[0] if tensors else None
     meta["target"], meta["category"], meta["inplace"] = _target_facts(node)
     meta["shape"] = tuple(hint(s) for s in first.shape) if first is not None else None

@@ -10,6 +10,7 @@ import torch
 import torch.fx as fx
 
 from . import _meta
+from ._analyze import tensors_of
 
 
 # -- small predicates ----------------------------------------------------------
@@ -38,15 +39,6 @@ def draws_random(node: fx.Node) -> bool:
     """True when the op is tagged as consuming the global RNG."""
     tags = getattr(node.target, "tags", ())
     return torch.Tag.nondeterministic_seeded in tags
-
-
-def tensors_of(value: Any) -> list[torch.Tensor]:
-    """Tensor leaves of a node value (a tensor, or a tuple/list of them)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [v for v in value if isinstance(v, torch.Tensor)]
-    return []
 
 
 def non_finite(value: Any) -> bool:
