@@ -71,12 +71,14 @@ def _kinds(blocks: list[dict[str, Any]]) -> set[str]:
 def known_issue(spec: dict[str, Any]) -> str | None:
     """A reported, not yet fixed failure this spec would hit (None: none).
 
-    Dynamic traces of BatchNorm1d applied to a transposed (B, T, D) activation
-    followed by a Linear emit ``aten.view`` on a non-contiguous tensor, which
-    fails at run time (reproducer in the fuzz report; tracer/torch side).
+    BatchNorm1d on a transposed (B, D, T) activation followed by a Linear:
+    the CPU batch-norm kernel returns a contiguous output while its meta kernel
+    keeps the input's strides, so the trace (static or dynamic, both modes)
+    records ``aten.view`` where eager needed a copy, and ``run`` fails
+    (reproducer in the fuzz report; torch meta-kernel / tracer side).
     """
-    if spec["dynamic"] and "batchnorm" in _kinds(spec["blocks"]):
-        return "dynamic BatchNorm1d on a transposed activation: view on non-contiguous"
+    if "batchnorm" in _kinds(spec["blocks"]):
+        return "BatchNorm1d on a transposed activation: fake/real stride mismatch"
     return None
 
 
