@@ -1,0 +1,177 @@
+"""JupyterLab in headless Chromium: run the quickstart and debugging notebooks for real.
+
+Starts JupyterLab from this environment on a free localhost port with a token,
+opens *copies* of ``01_quickstart`` and ``03_debugging`` (kernels outlive pages),
+runs all cells and checks what a user sees: the DAG and memory plots, the node
+table, the stepper panel's Step button advancing its position label, no
+error outputs and no JavaScript errors. Screenshots go to a temp dir and to
+``$JOINTLAB_SCREENSHOTS`` when set. Recipe: ../shared/notes/browser-testing.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.chromium import PageErrors, browser, chromium_path, save_screenshot
+
+pytestmark = pytest.mark.browser
+NOTEBOOKS = pathlib.Path(__file__).parent.parent / "notebooks"
+RUN_TIMEOUT_MS = 420_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    chromium_path()  # skip before starting a server when there is no browser
+    root = tmp_path_factory.mktemp("lab")
+    cfg = root / ".config"
+    (cfg / "labconfig").mkdir(parents=True)
+    (cfg / "labconfig" / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    token, port = secrets.token_hex(16), _free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(cfg), "JUPYTER_RUNTIME_DIR": str(root / ".rt"),
+           "IPYTHONDIR": str(root / ".ipython"), "JUPYTER_PLATFORM_DIRS": "1"}
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+           f"--ServerApp.token={token}", f"--port={port}", "--ip=127.0.0.1",
+           f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           f"--LabApp.workspaces_dir={root / '.ws'}"]
+    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log_text = (root / "server.log").read_text()
+                raise RuntimeError("JupyterLab did not start:\n" + log_text)
+            time.sleep(0.5)
+        yield {"base": base, "token": token, "root": root}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own group: it and its kernels
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _open_and_run_all(lab, b, name: str):
+    copy = f"{name}-{secrets.token_hex(3)}.ipynb"
+    shutil.copy(NOTEBOOKS / f"{name}.ipynb", lab["root"] / copy)
+    page = b.new_page(viewport={"width": 1400, "height": 1000})
+    errors = PageErrors(page)
+    page.goto(f"{lab['base']}/lab/tree/{copy}?reset&token={lab['token']}")
+    idle = page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\| Idle"))
+    idle.first.wait_for(timeout=120_000)
+    n_code = page.locator(".jp-Notebook .jp-CodeCell").count()
+    assert n_code > 5
+    for attempt in range(3):  # the menu click can race the kernel's start-up: retry once or twice
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        try:
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
+                ".some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))", timeout=30_000)
+            break
+        except Exception:  # noqa: BLE001 - nothing started: click again
+            if attempt == 2:
+                raise
+    page.wait_for_function(
+        """n => {
+            const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
+            return prompts.length === n && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
+        }""", arg=n_code, timeout=RUN_TIMEOUT_MS, polling=1000)
+    idle.first.wait_for(timeout=120_000)
+    return page, errors
+
+
+def _assert_no_error_outputs(page) -> None:
+    texts = page.locator(".jp-OutputArea-output").all_text_contents()
+    bad = [t[:500] for t in texts if "Traceback" in t or "Error:" in t.split("\n", 1)[0]]
+    assert bad == [], bad
+
+
+def _plot_titles(page) -> list[str]:
+    return page.locator("div.js-plotly-plot .gtitle").all_text_contents()
+
+
+def test_quickstart_in_jupyterlab(lab, tmp_path):
+    t0 = time.perf_counter()
+    with browser() as b:
+        page, errors = _open_and_run_all(lab, b, "01_quickstart")
+        _assert_no_error_outputs(page)
+        page.locator("div.js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+        titles = _plot_titles(page)
+        assert any(t.startswith("Joint graph:") for t in titles), titles  # the DAG
+        assert any(t.startswith("Memory per node step") for t in titles), titles
+        assert page.locator("div.js-plotly-plot").count() >= 3
+        table = page.locator(".jp-OutputArea-output table.dataframe")
+        assert table.count() >= 3 and table.first.locator("tbody tr").count() >= 10
+        text = table.first.text_content()
+        assert "saved_for_backward" in text and "h.0.ln_1" in text  # the node table's own data
+        card = page.locator(".jp-OutputArea-output", has_text="JointGraph").first
+        card.scroll_into_view_if_needed()
+        save_screenshot(page, tmp_path, "01_quickstart_top")
+        for i, which in enumerate(("Joint graph:", "Memory per node step")):
+            plot = page.locator("div.js-plotly-plot", has=page.locator(".gtitle", has_text=which))
+            plot.first.scroll_into_view_if_needed()
+            save_screenshot(page, tmp_path, f"01_quickstart_plot{i}")
+        table.first.scroll_into_view_if_needed()
+        save_screenshot(page, tmp_path, "01_quickstart_table")
+    print(f"\n[browser] 01_quickstart: {time.perf_counter() - t0:.1f} s")
+    assert errors.errors == [], errors.errors
+
+
+def test_debugging_stepper_in_jupyterlab(lab, tmp_path):
+    t0 = time.perf_counter()
+    with browser() as b:
+        page, errors = _open_and_run_all(lab, b, "03_debugging")
+        _assert_no_error_outputs(page)
+        label = page.locator(".widget-label", has_text=re.compile(r"^position \d+ / \d+$"))
+        label.first.wait_for(timeout=60_000)
+        label.first.scroll_into_view_if_needed()
+        before = label.first.text_content()
+        start = int(re.search(r"position (\d+)", before).group(1))
+        panel = page.locator(".widget-vbox", has=label.first).last
+        step = panel.get_by_role("button", name="Step", exact=True)
+        for k in (1, 2, 3):
+            step.click()
+            page.wait_for_function(
+                "([el, want]) => el.textContent.startsWith('position ' + want + ' /')",
+                arg=[label.first.element_handle(), start + k], timeout=60_000)
+        assert label.first.text_content().startswith(f"position {start + 3} /")
+        panel.evaluate("el => el.scrollIntoView({block: 'center'})")
+        save_screenshot(page, tmp_path, "03_debugging_stepper")
+        dag = page.locator("div.js-plotly-plot", has=page.locator(".gtitle",
+                                                                  has_text="Joint graph:"))
+        assert dag.count() >= 1
+        dag.first.scroll_into_view_if_needed()
+        save_screenshot(page, tmp_path, "03_debugging_dag")
+    print(f"\n[browser] 03_debugging: {time.perf_counter() - t0:.1f} s")
+    assert errors.errors == [], errors.errors
