@@ -10,7 +10,7 @@ Rows (one run, ratios):
 - torch's ``FxGraphDrawer`` (graphviz ``dot``) on the same 12-layer graph vs ``plot_dag``.
 
 ``python bench/bench_dag.py --engines`` instead times layout engines (graphviz dot,
-igraph Sugiyama, grandalf, ours) at ~2k and ~50k nodes for docs/layout.md.
+igraph Sugiyama, grandalf, ours) at ~2k and ~50k nodes for the README.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def _has_pydot() -> bool:
     return True
 
 
-# -- layout-engine comparison (docs/layout.md) -------------------------------------------
+# -- layout-engine comparison (the README) -------------------------------------------
 ENGINE_CODE = {
     "graphviz dot": None,
     "igraph sugiyama": (
