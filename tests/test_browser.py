@@ -140,7 +140,8 @@ def test_quickstart_in_jupyterlab(lab, tmp_path):
         save_screenshot(page, tmp_path, "01_quickstart_top")
         for i, which in enumerate(("Joint graph:", "Memory per node step")):
             plot = page.locator("div.js-plotly-plot", has=page.locator(".gtitle", has_text=which))
-            plot.first.scroll_into_view_if_needed()
+            plot.first.evaluate("el => el.scrollIntoView({block: 'center'})")
+            page.wait_for_timeout(1000)  # cells scrolled into view paint lazily
             save_screenshot(page, tmp_path, f"01_quickstart_plot{i}")
         table.first.scroll_into_view_if_needed()
         save_screenshot(page, tmp_path, "01_quickstart_table")
@@ -167,11 +168,13 @@ def test_debugging_stepper_in_jupyterlab(lab, tmp_path):
                 arg=[label.first.element_handle(), start + k], timeout=60_000)
         assert label.first.text_content().startswith(f"position {start + 3} /")
         panel.evaluate("el => el.scrollIntoView({block: 'center'})")
+        page.wait_for_timeout(500)
         save_screenshot(page, tmp_path, "03_debugging_stepper")
         dag = page.locator("div.js-plotly-plot", has=page.locator(".gtitle",
                                                                   has_text="Joint graph:"))
         assert dag.count() >= 1
-        dag.first.scroll_into_view_if_needed()
+        dag.first.evaluate("el => el.scrollIntoView({block: 'center'})")
+        page.wait_for_timeout(1000)
         save_screenshot(page, tmp_path, "03_debugging_dag")
     print(f"\n[browser] 03_debugging: {time.perf_counter() - t0:.1f} s")
     assert errors.errors == [], errors.errors
