@@ -77,6 +77,15 @@ def fakeify(mode: FakeTensorMode, t: torch.Tensor, dyn: set[int] | None) -> torc
     return mode.from_tensor(t, symbolic_context=ctx)
 
 
+def _where(sloc: Any) -> str:
+    """``file:line in fn: code`` of the frame that created a guard."""
+    frame = getattr(sloc, "maybe_user_loc", None) or getattr(sloc, "framework_loc", None)
+    if frame is None or isinstance(frame, str):
+        return str(frame or sloc or "")
+    code = f": {frame.line.strip()}" if getattr(frame, "line", None) else ""
+    return f"{frame.filename}:{frame.lineno} in {frame.name}{code}"
+
+
 @dataclass
 class ShapeGuards:
     """What a dynamic trace assumed about its inputs' sizes, as plain sympy."""
@@ -119,7 +128,7 @@ class ShapeGuards:
             expr = shape_env.replace(g.expr)
             if expr in (sympy.true, True):
                 continue
-            out.guards.append((expr, str(getattr(g, "sloc", "") or "")))
+            out.guards.append((expr, _where(getattr(g, "sloc", None))))
         return out
 
     def validate(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -142,11 +151,11 @@ class ShapeGuards:
             if expr.free_symbols <= bindings.keys() and not bool(expr.xreplace(subs)):
                 given = ", ".join(f"{where[s]} = {bindings[s]}"
                                   for s in sorted(expr.free_symbols, key=str))
-                at = f" at {sloc.strip('()')}" if sloc else ""
+                at = f" (at {sloc})" if sloc else ""
                 raise GuardError(
-                    f"the trace took a shape-dependent branch{at} that requires "
-                    f"{self._readable(expr, where)}, but got {given}. Trace again with "
-                    "inputs of this size, or avoid branching on sizes."
+                    f"the trace took a shape-dependent branch that requires "
+                    f"{self._readable(expr, where)}{at}, but got {given}. Trace again "
+                    "with inputs of this size, or avoid branching on sizes."
                 )
         for sym, (lo, hi) in self.ranges.items():
             if sym in bindings and not lo <= bindings[sym] <= hi:
