@@ -20,6 +20,7 @@ already live when the run starts are counted once, from the real tensors.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Protocol
 
 import numpy as np
@@ -93,6 +94,27 @@ def _outer_op_end(event: Any) -> int | None:
     return end
 
 
+@contextlib.contextmanager
+def _quiet_fd2():
+    """Silence C-level stderr for the block.
+
+    kineto logs ``USDT: profiler_start/stop`` lines there, which Jupyter
+    would show in the notebook.
+    """
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable fd 2 (e.g. some embedded interpreters)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class ProfilerSampler:
     """Per-step live bytes from ``torch.profiler`` allocation events."""
 
@@ -110,8 +132,14 @@ class ProfilerSampler:
     @contextlib.contextmanager
     def running(self):
         """Profile the block."""
-        with self.prof:
+        with _quiet_fd2():
+            self.prof.__enter__()
+        try:
             yield self
+        finally:
+            with _quiet_fd2():
+                self.prof.__exit__(None, None, None)
+
 
     def result(self, n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Walk the event tree and fold allocations into per-step peaks."""
