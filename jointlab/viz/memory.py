@@ -111,7 +111,7 @@ def plot_memory(profile: Any, *, max_points: int = 4000, measured: bool = True) 
     fig.update_layout(title=title, xaxis_title="node step", yaxis_title=f"live {unit}",
                       hovermode="x", template="plotly_white",
                       yaxis={"range": [0, 1.12 * peak / scale]},
-                      legend={"orientation": "h", "y": -0.15})
+                      legend={"orientation": "h", "y": -0.25})
     return fig
 
 
@@ -125,7 +125,7 @@ def _label_side(x: int, n: int) -> str:
 def _mark_boundary(fig: go.Figure, boundary: int, n: int) -> None:
     if 0 < boundary < n:
         fig.add_vline(x=boundary - 0.5, line={"color": "gray", "dash": "dash"},
-                      annotation_text="forward | backward", annotation_position="top")
+                      annotation_text="forward | backward", annotation_position="bottom left")
 
 
 def plot_lifetimes(profile: Any, top: int = 50, *, include_state: bool = False) -> go.Figure:

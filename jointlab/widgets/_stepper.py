@@ -81,7 +81,7 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None) -
         An ``ipywidgets.VBox``; its ``position`` label reads ``position N / M``.
     """
     b_step = W.Button(description="Step")
-    b_over = W.Button(description="Step over module")
+    b_over = W.Button(description="Step over module", layout=W.Layout(width="auto"))
     b_cont = W.Button(description="Continue")
     b_reset = W.Button(description="Reset")
     position = W.Label()
@@ -92,12 +92,12 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None) -
     bp_kind = W.Dropdown(options=["node", "module", "op", "non-finite"], value="module",
                          description="break on")
     bp_text = W.Text(placeholder="node name / module prefix / op")
-    b_add = W.Button(description="Add breakpoint")
-    b_clear = W.Button(description="Clear breakpoints")
+    b_add = W.Button(description="Add breakpoint", layout=W.Layout(width="auto"))
+    b_clear = W.Button(description="Clear breakpoints", layout=W.Layout(width="auto"))
     bp_list = W.HTML()
     inspect_name = W.Text(placeholder="node name to inspect")
     b_inspect = W.Button(description="Inspect")
-    b_compare = W.Button(description="Compare with eager")
+    b_compare = W.Button(description="Compare with eager", layout=W.Layout(width="auto"))
 
     def show_value(name: str | None) -> None:
         if name is None:
