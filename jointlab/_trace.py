@@ -26,9 +26,11 @@ from torch.fx.traceback import preserve_node_meta
 from torch.nn.utils import stateless
 
 from ._annotate import annotate, is_user_frame
+from ._constants import no_tensor_printing, warn_baked_constants
 from ._graph import JointGraph
 from ._guards import ShapeGuards, fakeify, resolve_dynamic_dims, symbolic_fake_mode
 from ._inputs import describe_inputs, describe_state, flatten_inputs, model_state
+from ._repair import repair_views
 from ._snapshot import ModelSnapshot
 from .errors import DataDependentError, LossError, NoTrainableParametersError, TraceError
 
@@ -75,13 +77,16 @@ def trace(
         raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if mode == "aot":
-        from ._aot import trace_aot
+    with no_tensor_printing():
+        if mode == "aot":
+            from ._aot import trace_aot
 
-        joint = trace_aot(model, train_fn, inputs, dynamic=dynamic,
-                          dynamic_arg_dims=dynamic_arg_dims)
-    else:
-        joint = _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims)
+            joint = trace_aot(model, train_fn, inputs, dynamic=dynamic,
+                              dynamic_arg_dims=dynamic_arg_dims)
+        else:
+            joint = _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims)
+    repair_views(joint.graph_module)
+    warn_baked_constants(joint.graph_module, train_fn, model)
     joint.train_fn = train_fn
     return joint
 

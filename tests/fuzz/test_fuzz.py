@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 
 import jointlab as jl
 from tests.fuzz import models
@@ -68,23 +68,8 @@ def _kinds(blocks: list[dict[str, Any]]) -> set[str]:
     return out
 
 
-def known_issue(spec: dict[str, Any]) -> str | None:
-    """A reported, not yet fixed failure this spec would hit (None: none).
-
-    BatchNorm1d on a transposed (B, D, T) activation followed by a Linear:
-    the CPU batch-norm kernel returns a contiguous output while its meta kernel
-    keeps the input's strides, so the trace (static or dynamic, both modes)
-    records ``aten.view`` where eager needed a copy, and ``run`` fails
-    (reproducer in the fuzz report; torch meta-kernel / tracer side).
-    """
-    if "batchnorm" in _kinds(spec["blocks"]):
-        return "BatchNorm1d on a transposed activation: fake/real stride mismatch"
-    return None
-
-
 def check_spec(spec: dict[str, Any], mode: str) -> None:
     """The fuzz property for one spec and mode."""
-    assume(known_issue(spec) is None)
     eager_model, graph_model = models.build(spec), models.build(spec)
     inputs = models.make_inputs(spec, spec["batch"])
     before = deep_state(graph_model)
