@@ -39,20 +39,24 @@ def _eager_step(model, inputs, seed):
 
 
 def _compare_step(joint, eager_model, graph_model, inputs, seed: int, what: str) -> None:
+    # NaN must appear exactly where eager has it (e.g. a fully masked attention row).
     e_loss, e_grads, e_ld = _eager_step(eager_model, inputs, seed)
     torch.manual_seed(seed)
     g_loss, g_grads, g_ld = joint.run(graph_model, inputs)
-    torch.testing.assert_close(g_loss, e_loss, msg=lambda m: f"{what} loss: {m}")
+    torch.testing.assert_close(g_loss, e_loss, equal_nan=True,
+                               msg=lambda m: f"{what} loss: {m}")
     assert list(g_grads) == list(e_grads)
     for name in e_grads:
-        torch.testing.assert_close(g_grads[name], e_grads[name],
+        torch.testing.assert_close(g_grads[name], e_grads[name], equal_nan=True,
                                    msg=lambda m, n=name: f"{what} grad {n}: {m}")
     assert list(g_ld) == list(e_ld)
     for key in e_ld:
-        torch.testing.assert_close(g_ld[key], e_ld[key], msg=lambda m, k=key: f"{what} {k}: {m}")
+        torch.testing.assert_close(g_ld[key], e_ld[key], equal_nan=True,
+                                   msg=lambda m, k=key: f"{what} {k}: {m}")
     g_bufs = dict(graph_model.named_buffers())
     for name, buf in eager_model.named_buffers():
-        torch.testing.assert_close(g_bufs[name], buf, msg=lambda m, n=name: f"{what} {n}: {m}")
+        torch.testing.assert_close(g_bufs[name], buf, equal_nan=True,
+                                   msg=lambda m, n=name: f"{what} {n}: {m}")
     with torch.no_grad():  # the same SGD step on both models keeps them identical
         g_params = _trainable(graph_model)
         for name, p in _trainable(eager_model).items():
