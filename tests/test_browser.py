@@ -46,6 +46,10 @@ def lab(tmp_path_factory):
     (cfg / "labconfig").mkdir(parents=True)
     (cfg / "labconfig" / "page_config.json").write_text(json.dumps(
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    # Render every cell up front (no windowing), so the DOM holds all prompts.
+    settings = root / ".settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     token, port = secrets.token_hex(16), _free_port()
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(cfg), "JUPYTER_RUNTIME_DIR": str(root / ".rt"),
            "IPYTHONDIR": str(root / ".ipython"), "JUPYTER_PLATFORM_DIRS": "1"}
@@ -53,7 +57,8 @@ def lab(tmp_path_factory):
            f"--ServerApp.token={token}", f"--port={port}", "--ip=127.0.0.1",
            f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           f"--LabApp.workspaces_dir={root / '.ws'}"]
+           f"--LabApp.workspaces_dir={root / '.ws'}",
+           f"--LabApp.user_settings_dir={root / '.settings'}"]
     log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
                             start_new_session=True)
@@ -89,8 +94,13 @@ def _open_and_run_all(lab, b, name: str):
     page.goto(f"{lab['base']}/lab/tree/{copy}?reset&token={lab['token']}")
     idle = page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\| Idle"))
     idle.first.wait_for(timeout=120_000)
-    n_code = page.locator(".jp-Notebook .jp-CodeCell").count()
+    # The number of code cells comes from the file, not from what has rendered so far.
+    cells = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
+    n_code = sum(c["cell_type"] == "code" for c in cells)
     assert n_code > 5
+    page.wait_for_function(
+        "n => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === n",
+        arg=n_code, timeout=120_000)
     for attempt in range(3):  # the menu click can race the kernel's start-up: retry once or twice
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
@@ -102,11 +112,19 @@ def _open_and_run_all(lab, b, name: str):
         except Exception:  # noqa: BLE001 - nothing started: click again
             if attempt == 2:
                 raise
-    page.wait_for_function(
-        """n => {
-            const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
-            return prompts.length === n && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
-        }""", arg=n_code, timeout=RUN_TIMEOUT_MS, polling=1000)
+    try:
+        page.wait_for_function(
+            """n => {
+                const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
+                return prompts.length === n && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
+            }""", arg=n_code, timeout=RUN_TIMEOUT_MS, polling=1000)
+    except Exception as exc:  # say where the run stopped, and keep a picture of it
+        prompts = page.eval_on_selector_all(
+            ".jp-CodeCell .jp-InputPrompt", "ps => ps.map(p => p.textContent.trim())")
+        status = page.locator(".jp-StatusBar-Widget").all_inner_texts()
+        shot = save_screenshot(page, lab["root"], f"{name}_stalled")
+        raise AssertionError(f"cells did not all run: prompts={prompts} status={status} "
+                             f"screenshot={shot}") from exc
     idle.first.wait_for(timeout=120_000)
     return page, errors
 
