@@ -9,14 +9,15 @@ tensor ("view size is not compatible with input tensor's size and stride"),
 where eager PyTorch had used ``reshape``.
 
 :func:`repair_views` follows values whose strides are uncertain (outputs of
-those ops, and whatever views, pointwise ops and copies derive from them) and
+those ops, and what is derived from them) and
 turns each ``aten.view`` on such a value into ``aten.reshape``: a view where
-the real layout allows one, a copy where it does not, as in eager.
+the real layout allows one, a copy where it does not, as in eager. Uncertainty
+flows through every op except those that lay out their output afresh (matrix
+products); most ops (pointwise, dropout, copies, views) follow their input's
+strides.
 """
 
 from __future__ import annotations
-
-import operator
 
 import torch
 import torch.fx as fx
@@ -38,17 +39,13 @@ def makes_uncertain(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target in STRIDE_UNCERTAIN
 
 
-def keeps_layout(node: fx.Node) -> bool:
-    """True for ops whose output layout follows their input's (views, pointwise, copies)."""
-    if node.op != "call_function":
-        return False
-    t = node.target
-    if t is operator.getitem:
-        return True
-    if not isinstance(t, torch._ops.OpOverload):
-        return False
-    name = t._schema.name.split("::")[-1]
-    return t.is_view or torch.Tag.pointwise in t.tags or name in ("clone", "_to_copy", "detach")
+#: Ops whose outputs are freshly laid out (contiguous) in both fake and real runs.
+FRESH_LAYOUT = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+
+
+def resets_layout(node: fx.Node) -> bool:
+    """True for ops whose output strides do not depend on their inputs' strides."""
+    return node.op == "call_function" and node.target in FRESH_LAYOUT
 
 
 def is_view_op(node: fx.Node) -> bool:
@@ -76,7 +73,7 @@ def repair_views(gm: fx.GraphModule) -> int:
         if is_view_op(node):
             node.target = aten.reshape.default
             changed += 1
-        if keeps_layout(node) or node.target is aten.reshape.default:
+        if not resets_layout(node):
             uncertain.add(node)
     if changed:
         gm.recompile()
