@@ -175,6 +175,15 @@ def ensure_analyzed(gm: fx.GraphModule) -> None:
     setattr(gm, _STAMP, stamp)
 
 
+def mark_analyzed(gm: fx.GraphModule) -> None:
+    """Declare the analysis keys already on ``gm``'s nodes current (e.g. loaded from disk).
+
+    Args:
+        gm: The graph module.
+    """
+    setattr(gm, _STAMP, graph_fingerprint(gm.graph))
+
+
 def graph_fingerprint(graph: fx.Graph) -> tuple[int, int]:
     """A cheap fingerprint of a graph's structure; any edit changes it.
 

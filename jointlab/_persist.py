@@ -32,6 +32,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
 from . import _meta
+from ._analyze import mark_analyzed
 from ._codec import (
     IDENT,
     decode_callable,
@@ -384,7 +385,7 @@ def _rebuild_vals(joint: JointGraph) -> None:
     for n in gm.graph.nodes:
         n.meta.pop("_jointlab_val_spec", None)
     # The analysis keys were saved; mark them current so they are not recomputed.
-    gm._jointlab_analyzed = (len(gm.graph.nodes), id(gm.graph.output_node()))
+    mark_analyzed(gm)
     if joint.dynamic_dims or any(s is None for s in specs):
         return  # symbolic values are not rebuilt; annotations were saved already
     from torch._subclasses import FakeTensorMode

@@ -314,3 +314,15 @@ def test_aot_roundtrip_runs_bit_for_bit(name, dynamic, tmp_path):
     model2 = fx_.make_model()
     for _ in range(2):  # buffer mutations are applied by the loaded runtime too
         _assert_bitwise(_run(joint, model, inputs), _run(loaded, model2, inputs))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_loaded_node_table_equals_original(dynamic, tmp_path):
+    _, _, _, joint = _trace("cnn_bn", dynamic=dynamic)
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    cols = ["op", "target", "phase", "module", "shape", "dtype", "bytes", "flops",
+            "saved_for_backward", "is_view", "alias_of"]
+    a, b = joint.nodes[cols], loaded.nodes[cols]
+    assert list(a.index) == list(b.index)
+    assert a.astype(str).equals(b.astype(str))
