@@ -79,7 +79,8 @@ def user_source(stack_trace: str | None) -> str:
     return ""
 
 
-def _stack_module(node: fx.Node) -> tuple[str, str]:
+def stack_module(node: fx.Node) -> tuple[str, str]:
+    """Module FQN and class name from ``nn_module_stack`` (``<train_fn>`` when empty)."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return TRAIN_FN, ""
@@ -151,7 +152,7 @@ def annotate(
         if backward:
             pending.append(node)
             continue
-        mod, mtype = _stack_module(node)
+        mod, mtype = stack_module(node)
         node.meta[KEY] = {
             "phase": "forward",
             "module": mod,
@@ -163,7 +164,7 @@ def annotate(
             by_seq.setdefault(seq, node)
     zero = set(zero_grad_fqns)
     _own_zero_grads(outs, grad_fqns, zero, placeholder_info)
-    _attribute_backward(pending, by_seq)
+    attribute_backward(pending, by_seq)
     _mark_gradients(outs, grad_fqns, zero)
     _copy_into_subgraphs(gm, by_seq)
 
@@ -182,7 +183,13 @@ def _copy_into_subgraphs(gm: fx.GraphModule, by_seq: dict[int, fx.Node]) -> None
                         node.meta[key] = twin.meta[key]
 
 
-def _attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None:
+def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None:
+    """Give backward nodes the module, stack and source of their forward twin.
+
+    Args:
+        nodes: Backward nodes, in graph order.
+        by_seq: The first forward node of each ``seq_nr``.
+    """
     unresolved = []
     for node in nodes:
         if KEY in node.meta:  # already attributed (zeros for unused parameters)

@@ -32,7 +32,7 @@ from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from ._annotate import _attribute_backward, _stack_module, is_user_frame, user_source
+from ._annotate import attribute_backward, is_user_frame, stack_module, user_source
 from ._graph import JointGraph
 from ._guards import ShapeGuards, fakeify, resolve_dynamic_dims, symbolic_fake_mode
 from ._inputs import describe_inputs, describe_state, flatten_inputs
@@ -412,13 +412,13 @@ def annotate_aot(gm: fx.GraphModule, input_paths: list[str], param_names: list[s
         if _is_backward(node, reach):
             pending.append(node)
             continue
-        mod, mtype = _stack_module(node)
+        mod, mtype = stack_module(node)
         node.meta[KEY] = {"phase": "forward", "module": mod, "module_type": mtype,
                           "source": user_source(node.meta.get("stack_trace"))}
         seq = node.meta.get("seq_nr")
         if seq is not None and seq >= 0:
             by_seq.setdefault(seq, node)
-    _attribute_backward(pending, by_seq)
+    attribute_backward(pending, by_seq)
     trainable = set(param_names)
     out = gm.graph.output_node()
     for value, desc in zip(out.args[0], out.meta["desc"]):
