@@ -392,19 +392,21 @@ class Stepper(fx.Interpreter):
         df.index.name = "name"
         return df
 
-    def widget(self, train_fn: Any = None, comparison: Any = None) -> Any:
+    def widget(self, train_fn: Any = None, comparison: Any = None,
+               dag: bool | None = None) -> Any:
         """An ipywidgets panel to drive this stepper (see :mod:`jointlab.widgets._stepper`).
 
         Args:
             train_fn: The training step, for the panel's comparison with eager.
             comparison: A Comparison to show from the start.
+            dag: Show the DAG with the current node ringed (default: small graphs).
 
         Returns:
             An ``ipywidgets.VBox``.
         """
         from .widgets._stepper import stepper_widget
 
-        return stepper_widget(self, train_fn=train_fn, comparison=comparison)
+        return stepper_widget(self, train_fn=train_fn, comparison=comparison, dag=dag)
 
     def __repr__(self) -> str:
         """Where the stepper stands."""

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import ipywidgets as W  # noqa: E402, F401
 import pytest
 import torch
 
 import jointlab as jl
 from tests.fixtures import zoo
-
-W = pytest.importorskip("ipywidgets")
 
 
 @pytest.fixture()
@@ -64,5 +63,32 @@ def test_step_over_module_and_compare_table(panel):
     before = s.position
     w.buttons["over"].click()
     assert s.position > before
-    w.children[-2].click()  # "Compare with eager"
+    w.buttons["compare"].click()  # "Compare with eager"
     assert "jointlab compare: match" in w.compare_box.value
+
+
+def test_dag_ring_follows_the_current_node(panel):
+    s, w, *_ = panel
+    cursor = w.dag
+    assert cursor is not None and cursor.figure in w.children
+
+    def node_xy(name):
+        for tr in cursor.figure.data[:-1]:
+            if tr.customdata is not None and name in list(tr.customdata):
+                k = list(tr.customdata).index(name)
+                return tr.x[k], tr.y[k]
+        raise AssertionError(name)
+
+    for _ in range(3):
+        assert (cursor.ring.x[0], cursor.ring.y[0]) == node_xy(s.current.name)
+        w.buttons["step"].click()
+    s.run()
+    w.buttons["step"].click()  # at the end: nothing to ring
+    assert len(cursor.ring.x) == 0
+
+
+def test_dag_is_left_out_when_asked():
+    f = zoo.FIXTURES["mlp"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    s = jl.Stepper(jl.trace(model, f.train_fn, inputs), model, inputs, device="cpu")
+    assert s.widget(dag=False).dag is None

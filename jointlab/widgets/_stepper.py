@@ -68,7 +68,42 @@ def _row_html(stepper: Any, node: Any) -> str:
     return row[cols].to_html(escape=True)
 
 
-def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None) -> W.VBox:
+#: Above this many nodes the panel leaves the DAG out unless asked (``dag=True``).
+DAG_MAX_NODES = 5000
+
+
+class DagCursor:
+    """The joint graph's DAG as a FigureWidget with a ring on the stepper's current node."""
+
+    def __init__(self, joint: Any) -> None:
+        """Build the figure once; :meth:`move` only updates the ring's coordinates."""
+        import plotly.graph_objects as go
+
+        from ..viz.dag import plot_dag
+
+        fig = plot_dag(joint, height=380, title="current node (ring)")
+        self.where: dict[str, tuple[float, float]] = {}
+        for tr in fig.data:
+            if tr.customdata is not None:
+                for name, x, y in zip(tr.customdata, tr.x, tr.y):
+                    self.where[str(name)] = (float(x), float(y))
+        fig.add_trace(go.Scattergl(x=[], y=[], mode="markers", name="current node",
+                                   hoverinfo="skip", marker={"size": 20, "color": "rgba(0,0,0,0)",
+                                                             "line": {"width": 3,
+                                                                      "color": "#d62728"}}))
+        self.figure = go.FigureWidget(fig)
+        self.ring = self.figure.data[-1]
+
+    def move(self, name: str | None) -> None:
+        """Put the ring on node ``name`` (or hide it)."""
+        x, y = self.where.get(name, (None, None)) if name else (None, None)
+        with self.figure.batch_update():
+            self.ring.x = [] if x is None else [x]
+            self.ring.y = [] if y is None else [y]
+
+
+def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None,
+                   dag: bool | None = None) -> W.VBox:
     """Build the panel for ``stepper``.
 
     Args:
@@ -76,10 +111,15 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None) -
         train_fn: The training step, for the "Compare with eager" button
             (default: ``joint.train_fn``).
         comparison: A :class:`jointlab.Comparison` to show from the start.
+        dag: Show the DAG with the current node ringed; by default only for
+            graphs of at most :data:`DAG_MAX_NODES` nodes.
 
     Returns:
         An ``ipywidgets.VBox``; its ``position`` label reads ``position N / M``.
     """
+    if dag is None:
+        dag = len(stepper.nodes) <= DAG_MAX_NODES
+    cursor = DagCursor(stepper.joint) if dag else None
     b_step = W.Button(description="Step")
     b_over = W.Button(description="Step over module", layout=W.Layout(width="auto"))
     b_cont = W.Button(description="Continue")
@@ -123,6 +163,8 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None) -
             current.value = (f"<code>{html.escape(node.format_node())}</code>"
                              + _row_html(stepper, node))
         bp_list.value = "<br>".join(html.escape(repr(b)) for b in stepper.breakpoints)
+        if cursor is not None:
+            cursor.move(None if node is None else node.name)
         show_value(last)
 
     def guarded(action):
@@ -187,11 +229,13 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None) -
         W.HBox([bp_kind, bp_text, b_add, b_clear]), bp_list,
         W.HBox([inspect_name, b_inspect]), inspector,
         b_compare, compare_box,
+        *([cursor.figure] if cursor is not None else []),
     ])
     panel.add_class("jl-stepper")
     panel.position_label = position  # type: ignore[attr-defined]
     panel.buttons = {"step": b_step, "over": b_over, "continue": b_cont,  # type: ignore[attr-defined]
-                     "reset": b_reset, "add": b_add, "clear": b_clear}
+                     "reset": b_reset, "add": b_add, "clear": b_clear, "compare": b_compare}
     panel.inspector = inspector  # type: ignore[attr-defined]
     panel.compare_box = compare_box  # type: ignore[attr-defined]
+    panel.dag = cursor  # type: ignore[attr-defined]
     return panel
