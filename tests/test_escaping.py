@@ -8,6 +8,7 @@ the output in escaped form, so it cannot pass by omission.
 
 from __future__ import annotations
 
+import html
 import importlib.util
 
 import pytest
@@ -79,3 +80,16 @@ def test_report(traced, tmp_path):
     model, inputs, joint = traced
     path = jl.report(joint, tmp_path / "r.html", title=EVIL)
     assert_safe(path.read_text(encoding="utf-8"))
+
+
+def test_memory_and_lifetime_hover(traced):
+    model, inputs, joint = traced
+    profile = joint.memory()
+    assert (profile.lifetimes["module"] == EVIL).any()
+    for fig in (jl.plot_memory(profile), jl.plot_lifetimes(profile)):
+        assert_safe(fig.to_json())
+        assert_safe(fig.to_html(include_plotlyjs=False))
+        # hover labels render HTML: the values they show must be escaped text
+        shown = {str(v) for tr in fig.data if tr.customdata is not None
+                 for row in tr.customdata for v in row}
+        assert EVIL not in shown and html.escape(EVIL) in shown

@@ -10,6 +10,7 @@ bucket the step with the largest total so that no peak is lost.
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,11 @@ COLORS = {
     "temporary": "#bab0ac", "gradient": "#54a24b", "output": "#b279a2",
 }
 _HOVER_COLS = ["node", "module", "op", "shape"]
+
+
+def _escaped(df: pd.DataFrame) -> pd.DataFrame:
+    """Model-derived strings as HTML-escaped text (hover labels render HTML)."""
+    return df.astype(str).apply(lambda col: col.map(html.escape))
 
 
 def _unit(peak: float) -> tuple[float, str]:
@@ -71,7 +77,7 @@ def plot_memory(profile: Any, *, max_points: int = 4000, measured: bool = True) 
     peak = max(profile.peak_bytes, profile.measured_total_peak_bytes or 0)
     scale, unit = _unit(peak)
     x = tl.index.to_numpy()
-    custom = tl[_HOVER_COLS].to_numpy()
+    custom = _escaped(tl[_HOVER_COLS]).to_numpy()
     fig = go.Figure()
     for c in CATEGORIES:
         if not full[c].any():
@@ -149,7 +155,8 @@ def plot_lifetimes(profile: Any, top: int = 50, *, include_state: bool = False) 
         sub = life[life["category"] == c]
         if sub.empty:
             continue
-        custom = np.stack([sub["op"], sub["module"], sub["shape"], sub["bytes"] / scale,
+        text = _escaped(sub[["op", "module", "shape"]])
+        custom = np.stack([text["op"], text["module"], text["shape"], sub["bytes"] / scale,
                            sub["first_step"], sub["last_step"]], axis=1)
         fig.add_trace(go.Bar(
             y=sub["storage"], x=sub["last_step"] - sub["first_step"] + 1,
