@@ -34,11 +34,11 @@ from torch.utils import _pytree as pytree
 
 from ._annotate import attribute_backward, is_user_frame, stack_module, user_source
 from ._graph import JointGraph
-from ._guards import ShapeGuards, fakeify, resolve_dynamic_dims, symbolic_fake_mode
-from ._inputs import describe_inputs, describe_state, flatten_inputs
+from ._guards import fakeify, symbolic_fake_mode
+from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
 from ._snapshot import ModelSnapshot
-from ._trace import check_loss, split_loss, trainable_names, user_errors
+from ._trace import TraceRequest, check_loss, split_loss, user_errors
 from .errors import TraceError
 
 _PREFIX = "model."  # the wrapper holds the model as ``self.model``
@@ -240,21 +240,15 @@ def trace_aot(
     Returns:
         A :class:`JointGraph` with ``mode="aot"`` and an :class:`AotRuntime`.
     """
-    leaves, treespec = flatten_inputs(inputs)
-    input_spec = describe_inputs(leaves, treespec)
-    tensors = [(p, v) for p, v in leaves if isinstance(v, torch.Tensor)]
-    dyn_dims = resolve_dynamic_dims(tensors, dynamic, dynamic_arg_dims)
-    state_spec = describe_state(model)
-    param_names = trainable_names(model)
+    req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
+    tensors, dyn_dims = req.tensors, req.dyn_dims
+    state_spec, param_names = req.state_spec, req.param_names
 
     snapshot = ModelSnapshot.take(model)
     try:
-        gm, box, fake_user, shape_env = _export(model, train_fn, leaves, treespec,
+        gm, box, fake_user, shape_env = _export(model, train_fn, req.leaves, req.treespec,
                                                 tensors, dyn_dims)
-        guards = None
-        if dyn_dims and shape_env is not None:
-            guards = ShapeGuards.record(shape_env, fake_user,
-                                        {p: tuple(t.shape) for p, t in tensors}, dyn_dims)
+        guards = req.guards(shape_env, fake_user)
     finally:
         snapshot.restore()
 
@@ -265,7 +259,7 @@ def trace_aot(
         graph_module=gm,
         mode="aot",
         state_spec=state_spec,
-        input_spec=input_spec,
+        input_spec=req.input_spec,
         param_names=param_names,
         loss_dict_keys=box["keys"],
         dynamic_dims=dyn_dims,
@@ -276,7 +270,7 @@ def trace_aot(
 
 def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
     wrapper = _TrainStep(model, train_fn, leaves, treespec)
-    on_meta = any(t.device.type == "meta" for t in model.state_dict().values())
+    on_meta = state_on_meta(model)
     args = [t.detach().to("meta") if on_meta else t.detach() for _, t in tensors]
     fake_user: list[tuple[str, torch.Tensor]] = []
     shape_env = None

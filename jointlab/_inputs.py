@@ -231,6 +231,11 @@ def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def state_on_meta(model: nn.Module) -> bool:
+    """True when the model's parameters or buffers live on the meta device (no data)."""
+    return any(t.device.type == "meta" for t in model_state(model).values())
+
+
 def describe_state(model: nn.Module) -> StateSpec:
     """Describe the model's state in placeholder order."""
     state = model_state(model)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +30,15 @@ from ._annotate import annotate, is_user_frame
 from ._constants import no_tensor_printing, warn_baked_constants
 from ._graph import JointGraph
 from ._guards import ShapeGuards, fakeify, resolve_dynamic_dims, symbolic_fake_mode
-from ._inputs import describe_inputs, describe_state, flatten_inputs, model_state
+from ._inputs import (
+    InputSpec,
+    StateSpec,
+    describe_inputs,
+    describe_state,
+    flatten_inputs,
+    model_state,
+    state_on_meta,
+)
 from ._repair import repair_views
 from ._snapshot import ModelSnapshot
 from .errors import DataDependentError, LossError, NoTrainableParametersError, TraceError
@@ -149,10 +158,10 @@ def user_errors() -> Iterator[None]:
         ) from exc
 
 
-def _fake_inputs(model, leaves, dyn_dims, symbolic):
-    mode = symbolic_fake_mode() if symbolic else FakeTensorMode(allow_non_fake_inputs=True)
+def _fake_inputs(model, leaves, dyn_dims):
+    mode = symbolic_fake_mode() if dyn_dims else FakeTensorMode(allow_non_fake_inputs=True)
     state = model_state(model)
-    on_meta = any(t.device.type == "meta" for t in state.values())
+    on_meta = state_on_meta(model)
     fake_state = [fakeify(mode, t, None) for t in state.values()]
     fake_user = []
     for path, leaf in leaves:
@@ -162,19 +171,46 @@ def _fake_inputs(model, leaves, dyn_dims, symbolic):
     return mode, list(state), fake_state, fake_user
 
 
+@dataclass(frozen=True)
+class TraceRequest:
+    """What both tracing modes derive from the user's call before tracing."""
+
+    leaves: list[tuple[str, Any]]
+    treespec: Any
+    input_spec: InputSpec
+    tensors: list[tuple[str, torch.Tensor]]
+    dyn_dims: dict[str, set[int]]
+    state_spec: StateSpec
+    param_names: list[str]
+
+    @classmethod
+    def of(cls, model: nn.Module, inputs: dict[str, Any], dynamic: bool,
+           dynamic_arg_dims: dict[str, int | list[int]] | None) -> TraceRequest:
+        """Flatten and check the inputs and the model state (raises jointlab errors)."""
+        leaves, treespec = flatten_inputs(inputs)
+        tensors = [(p, v) for p, v in leaves if isinstance(v, torch.Tensor)]
+        return cls(leaves, treespec, describe_inputs(leaves, treespec), tensors,
+                   resolve_dynamic_dims(tensors, dynamic, dynamic_arg_dims),
+                   describe_state(model), trainable_names(model))
+
+    def guards(self, shape_env: Any, fake_user: list[tuple[str, torch.Tensor]]
+               ) -> ShapeGuards | None:
+        """The shape guards of a dynamic trace (None for a static one)."""
+        if not self.dyn_dims or shape_env is None:
+            return None
+        sizes = {p: tuple(t.shape) for p, t in self.tensors}
+        return ShapeGuards.record(shape_env, fake_user, sizes, self.dyn_dims)
+
+
 def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointGraph:
-    leaves, treespec = flatten_inputs(inputs)
-    input_spec = describe_inputs(leaves, treespec)
-    tensors = [(p, v) for p, v in leaves if isinstance(v, torch.Tensor)]
-    dyn_dims = resolve_dynamic_dims(tensors, dynamic, dynamic_arg_dims)
-    symbolic = bool(dyn_dims)
-    state_spec = describe_state(model)
-    param_names = trainable_names(model)
+    req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
+    leaves, tensors, dyn_dims = req.leaves, req.tensors, req.dyn_dims
+    state_spec, param_names = req.state_spec, req.param_names
 
     snapshot = ModelSnapshot.take(model)
     try:
-        fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims, symbolic)
-        fn, box = _joint_fn(model, train_fn, fqns, param_names, leaves, treespec)
+        fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims)
+        fn, box = _joint_fn(model, train_fn, fqns, param_names, leaves, req.treespec)
         fn._orig_mod = model  # type: ignore[attr-defined]  # enables nn_module_stack
         _keep_stack_frames_of(train_fn)
         with contextlib.ExitStack() as stack:
@@ -188,12 +224,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
             gm = make_fx(fn, record_stack_traces=True, record_module_stack=True)(
                 *fake_state, *(f for _, f in fake_user)
             )
-        guards = None
-        if symbolic:
-            guards = ShapeGuards.record(
-                fake_mode.shape_env, fake_user,
-                {p: tuple(t.shape) for p, t in tensors}, dyn_dims,
-            )
+        guards = req.guards(fake_mode.shape_env, fake_user)
     finally:
         snapshot.restore()
 
@@ -206,7 +237,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
         graph_module=gm,
         mode="make_fx",
         state_spec=state_spec,
-        input_spec=input_spec,
+        input_spec=req.input_spec,
         param_names=param_names,
         loss_dict_keys=box["loss_dict_keys"],
         dynamic_dims=dyn_dims,
