@@ -7,11 +7,9 @@ resolved on first use, so ``import jointlab`` stays light.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from . import errors as errors
 from ._graph import JointGraph as JointGraph
+from ._lazy import lazy_getattr
 from ._trace import trace as trace
 
 _LAZY = {
@@ -30,10 +28,4 @@ _LAZY = {
 __all__ = ["JointGraph", "errors", "trace", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    """Import optional parts of the API on first access."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip __getattr__
-        return value
-    raise AttributeError(f"module 'jointlab' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)

@@ -6,8 +6,7 @@ back. Submodules are imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_getattr
 
 _LAZY = {
     "plot_dag": "jointlab.viz.dag",
@@ -18,10 +17,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    """Import the figure functions on first access."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip __getattr__
-        return value
-    raise AttributeError(f"module 'jointlab.viz' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)

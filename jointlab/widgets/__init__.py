@@ -5,8 +5,7 @@ Submodules are imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_getattr
 
 _LAZY = {
     "explore": "jointlab.widgets._explore",
@@ -16,10 +15,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    """Import the widget apps on first access."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip __getattr__
-        return value
-    raise AttributeError(f"module 'jointlab.widgets' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, globals(), _LAZY)
