@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
-import gc
-import weakref
 
 import pytest
 import torch
@@ -19,17 +16,9 @@ import jointlab as jl
 from jointlab import errors
 from jointlab._meta import KEY, TRAIN_FN
 from tests.fixtures import zoo
-from tests.util import assert_unchanged, deep_state, eager_step
+from tests.util import assert_unchanged, deep_state, eager_step, traced_fixture
 
 NAMES = list(zoo.FIXTURES)
-
-
-@functools.cache
-def _traced(name: str, mode: str):
-    """Trace a fixture once per mode; return (fixture, inputs, joint)."""
-    f = zoo.get(name)
-    inputs = f.make_inputs(4)
-    return f, inputs, jl.trace(f.make_model(), f.train_fn, inputs, mode=mode)
 
 
 def _assert_step_equal(got, want, buffers_got, buffers_want):
@@ -49,7 +38,7 @@ def _assert_step_equal(got, want, buffers_got, buffers_want):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_zoo_matches_eager_over_two_steps(name):
-    f, inputs, joint = _traced(name, "aot")
+    f, inputs, joint = traced_fixture(name, "aot")
     assert joint.mode == "aot"
     model, ref = f.make_model(), f.make_model()
     for step in range(2):
@@ -62,8 +51,8 @@ def test_zoo_matches_eager_over_two_steps(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_modes_agree(name):
-    f, inputs, aot = _traced(name, "aot")
-    _, _, mfx = _traced(name, "make_fx")
+    f, inputs, aot = traced_fixture(name, "aot")
+    _, _, mfx = traced_fixture(name, "make_fx")
     assert aot.param_names == mfx.param_names
     assert aot.state_fqns == mfx.state_fqns
     assert aot.loss_dict_keys == mfx.loss_dict_keys
@@ -79,7 +68,7 @@ def test_modes_agree(name):
 
 
 def test_batchnorm_buffers_updated_once_per_run():
-    f, inputs, joint = _traced("cnn_bn", "aot")
+    f, inputs, joint = traced_fixture("cnn_bn", "aot")
     muts = [d for d in joint.graph.output_node().meta["desc"]
             if isinstance(d, D.InputMutationAOTOutput)]
     assert len(muts) == 6  # running_mean, running_var, num_batches_tracked x 2
@@ -92,7 +81,7 @@ def test_batchnorm_buffers_updated_once_per_run():
 
 
 def test_tied_weights_one_input_per_alias_merged_grad():
-    f, inputs, joint = _traced("tiny_lm", "aot")
+    f, inputs, joint = traced_fixture("tiny_lm", "aot")
     model = f.make_model()
     assert model.lm_head.weight is model.wte.weight
     ph = joint.params()
@@ -105,7 +94,7 @@ def test_tied_weights_one_input_per_alias_merged_grad():
 
 
 def test_dropout_bitwise_and_seed_dependent():
-    f, inputs, joint = _traced("tiny_lm", "aot")
+    f, inputs, joint = traced_fixture("tiny_lm", "aot")
     assert any(n.target is torch.ops.aten.native_dropout.default for n in joint.graph.nodes)
     model = f.make_model()
     torch.manual_seed(0)
@@ -117,8 +106,8 @@ def test_dropout_bitwise_and_seed_dependent():
 
 
 def test_annotations_match_make_fx_keys_and_attribution_share():
-    _, _, aot = _traced("tiny_lm", "aot")
-    _, _, mfx = _traced("tiny_lm", "make_fx")
+    _, _, aot = traced_fixture("tiny_lm", "aot")
+    _, _, mfx = traced_fixture("tiny_lm", "make_fx")
     for n in aot.graph.nodes:
         meta = n.meta[KEY]
         assert {"phase", "module", "module_type", "source"} <= meta.keys(), n
@@ -192,18 +181,6 @@ def test_train_fn_raising_leaves_model_unchanged():
     with pytest.raises(errors.LossError):
         jl.trace(model, detached, f.make_inputs(4), mode="aot")
     assert_unchanged(before, model)
-
-
-def test_no_sample_input_storage_kept_alive():
-    f = zoo.get("mlp")
-    model = f.make_model()
-    inputs = f.make_inputs(4)
-    refs = [weakref.ref(v) for v in inputs.values()]
-    joint = jl.trace(model, f.train_fn, inputs, mode="aot")
-    del inputs
-    gc.collect()
-    assert all(r() is None for r in refs)
-    assert joint.run(model, f.make_inputs(4))[0].ndim == 0
 
 
 class _Tiny(nn.Module):

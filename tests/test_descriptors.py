@@ -7,25 +7,14 @@ with eager autograd (a gradient node must hold that parameter's gradient).
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from torch._functorch._aot_autograd import fx_utils
 
-import jointlab as jl
 from jointlab._meta import KEY
-from tests.fixtures import zoo
-from tests.util import eager_step
+from tests.util import eager_step, traced_fixture
 
 MODES = ("make_fx", "aot")
-
-
-@functools.cache
-def _traced(name: str, mode: str):
-    f = zoo.get(name)
-    inputs = f.make_inputs(4)
-    return f, inputs, jl.trace(f.make_model(), f.train_fn, inputs, mode=mode)
 
 
 def _node_values(joint, model, inputs, seed):
@@ -46,7 +35,7 @@ def _node_values(joint, model, inputs, seed):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_unused_param_names_counts_and_grads(mode):
-    f, inputs, joint = _traced("unused_param", mode)
+    f, inputs, joint = traced_fixture("unused_param", mode)
     model = f.make_model()
     names = [n for n, _ in model.named_parameters()]
     assert list(joint.params()) == names  # frozen_scale included
@@ -70,11 +59,11 @@ def test_unused_param_names_counts_and_grads(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_buffers_and_loss_dict_outputs(mode):
-    _, _, bn = _traced("cnn_bn", mode)
+    _, _, bn = traced_fixture("cnn_bn", mode)
     assert list(bn.buffers()) == bn.buffer_names
     assert all(n.meta[KEY]["phase"] == "buffer" for n in bn.buffers().values())
     assert all(g is None for ph, g in bn.inputs_and_grads() if ph.meta[KEY]["phase"] == "buffer")
-    f, inputs, nested = _traced("nested_inputs", mode)
+    f, inputs, nested = traced_fixture("nested_inputs", mode)
     outs = nested.outputs_and_tangents()
     assert len(outs) == 1 + len(nested.loss_dict_keys)
     values = _node_values(nested, f.make_model(), inputs, seed=0)
@@ -87,7 +76,7 @@ def test_buffers_and_loss_dict_outputs(mode):
 
 def test_aot_queries_agree_with_torch_fx_utils():
     for name in ("tiny_lm", "cnn_bn", "unused_param"):
-        _, _, joint = _traced(name, "aot")
+        _, _, joint = traced_fixture(name, "aot")
         g = joint.graph
         ref = fx_utils.get_all_input_and_grad_nodes(g)
         ours = joint.inputs_and_grads()
@@ -104,7 +93,7 @@ def test_aot_queries_agree_with_torch_fx_utils():
 
 def test_modes_agree_on_names_and_grad_presence():
     for name in ("tiny_lm", "unused_param", "cnn_bn"):
-        a, m = _traced(name, "aot")[2], _traced(name, "make_fx")[2]
+        a, m = traced_fixture(name, "aot")[2], traced_fixture(name, "make_fx")[2]
         assert set(m.params()) <= set(a.params())  # aot adds tied aliases
         extra = set(a.params()) - set(m.params())
         assert extra == ({"lm_head.weight"} if name == "tiny_lm" else set())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -52,3 +53,14 @@ def eager_step(model: nn.Module, train_fn, inputs: dict[str, Any], seed: int):
     g = {n: (torch.zeros_like(p) if gr is None else gr) for (n, p), gr in zip(params, grads)}
     return loss.detach(), g, {k: v.detach() if isinstance(v, torch.Tensor) else v
                               for k, v in loss_dict.items()}
+
+
+@functools.cache
+def traced_fixture(name: str, mode: str):
+    """Trace a zoo fixture once per mode; return (fixture, inputs, joint). Treat as read-only."""
+    import jointlab as jl
+    from tests.fixtures import zoo
+
+    f = zoo.get(name)
+    inputs = f.make_inputs(4)
+    return f, inputs, jl.trace(f.make_model(), f.train_fn, inputs, mode=mode)
