@@ -11,14 +11,10 @@ import torch.fx as fx
 
 from . import _meta
 from ._analyze import tensors_of
+from ._annotate import is_compute
 
 
 # -- small predicates ----------------------------------------------------------
-def is_compute(node: fx.Node) -> bool:
-    """True for nodes that call something (not placeholders or the output)."""
-    return node.op in ("call_function", "call_method", "call_module", "get_attr")
-
-
 def in_module(node: fx.Node, prefix: str) -> bool:
     """True when the node belongs to ``prefix`` or one of its submodules (either phase)."""
     mod = _meta.module(node)

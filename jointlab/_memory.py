@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 
 from ._analyze import ensure_analyzed, is_getitem, is_op, tensor_bytes
+from ._format import human_bytes
 from ._meta import KEY
 
 if TYPE_CHECKING:
@@ -311,13 +312,7 @@ class MemoryProfile:
 
 
 def _fmt(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+    return "-" if n is None else human_bytes(n)
 
 
 def lifetimes_table(nodes: list[fx.Node], st: dict[str, _Storage]) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 
 from .. import _meta
 from .._analyze import ensure_analyzed
+from .._format import human_bytes, human_count
 from . import _layout
 
 PHASE_COLORS = {
@@ -136,20 +137,6 @@ def collapse(data: DagData, depth: int) -> DagData:
 
 
 # -- hover ----------------------------------------------------------------------------
-def _fmt_int(v: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g}{unit}"
-    return f"{v:g}"
-
-
-def _fmt_bytes(v: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{int(v)} B"
-
-
 def node_hover(name: str, m: dict[str, Any]) -> str:
     """Hover label of one graph node; every model-derived string escaped.
 
@@ -167,7 +154,7 @@ def node_hover(name: str, m: dict[str, Any]) -> str:
              f"shape: {e(str(list(shape)) if shape is not None else '-')} "
              f"{e(str(m.get('dtype', '')))}",
              f"module: {e(str(m.get('module', '')))} {e(str(m.get('module_type', '')))}",
-             f"FLOPs: {_fmt_int(m.get('flops', 0))}   bytes: {_fmt_bytes(m.get('bytes', 0))}",
+             f"FLOPs: {human_count(m.get('flops', 0))}   bytes: {human_bytes(m.get('bytes', 0))}",
              f"source: {e(str(m.get('source', '')) or '-')}"]
     if m.get("fwd_twin"):
         lines.append(f"forward twin: {e(str(m['fwd_twin']))}")
@@ -186,7 +173,7 @@ def group_hover(name: str, m: dict[str, Any]) -> str:
     side = "backward" if m["phase"] == "backward" else "forward"
     return "<br>".join([f"<b>{e(m['module'])}</b> ({side})",
                         f"nodes: {m['count']}  ({phases})",
-                        f"FLOPs: {_fmt_int(m['flops'])}   bytes: {_fmt_bytes(m['bytes'])}",
+                        f"FLOPs: {human_count(m['flops'])}   bytes: {human_bytes(m['bytes'])}",
                         f"top ops: {ops}"])
 
 
