@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .errors import NodeExecutionError
+from ._meta import node_error
 
 _SCOPE = "jl::step"
 
@@ -67,9 +67,7 @@ class StepInterpreter(fx.Interpreter):
             with torch.profiler.record_function(f"{_SCOPE}{step}"):
                 out = super().run_node(node)
         except Exception as e:
-            raise NodeExecutionError(
-                f"node {node.name!r} failed while measuring memory: {e}\n  {node.format_node()}"
-            ) from e
+            raise node_error(node, e, "while measuring memory") from e
         self.sampler.op_returned(step)
         return out
 

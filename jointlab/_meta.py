@@ -21,6 +21,8 @@ from typing import Any
 
 import torch.fx as fx
 
+from .errors import NodeExecutionError
+
 KEY = "jointlab"
 TRAIN_FN = "<train_fn>"
 PHASES = ("param", "buffer", "input", "forward", "backward", "output")
@@ -54,3 +56,23 @@ def is_backward(node: fx.Node) -> bool:
 def is_state_input(node: fx.Node) -> bool:
     """True for a parameter or buffer placeholder."""
     return phase(node) in ("param", "buffer")
+
+
+def node_error(node: fx.Node, exc: BaseException, doing: str = "") -> NodeExecutionError:
+    """The error for a node that raised: its name, module, source and ``format_node()``.
+
+    Args:
+        node: The failing node.
+        exc: What it raised.
+        doing: Optional context, e.g. ``"while measuring memory"``.
+
+    Returns:
+        A :class:`jointlab.errors.NodeExecutionError` to raise ``from exc``.
+    """
+    meta = info(node)
+    mod = meta.get("module", "")
+    src = meta.get("source") or "unknown source"
+    when = f" {doing}" if doing else ""
+    return NodeExecutionError(
+        f"node '{node.name}' of module '{mod or '<root>'}' ({meta.get('phase', '?')}, {src}) "
+        f"raised {type(exc).__name__}{when}: {exc}\n  {node.format_node()}")

@@ -24,6 +24,7 @@ from . import _meta
 from ._breakpoints import Breakpoint, _predicate, draws_random, in_module
 from ._compare import compare
 from ._compile import CompiledJoint, compile_joint
+from ._meta import node_error
 from ._rng import StepRng, retarget
 from .errors import NodeExecutionError, ValueNotAvailableError
 
@@ -412,13 +413,3 @@ class Stepper(fx.Interpreter):
         """Where the stepper stands."""
         where = "done" if self.done else f"at {self.position}: {self.current.format_node()}"
         return f"Stepper({len(self.nodes)} nodes, {where})"
-
-
-def node_error(n: fx.Node, exc: BaseException) -> NodeExecutionError:
-    """Build the error for a failed node, naming it, its module and its source."""
-    info = _meta.info(n)
-    mod = info.get("module", "")
-    src = info.get("source") or "unknown source"
-    return NodeExecutionError(
-        f"node '{n.name}' of module '{mod or '<root>'}' ({info.get('phase', '?')}, {src}) "
-        f"raised {type(exc).__name__}: {exc}\n  {n.format_node()}")
