@@ -12,27 +12,6 @@ import time
 from collections.abc import Sequence
 
 
-def _check_against_eager(joint, model, inputs) -> float:
-    """Max abs difference of loss and gradients between the graph and eager."""
-    import copy
-
-    import torch
-
-    from .models import lm_train_fn
-
-    ref = copy.deepcopy(model)
-    torch.manual_seed(0)
-    loss, grads, _ = joint.run(copy.deepcopy(model), inputs)
-    torch.manual_seed(0)
-    eloss = lm_train_fn(ref, **inputs)
-    eloss.backward()
-    worst = float((loss - eloss.detach()).abs())
-    for name, p in ref.named_parameters():
-        if name in grads:
-            worst = max(worst, float((grads[name] - p.grad).abs().max()))
-    return worst
-
-
 def demo(out: str) -> int:
     """Trace the demo model, compare with eager, write the report.
 
@@ -52,17 +31,14 @@ def demo(out: str) -> int:
     joint = jl.trace(model, lm_train_fn, inputs)
     dt = time.perf_counter() - t0
     print(f"traced demo GPT in {dt:.2f} s: {joint!r}")
-    worst = _check_against_eager(joint, model, inputs)
-    status = "matches" if worst < 1e-4 else "DIFFERS FROM"
+    comparison = jl.compare(joint, model, inputs)
+    worst = max(float(comparison.loss["max_abs_err"].max()),
+                float(comparison.grads["max_abs_err"].max()))
+    status = "matches" if comparison.ok else "DIFFERS FROM"
     print(f"joint graph {status} eager autograd (max abs diff {worst:.2e})")
-    try:
-        from ._report import report
-    except ImportError:
-        report = None
-    if report is not None:
-        path = report(joint, out, model=model, inputs=inputs)
-        print(f"report written to {path}")
-    return 0 if worst < 1e-4 else 1
+    path = jl.report(joint, out, model=model, inputs=inputs, comparison=comparison)
+    print(f"report written to {path}")
+    return 0 if comparison.ok else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

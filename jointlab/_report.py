@@ -112,14 +112,15 @@ def _figure_div(fig: Any) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, config={"responsive": True})
 
 
-def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] | None
-             ) -> list[tuple[str, str]]:
+def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] | None,
+             comparison: Any = None) -> list[tuple[str, str]]:
     """Build the report's ``(title, html)`` sections.
 
     Args:
         joint: The traced graph.
         model: Optional model; with ``inputs`` enables measured memory and the comparison.
         inputs: Optional inputs for the model.
+        comparison: A :class:`jointlab.Comparison` already computed for them (else computed).
 
     Returns:
         Section titles and their HTML bodies, in page order.
@@ -140,14 +141,17 @@ def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] 
     profile = joint.memory(model=model, inputs=inputs) if live else joint.memory()
     out.append(("Memory", _figure_div(plot_memory(profile))))
     if live:
-        from ._compare import compare
+        if comparison is None:
+            from ._compare import compare
 
-        out.append(("Comparison with eager", compare(joint, model, inputs)._repr_html_()))
+            comparison = compare(joint, model, inputs)
+        out.append(("Comparison with eager", comparison._repr_html_()))
     return out
 
 
 def report(joint: JointGraph, path: str | pathlib.Path, *, model: nn.Module | None = None,
-           inputs: dict[str, Any] | None = None, title: str = "jointlab report") -> pathlib.Path:
+           inputs: dict[str, Any] | None = None, title: str = "jointlab report",
+           comparison: Any = None) -> pathlib.Path:
     """Write a self-contained HTML report of ``joint`` to ``path``.
 
     Args:
@@ -156,6 +160,7 @@ def report(joint: JointGraph, path: str | pathlib.Path, *, model: nn.Module | No
         model: With ``inputs``, also measure memory and compare with eager.
         inputs: Inputs for ``model``.
         title: Page title (escaped).
+        comparison: A comparison already computed for ``model`` and ``inputs``.
 
     Returns:
         The path written.
@@ -163,7 +168,7 @@ def report(joint: JointGraph, path: str | pathlib.Path, *, model: nn.Module | No
     from plotly.offline import get_plotlyjs
 
     body = "".join(f"<h2>{html.escape(t)}</h2>\n<section>{h}</section>\n"
-                   for t, h in sections(joint, model, inputs))
+                   for t, h in sections(joint, model, inputs, comparison))
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
