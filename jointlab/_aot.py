@@ -38,7 +38,7 @@ from ._guards import fakeify, symbolic_fake_mode
 from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
 from ._snapshot import ModelSnapshot
-from ._trace import TraceRequest, check_loss, split_loss, user_errors
+from ._trace import TraceRequest, check_loss, split_loss, state_placeholder_info, user_errors
 from .errors import TraceError
 
 _PREFIX = "model."  # the wrapper holds the model as ``self.model``
@@ -254,7 +254,7 @@ def trace_aot(
 
     canon = _canonical_names(model)
     runtime = _build_runtime(gm, state_spec.fqns, param_names, canon, len(tensors), box)
-    annotate_aot(gm, [p for p, _ in tensors], param_names, canon)
+    annotate_aot(gm, model, [p for p, _ in tensors], param_names, canon)
     return JointGraph(
         graph_module=gm,
         mode="aot",
@@ -357,12 +357,11 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
 
 
 # -- annotation ---------------------------------------------------------------
-def _placeholder_meta(desc: Any, paths: list[str]) -> dict[str, Any]:
+def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str]) -> dict[str, Any]:
     base = {"module": "", "module_type": "", "source": ""}
     if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
-        fqn = strip_prefix(desc.target)
-        phase = "param" if isinstance(desc, D.ParamAOTInput) else "buffer"
-        return {**base, "phase": phase, "fqn": fqn, "module": fqn.rpartition(".")[0]}
+        is_param = isinstance(desc, D.ParamAOTInput)
+        return {**base, **state_placeholder_info(model, strip_prefix(desc.target), is_param)}
     if isinstance(desc, D.PlainAOTInput):
         return {**base, "phase": "input", "input_path": paths[desc.idx]}
     # The loss tangent seeds the backward, like make_fx's ones_like node.
@@ -378,12 +377,13 @@ def _is_backward(node: fx.Node, tangent_reach: set[fx.Node]) -> bool:
     return node in tangent_reach
 
 
-def annotate_aot(gm: fx.GraphModule, input_paths: list[str], param_names: list[str],
-                 canon: dict[str, str]) -> None:
+def annotate_aot(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
+                 param_names: list[str], canon: dict[str, str]) -> None:
     """Write the default mode's ``node.meta["jointlab"]`` keys from AOT descriptors.
 
     Args:
         gm: The flattened AOT joint graph.
+        model: The traced model (module types of parameter and buffer owners).
         input_paths: Dotted path of each tensor input, in ``PlainAOTInput`` order.
         param_names: Trainable parameter FQNs (``grad_of`` is only set for them).
         canon: Alias FQN to the FQN ``named_parameters()`` reports.
@@ -394,7 +394,7 @@ def annotate_aot(gm: fx.GraphModule, input_paths: list[str], param_names: list[s
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             desc = node.meta.get("desc")
-            node.meta[KEY] = _placeholder_meta(desc, input_paths)
+            node.meta[KEY] = _placeholder_meta(desc, model, input_paths)
             if isinstance(desc, D.TangentAOTInput):
                 reach.add(node)
             continue
