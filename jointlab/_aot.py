@@ -255,17 +255,7 @@ def trace_aot(
     canon = _canonical_names(model)
     runtime = _build_runtime(gm, state_spec.fqns, param_names, canon, len(tensors), box)
     annotate_aot(gm, model, [p for p, _ in tensors], param_names, canon)
-    return JointGraph(
-        graph_module=gm,
-        mode="aot",
-        state_spec=state_spec,
-        input_spec=req.input_spec,
-        param_names=param_names,
-        loss_dict_keys=box["keys"],
-        dynamic_dims=dyn_dims,
-        guards=guards,
-        runtime=runtime,
-    )
+    return req.joint_graph(gm, "aot", box["keys"], guards, runtime)
 
 
 def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):

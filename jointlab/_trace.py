@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch import nn
 from torch._guards import TracingContext, tracing
 from torch._subclasses import FakeTensorMode
@@ -193,6 +194,14 @@ class TraceRequest:
                    resolve_dynamic_dims(tensors, dynamic, dynamic_arg_dims),
                    describe_state(model), trainable_names(model))
 
+    def joint_graph(self, gm: fx.GraphModule, mode: str, loss_dict_keys: list[str],
+                    guards: ShapeGuards | None, runtime: Any = None) -> JointGraph:
+        """Assemble the traced graph with this request's layout."""
+        return JointGraph(gm, mode=mode, state_spec=self.state_spec,
+                          input_spec=self.input_spec, param_names=self.param_names,
+                          loss_dict_keys=loss_dict_keys, dynamic_dims=self.dyn_dims,
+                          guards=guards, runtime=runtime)
+
     def guards(self, shape_env: Any, fake_user: list[tuple[str, torch.Tensor]]
                ) -> ShapeGuards | None:
         """The shape guards of a dynamic trace (None for a static one)."""
@@ -233,16 +242,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
         for fqn, is_p in zip(state_spec.fqns, state_spec.is_param)
     ] + [{"phase": "input", "input_path": p} for p, _ in tensors]
     annotate(gm, placeholder_info, param_names, box["zero_grads"], len(box["loss_dict_keys"]))
-    return JointGraph(
-        graph_module=gm,
-        mode="make_fx",
-        state_spec=state_spec,
-        input_spec=req.input_spec,
-        param_names=param_names,
-        loss_dict_keys=box["loss_dict_keys"],
-        dynamic_dims=dyn_dims,
-        guards=guards,
-    )
+    return req.joint_graph(gm, "make_fx", box["loss_dict_keys"], guards)
 
 
 def state_placeholder_info(model: nn.Module, fqn: str, is_param: bool) -> dict[str, Any]:
