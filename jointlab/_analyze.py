@@ -86,6 +86,37 @@ def is_inplace(node: fx.Node) -> bool:
                for a in node.target._schema.arguments)
 
 
+def written_args(node: fx.Node) -> list[fx.Node]:
+    """The argument nodes an in-place op writes (empty for any other node)."""
+    if not is_inplace(node):
+        return []
+    out = []
+    for i, a in enumerate(node.target._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+        if isinstance(arg, fx.Node):
+            out.append(arg)
+    return out
+
+
+def written_in_place(gm: fx.GraphModule) -> set[str]:
+    """Names of the nodes whose storage some in-place op of the graph writes.
+
+    Args:
+        gm: A joint graph.
+
+    Returns:
+        Every node (views and their base alike) that shares a storage with an
+        argument written in place, so a value kept for later reading must be
+        copied when it is produced.
+    """
+    ensure_analyzed(gm)
+    storage = {n.name: n.meta.get(KEY, {}).get("storage", n.name) for n in gm.graph.nodes}
+    hit = {storage[a.name] for n in gm.graph.nodes for a in written_args(n)}
+    return {name for name, root in storage.items() if root in hit}
+
+
 def category(node: fx.Node) -> str:
     """Classify a node into one of the table's categories."""
     if node.op != "call_function":

@@ -37,6 +37,7 @@ from ._graph import JointGraph
 from ._guards import fakeify, symbolic_fake_mode
 from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
+from ._probes import module_probes
 from ._snapshot import ModelSnapshot
 from ._trace import TraceRequest, check_loss, split_loss, state_placeholder_info, user_errors
 from .errors import TraceError
@@ -246,8 +247,9 @@ def trace_aot(
 
     snapshot = ModelSnapshot.take(model)
     try:
-        gm, box, fake_user, shape_env = _export(model, train_fn, req.leaves, req.treespec,
-                                                tensors, dyn_dims)
+        with module_probes(model) as probes:
+            gm, box, fake_user, shape_env = _export(model, train_fn, req.leaves, req.treespec,
+                                                    tensors, dyn_dims)
         guards = req.guards(shape_env, fake_user)
     finally:
         snapshot.restore()
@@ -255,6 +257,7 @@ def trace_aot(
     canon = _canonical_names(model)
     runtime = _build_runtime(gm, state_spec.fqns, param_names, canon, len(tensors), box)
     annotate_aot(gm, model, [p for p, _ in tensors], param_names, canon)
+    probes.write(gm)
     return req.joint_graph(gm, "aot", box["keys"], guards, runtime)
 
 

@@ -2,10 +2,18 @@
 
 Each side gets its own deep copy of the model and the same RNG seed, so
 dropout draws the same masks and neither side changes the user's model. The
-result, a :class:`Comparison`, holds the loss, per-parameter gradient errors
-against dtype-aware tolerances, the loss_dict, the buffers after the step,
-and ``first_divergence``: the first graph node, in graph order, whose value
-differs from the eager value at the same point (see :mod:`jointlab._capture`).
+result, a :class:`Comparison`, holds the loss, per-parameter gradient errors,
+the loss_dict, the buffers after the step, and ``first_divergence``: the first
+graph node, in graph order, whose value differs from the eager value at the
+same point. Graph values are paired with eager ones through the tracer's
+probes (:mod:`jointlab._probes`): the graph node that *is* a module call's
+output, or that output's gradient, as recorded while tracing.
+
+Verdicts come in three grades: ``bit-exact`` (every compared value is bitwise
+equal), ``within tolerance`` (with the reasons a difference is expected, e.g.
+low-precision compute) and ``MISMATCH``. Default tolerances follow the
+lowest-precision dtype the graph computes in and scale with each tensor's
+magnitude, so gradients of 1e-3 are judged relative to their own size.
 A compiled joint (``joint.compile()``) is compared as well as the graph it
 came from, so "inductor vs graph vs eager" is one call.
 """
@@ -23,26 +31,83 @@ import torch.fx as fx
 from torch import nn
 
 from . import _meta
-from ._capture import EagerCapture, capture_eager, grad_node, match_calls, to_device
+from ._capture import EagerCapture, Probe, capture_eager, probe_pairs, to_device
+from .errors import CompareError
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from ._graph import JointGraph
 
-__all__ = ["Comparison", "Divergence", "compare", "default_tolerances"]
+__all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
 
-_TOLERANCES = {  # dtype -> (rtol, atol)
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
+_TOLERANCES = {  # dtype -> (rtol, atol as a fraction of the tensor's largest |value|)
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (2e-2, 2e-2),
 }
+_PRECISION = [torch.float64, torch.float32, torch.float16, torch.bfloat16]  # high to low
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
-    """Return ``(rtol, atol)`` for comparing values of ``dtype``."""
+    """Return ``(rtol, scaled atol)`` for values of ``dtype`` (0, 0 for exact dtypes).
+
+    The absolute tolerance is a fraction of the compared tensor's largest
+    magnitude, so a tensor of gradients around 1e-3 is judged at its own scale.
+    """
     return _TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def _lower(a: torch.dtype | None, b: torch.dtype | None) -> torch.dtype | None:
+    ranked = [d for d in (a, b) if d in _PRECISION]
+    return max(ranked, key=_PRECISION.index) if ranked else (a or b)
+
+
+def compute_dtype(joint: JointGraph) -> torch.dtype | None:
+    """The lowest-precision floating dtype any compute node of the graph produces."""
+    low = None
+    for n in joint.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "call_function" and isinstance(val, torch.Tensor):
+            low = _lower(low, val.dtype) if val.dtype in _PRECISION else low
+    return low
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How two values are judged: explicit ``rtol``/``atol``, exact, or dtype defaults."""
+
+    rtol: float | None = None
+    atol: float | None = None
+    exact: bool = False
+    floor: torch.dtype | None = None  # the graph's lowest compute precision
+
+    def bounds(self, want: torch.Tensor) -> tuple[float, float]:
+        """``(rtol, absolute atol)`` for comparing against ``want``."""
+        if self.exact:
+            return 0.0, 0.0
+        r, scaled = default_tolerances(_lower(want.dtype, self.floor) or want.dtype)
+        if self.atol is not None:
+            atol = self.atol
+        else:
+            big = want.detach().abs().nan_to_num(0.0, 0.0, 0.0).max() if want.numel() else 0
+            atol = scaled * float(big)
+        return (r if self.rtol is None else self.rtol), atol
+
+    def reasons(self, joint: JointGraph, devices: set[str]) -> list[str]:
+        """Why differences from eager may be expected under these settings."""
+        out = []
+        if self.floor in (torch.float16, torch.bfloat16):
+            out.append(f"the graph computes in {str(self.floor).removeprefix('torch.')} "
+                       "(autocast or low-precision model): eager and the graph may round "
+                       "differently, so tolerances follow that dtype")
+        if joint.mode == "aot":
+            out.append("AOT mode functionalizes and decomposes some ops, so a few kernels "
+                       "differ from eager's and sums may be ordered differently")
+        if len(devices) > 1:
+            out.append(f"the two sides ran on different devices ({', '.join(sorted(devices))})")
+        return out
 
 
 @dataclass
@@ -55,11 +120,15 @@ class Divergence:
     phase: str
     what: str  # "module output", "output gradient", "parameter gradient", "loss"
     max_abs_err: float
+    max_rel_err: float = 0.0
 
     def __str__(self) -> str:
-        """One line naming node, module and source."""
-        return (f"{self.node} ({self.what} of module '{self.module}', {self.phase}, "
-                f"{self.source or 'no source'}): max abs err {self.max_abs_err:.3g}")
+        """One line naming node, the module the value belongs to, and source."""
+        what = (f"the loss, computed in {self.module}" if self.what == "loss"
+                else f"{self.what} of module '{self.module or '(root)'}'")
+        return (f"{self.node} ({what}, {self.phase}, "
+                f"{self.source or 'no source'}): max abs err {self.max_abs_err:.3g}, "
+                f"max rel err {self.max_rel_err:.3g}")
 
 
 # -- numeric comparison ----------------------------------------------------------
@@ -78,18 +147,30 @@ def errors(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
     return abs_err, rel_err, cos
 
 
-def close(a: Any, b: Any, rtol: float | None, atol: float | None) -> bool:
-    """True when ``a`` matches eager value ``b`` within (dtype-default) tolerances."""
+def bit_exact(a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` are bitwise the same values (NaN where eager has NaN)."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         return a == b
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    r, t = default_tolerances(b.dtype)
-    return bool(torch.isclose(a.to(b.device), b, rtol=r if rtol is None else rtol,
-                              atol=t if atol is None else atol, equal_nan=True).all())
+    return bool(torch.equal(a.to(b.device), b) or
+                (a.is_floating_point() and torch.isclose(a.to(b.device), b, 0.0, 0.0,
+                                                         equal_nan=True).all()))
 
 
-def _rows(pairs: dict[str, tuple[Any, Any]], rtol, atol, candidate: str) -> list[dict]:
+def close(a: Any, b: Any, tol: Tolerance) -> bool:
+    """True when ``a`` matches eager value ``b`` under ``tol``."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a == b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point() and not a.is_complex():
+        return bool(torch.equal(a.to(b.device), b))
+    rtol, atol = tol.bounds(b)
+    return bool(torch.isclose(a.to(b.device), b, rtol=rtol, atol=atol, equal_nan=True).all())
+
+
+def _rows(pairs: dict[str, tuple[Any, Any]], tol: Tolerance, candidate: str) -> list[dict]:
     rows = []
     for name, (got, want) in pairs.items():
         if want is None:  # eager has no gradient: graph must emit zeros
@@ -97,8 +178,8 @@ def _rows(pairs: dict[str, tuple[Any, Any]], rtol, atol, candidate: str) -> list
         abs_err, rel_err, cos = errors(got, want)
         rows.append({"candidate": candidate, "name": name, "shape": tuple(got.shape),
                      "dtype": str(got.dtype).removeprefix("torch."), "max_abs_err": abs_err,
-                     "max_rel_err": rel_err, "cosine": cos,
-                     "ok": close(got, want, rtol, atol)})
+                     "max_rel_err": rel_err, "cosine": cos, "exact": bit_exact(got, want),
+                     "ok": close(got, want, tol)})
     return rows
 
 
@@ -138,7 +219,7 @@ def _run_compiled(compiled: Any, model: nn.Module, inputs: dict[str, Any], seed:
 
 
 def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int = 0,
-            rtol: float | None = None, atol: float | None = None,
+            rtol: float | None = None, atol: float | None = None, exact: bool = False,
             device: str | torch.device | None = None, train_fn: Any = None) -> Comparison:
     """Run the joint graph and eager autograd from the same state and seed, and compare.
 
@@ -147,74 +228,87 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         model: The user's model (never changed: each side runs on a deep copy).
         inputs: Keyword inputs for ``train_fn``.
         seed: RNG seed used by both sides (dropout matches exactly).
-        rtol: Relative tolerance; default depends on the dtype.
-        atol: Absolute tolerance; default depends on the dtype.
+        rtol: Relative tolerance; default follows the graph's lowest compute dtype.
+        atol: Absolute tolerance; default is a dtype-dependent fraction of each
+            tensor's largest magnitude.
+        exact: Demand bitwise equality (tolerances 0).
         device: Run both sides here; default: where the model lives.
         train_fn: The training step; default ``joint.train_fn``.
 
     Returns:
         A :class:`Comparison`.
+
+    Raises:
+        jointlab.errors.CompareError: No training step is known for ``joint``.
     """
     cands = _candidates(joint)
     graph = cands["graph"]
     train_fn = train_fn or getattr(graph, "train_fn", None)
     if train_fn is None:
-        raise TypeError("compare needs the training step: pass train_fn=..., or use a "
-                        "JointGraph that records it (joint.train_fn)")
+        raise CompareError("compare needs the training step: pass train_fn=..., or use a "
+                           "JointGraph that records it (joint.train_fn)")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     eager_model = copy.deepcopy(model).to(dev)
     eager = capture_eager(eager_model, train_fn, to_device(inputs, dev), graph.param_names,
                           seed=seed)
     del eager_model
-    pairs = match_calls(graph.graph, eager.calls)
-    grad_pairs = [(g, c, i) for n, c, i in pairs if i in c.grads
-                  for g in [grad_node(n, c.fqn)] if g is not None]
-    keep = {n.name for n, _, _ in pairs + grad_pairs}
+    probes, unpaired = probe_pairs(graph.graph, eager)
+    tol = Tolerance(rtol, atol, exact, compute_dtype(graph))
     results: dict[str, tuple] = {}
     stepper = None
     for name, cand in cands.items():
         if cand is graph:
-            out, bufs, stepper = _run_graph(graph, model, inputs, seed, dev, keep)
+            out, bufs, stepper = _run_graph(graph, model, inputs, seed, dev,
+                                            {p.node.name for p in probes})
         else:
             out, bufs = _run_compiled(cand, model, inputs, seed, dev)
         results[name] = (out, bufs)
-    first = first_divergence(graph, stepper, eager, pairs, grad_pairs, rtol, atol)
-    return Comparison.build(results, eager, first, rtol, atol)
+    checks = divergence_checks(graph, eager, probes)
+    first = first_divergence(graph, stepper, checks, tol)
+    inexact = first_divergence(graph, stepper, checks, Tolerance(exact=True))
+    notes = tol.reasons(graph, {dev.type}) if not exact else []
+    return Comparison.build(results, eager, first, inexact, tol, notes, unpaired)
 
 
-def first_divergence(joint: JointGraph, stepper: Any, eager: EagerCapture, pairs: list,
-                     grad_pairs: list, rtol, atol) -> Divergence | None:
-    """Find the first graph node, in graph order, whose value differs from eager."""
-    checks: list[tuple[fx.Node, torch.Tensor, str]] = []
-    checks += [(n, c.outputs[i], "module output") for n, c, i in pairs]
-    checks += [(g, c.grads[i], "output gradient") for g, c, i in grad_pairs]
+def divergence_checks(joint: JointGraph, eager: EagerCapture,
+                      probes: list[Probe]) -> list[tuple[fx.Node, torch.Tensor, str, str]]:
+    """Every ``(graph node, eager value, what, module)`` to check, in graph order."""
+    checks = [(p.node, p.want, p.what, p.module) for p in probes]
     # A parameter's gradient node holds its full gradient only when it is the
     # sole one; tied aliases in AOT mode each carry a partial gradient.
     grad_count = Counter(_meta.info(n).get("grad_of") for n in joint.graph.nodes)
     for name, (_ph, gnode) in joint.param_grads.items():
         want = eager.grads.get(name)
         if gnode is not None and want is not None and grad_count[name] == 1:
-            checks.append((gnode, want, "parameter gradient"))
+            checks.append((gnode, want, "parameter gradient", name.rpartition(".")[0]))
     loss_node = joint.outputs_and_tangents()[0][0]  # the loss, in either mode's layout
     if isinstance(loss_node, fx.Node):
-        checks.append((loss_node, eager.loss, "loss"))
+        checks.append((loss_node, eager.loss, "loss", _meta.TRAIN_FN))
     order = {n: i for i, n in enumerate(joint.graph.nodes)}
     checks.sort(key=lambda x: order[x[0]])
-    outputs = stepper.outputs
-    for node, want, what in checks:
-        got = _graph_value(stepper, node, outputs, joint)
+    return checks
+
+
+def first_divergence(joint: JointGraph, stepper: Any, checks: list, tol: Tolerance
+                     ) -> Divergence | None:
+    """The first checked graph node, in graph order, whose value differs from eager."""
+    for node, want, what, owner in checks:
+        got = _graph_value(stepper, node, joint)
         if isinstance(got, torch.Tensor) and got.shape != want.shape \
                 and got.numel() == want.numel():
             want = want.reshape(got.shape)
-        if got is None or close(got, want, rtol, atol):
+        if got is None or close(got, want, tol):
             continue
         info = _meta.info(node)
-        return Divergence(node.name, info.get("module", ""), info.get("source", ""),
-                          info.get("phase", ""), what, errors(got, want)[0])
+        abs_err, rel_err, _ = errors(got, want)
+        return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""),
+                          what, abs_err, rel_err)
     return None
 
 
-def _graph_value(stepper: Any, node: fx.Node, outputs: Any, joint: JointGraph) -> Any:
+def _graph_value(stepper: Any, node: fx.Node, joint: JointGraph) -> Any:
+    if node in stepper.snapshots:
+        return stepper.snapshots[node]
     if node in stepper.env:
         return stepper.env[node]
     outs = list(joint.graph.output_node().args[0])
@@ -224,52 +318,90 @@ def _graph_value(stepper: Any, node: fx.Node, outputs: Any, joint: JointGraph) -
 
 
 # -- the result -------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class Comparison:
     """Graph (and compiled) results against eager autograd for one training step.
 
     Attributes:
-        ok: Every loss, gradient, loss_dict value and buffer is within tolerance.
+        ok: Every loss, gradient, loss_dict value, buffer and probed value is
+            within tolerance.
+        exact: Every compared value is bitwise equal to eager's.
+        verdict: ``"bit-exact"``, ``"within tolerance"`` or ``"MISMATCH"``.
         loss: DataFrame: one row per candidate, the loss beside eager's.
         grads: DataFrame: one row per candidate and parameter with ``max_abs_err``,
-            ``max_rel_err``, ``cosine`` and ``ok``.
+            ``max_rel_err``, ``cosine``, ``exact`` and ``ok``.
         loss_dict: DataFrame like ``grads`` for the loss_dict values.
         buffers: DataFrame like ``grads`` for the buffers after the step.
-        first_divergence: The first diverging graph node, or None.
+        first_divergence: The first graph node beyond tolerance, or None.
+        first_inexact: The first graph node not bitwise equal to eager, or None.
+        notes: Why differences from eager are expected here (dtype, mode, device).
+        unchecked: Modules whose intermediate values could not be paired with
+            eager's (their call counts differ), so they were not checked.
     """
 
     ok: bool
+    exact: bool
+    verdict: str
     loss: pd.DataFrame
     grads: pd.DataFrame
     loss_dict: pd.DataFrame
     buffers: pd.DataFrame
     first_divergence: Divergence | None
+    first_inexact: Divergence | None
+    notes: tuple[str, ...]
+    unchecked: tuple[str, ...]
 
     @classmethod
-    def build(cls, results: dict[str, tuple], eager: EagerCapture,
-              first: Divergence | None, rtol, atol) -> Comparison:
+    def build(cls, results: dict[str, tuple], eager: EagerCapture, first: Divergence | None,
+              inexact: Divergence | None, tol: Tolerance, notes: list[str],
+              unchecked: list[str]) -> Comparison:
         """Assemble the tables from each candidate's ``(outputs, buffers)``."""
         loss_rows, grad_rows, ld_rows, buf_rows = [], [], [], []
         for name, ((loss, grads, ld), bufs) in results.items():
-            loss_rows += _rows({"loss": (loss, eager.loss)}, rtol, atol, name)
+            loss_rows += _rows({"loss": (loss, eager.loss)}, tol, name)
             loss_rows[-1].update(value=float(loss), eager=float(eager.loss))
-            grad_rows += _rows({k: (g, eager.grads[k]) for k, g in grads.items()},
-                               rtol, atol, name)
+            grad_rows += _rows({k: (g, eager.grads[k]) for k, g in grads.items()}, tol, name)
             ld_rows += _rows({k: (v, eager.loss_dict[k]) for k, v in ld.items()
-                              if isinstance(v, torch.Tensor)}, rtol, atol, name)
+                              if isinstance(v, torch.Tensor)}, tol, name)
             buf_rows += _rows({k: (v, eager.buffers[k]) for k, v in bufs.items()
-                               if k in eager.buffers}, rtol, atol, name)
+                               if k in eager.buffers}, tol, name)
         tables = [_frame(r) for r in (loss_rows, grad_rows, ld_rows, buf_rows)]
         ok = all(bool(t["ok"].all()) for t in tables if len(t)) and first is None
-        return cls(ok, *tables, first)
+        exact = ok and inexact is None and all(bool(t["exact"].all()) for t in tables if len(t))
+        verdict = "bit-exact" if exact else "within tolerance" if ok else "MISMATCH"
+        return cls(ok, exact, verdict, *tables, first, None if exact else inexact,
+                   tuple(notes), tuple(unchecked))
+
+    def __repr__(self) -> str:
+        """The verdict, the first divergence and the worst gradient, in a few lines."""
+        lines = [f"Comparison({self.verdict}"]
+        if self.first_divergence is not None:
+            lines.append(f"  first divergence: {self.first_divergence}")
+        elif self.first_inexact is not None:
+            lines.append(f"  first inexact node: {self.first_inexact}")
+        if len(self.grads):
+            worst = self.grads.loc[self.grads["max_rel_err"].idxmax()]
+            lines.append(f"  worst gradient: {worst['name']} (max rel err "
+                         f"{worst['max_rel_err']:.3g})")
+        lines += [f"  note: {n}" for n in self.notes if not self.exact]
+        if self.unchecked:
+            lines.append(f"  not checked module by module: {', '.join(self.unchecked)}")
+        return "\n".join(lines) + ")"
 
     def _repr_html_(self) -> str:
-        head = "match" if self.ok else "MISMATCH"
-        color = "#1a7f37" if self.ok else "#cf222e"
-        parts = [f"<div class='jl-compare'><b style='color:{color}'>jointlab compare: {head}</b>"]
-        if self.first_divergence is not None:
-            parts.append(f"<p>first divergence: <code>{html.escape(str(self.first_divergence))}"
-                         "</code></p>")
+        color = {"bit-exact": "#1a7f37", "within tolerance": "#1a7f37"}.get(self.verdict,
+                                                                           "#cf222e")
+        parts = [f"<div class='jl-compare'><b style='color:{color}'>jointlab compare: "
+                 f"{html.escape(self.verdict)}</b>"]
+        for label, d in (("first divergence", self.first_divergence),
+                         ("first inexact node", self.first_inexact)):
+            if d is not None:
+                parts.append(f"<p>{label}: <code>{html.escape(str(d))}</code></p>")
+        if not self.exact:
+            parts += [f"<p class='jl-note'>{html.escape(n)}</p>" for n in self.notes]
+        if self.unchecked:
+            parts.append("<p>not checked module by module: "
+                         f"{html.escape(', '.join(self.unchecked))}</p>")
         for title, df in (("loss", self.loss), ("gradients", self.grads),
                           ("loss_dict", self.loss_dict), ("buffers", self.buffers)):
             if len(df):
@@ -280,7 +412,8 @@ class Comparison:
 def _frame(rows: list[dict]) -> pd.DataFrame:
     import pandas as pd
 
-    cols = ["candidate", "name", "shape", "dtype", "max_abs_err", "max_rel_err", "cosine", "ok"]
+    cols = ["candidate", "name", "shape", "dtype", "max_abs_err", "max_rel_err", "cosine",
+            "exact", "ok"]
     df = pd.DataFrame(rows)
     return df if len(df) else pd.DataFrame(columns=cols)
 

@@ -40,6 +40,42 @@ def _outputs(joint: JointGraph) -> list[tuple[Any, Any]]:
     return list(zip(out.args[0], descs))
 
 
+def _aot_plan(joint: JointGraph) -> Any:
+    """The AOT runtime's call plan, for an AOT graph whose descriptors were not kept.
+
+    A graph loaded from disk has no ``meta["desc"]``; the runtime's plan
+    (saved with it) records the same roles: which placeholder is the loss
+    tangent, which output is the loss, a gradient or a buffer update.
+    """
+    rt = joint.runtime
+    return rt if joint.mode == "aot" and hasattr(rt, "out_plan") else None
+
+
+def _plan_outputs_and_tangents(joint: JointGraph, rt: Any) -> list[Pair]:
+    outs = [n for n, _ in _outputs(joint)]
+    tangent = next((p for p, i in zip(joint.placeholders, rt.arg_plan) if i is None), None)
+    loss = [(n, tangent) for n, (kind, _) in zip(outs, rt.out_plan) if kind == "loss"]
+    ld = sorted(((i, n) for n, (kind, i) in zip(outs, rt.out_plan) if kind == "ld"),
+                key=lambda p: p[0])
+    return [p for p in loss + [(n, None) for _, n in ld] if isinstance(p[0], fx.Node)]
+
+
+def _plan_inputs_and_grads(joint: JointGraph, rt: Any) -> list[Pair]:
+    outs = [n for n, _ in _outputs(joint)]
+    grads: dict[int, list[Any]] = {}  # flat state index -> gradient outputs, in order
+    for n, (kind, pos) in zip(outs, rt.out_plan):
+        if kind == "grad":
+            grads.setdefault(rt.param_flat[pos], []).append(n)
+    pairs = []
+    for ph, i in zip(joint.placeholders, rt.arg_plan):
+        if i is None:
+            continue
+        queue = grads.get(i, [])
+        g = queue.pop(0) if queue and info(ph).get("phase") == "param" else None
+        pairs.append((ph, g if _real_grad(g) else None))
+    return pairs
+
+
 def _real_grad(node: Any) -> bool:
     return isinstance(node, fx.Node) and not info(node).get("zero_grad")
 
@@ -62,6 +98,8 @@ def inputs_and_grads(joint: JointGraph) -> list[Pair]:
         return [(n, grads.get(n.meta["desc"])) for n in joint.placeholders
                 if isinstance(n.meta.get("desc"), (D.ParamAOTInput, D.BufferAOTInput,
                                                    D.PlainAOTInput))]
+    if (rt := _aot_plan(joint)) is not None:
+        return _plan_inputs_and_grads(joint, rt)
     outs = [n for n, _ in _outputs(joint)]
     grads = {name: n for name, n in zip(joint.param_names, outs[1:]) if _real_grad(n)}
     return [(n, grads.get(info(n).get("fqn")) if info(n)["phase"] == "param" else None)
@@ -87,6 +125,8 @@ def outputs_and_tangents(joint: JointGraph) -> list[Pair]:
         plain = [(n, d) for n, d in _outputs(joint) if isinstance(d, D.PlainAOTOutput)]
         return [(n, tangents.get(d)) for n, d in sorted(plain, key=lambda p: p[1].idx)
                 if isinstance(n, fx.Node)]
+    if (rt := _aot_plan(joint)) is not None:
+        return _plan_outputs_and_tangents(joint, rt)
     outs = [n for n, _ in _outputs(joint)]
     n_grads = len(joint.param_names)
     fwd = [outs[0], *outs[1 + n_grads:]]

@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch import nn
 
 from . import _meta
+from ._analyze import written_in_place
 from ._breakpoints import Breakpoint, _predicate, draws_random, in_module
 from ._compare import compare
 from ._compile import CompiledJoint, compile_joint
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
 __all__ = ["Breakpoint", "CompiledJoint", "Stepper", "compare", "compile_joint"]
 
 _FAST_MIN_NODES = 16  # below this, stepping node by node is cheaper than codegen
+
+def _clone_tensor(value: Any) -> Any:
+    """A copy of a tensor value (other values as they are)."""
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
 
 # -- the stepper ---------------------------------------------------------------
 class Stepper(fx.Interpreter):
@@ -71,6 +77,7 @@ class Stepper(fx.Interpreter):
         self.nodes: list[fx.Node] = list(self.graph.nodes)
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self._free = self._free_lists()
+        self._snap = self._snapshot_nodes()
         flat = [t.to(self.device) for t in joint.flat_args(model, inputs)]
         n_params = joint.num_state_inputs - len(joint.buffer_names)
         self._buffer_origin = [t.clone() for t in flat[n_params:joint.num_state_inputs]]
@@ -92,6 +99,7 @@ class Stepper(fx.Interpreter):
             for i, orig in enumerate(self._buffer_origin):
                 self._flat[n_params + i].copy_(orig)
         self.env = {}
+        self.snapshots: dict[fx.Node, Any] = {}
         self.args_iter = iter(self.joint.runtime.prepare(self.joint, self._flat))
         self.position = 0
         self.hit = None
@@ -130,6 +138,8 @@ class Stepper(fx.Interpreter):
             ValueNotAvailableError: Not computed yet, or freed after its last use.
         """
         node = self._node(name)
+        if node in self.snapshots:  # kept, and later overwritten in place: as produced
+            return self.snapshots[node]
         if node in self.env:
             return self.env[node]
         if self.index[node] >= self.position:
@@ -147,6 +157,14 @@ class Stepper(fx.Interpreter):
             if n.name == name:
                 return n
         raise ValueNotAvailableError(f"the graph has no node named {name!r}")
+
+    def _snapshot_nodes(self) -> set[fx.Node]:
+        """Kept nodes whose storage a later in-place op overwrites: copied when produced."""
+        if not self.keep_all and not self.keep:
+            return set()
+        written = written_in_place(self.module)
+        return {n for n in self.nodes if self._kept(n) and n.name in written
+                and n.op != "output"}
 
     def _free_lists(self) -> list[list[fx.Node]]:
         last: dict[fx.Node, int] = {}
@@ -249,6 +267,8 @@ class Stepper(fx.Interpreter):
             self._outputs = value
         else:
             self.env[node] = value
+            if node in self._snap and isinstance(value, torch.Tensor):
+                self.snapshots[node] = value.clone()
         for dead in self._free[pos]:
             self.env.pop(dead, None)
         self.position = pos + 1
@@ -333,6 +353,8 @@ class Stepper(fx.Interpreter):
         del args
         for n, v in zip(live_out, results):
             self.env[n] = v
+        snapped = [n for n in self.nodes[a:b] if n in self._snap]
+        self.snapshots.update(zip(snapped, results[len(live_out):]))
         for i in range(a, b):
             for dead in self._free[i]:
                 self.env.pop(dead, None)
@@ -369,9 +391,12 @@ class Stepper(fx.Interpreter):
         for n in live_in:
             remap[n] = g.placeholder(n.name)
             remap[n].meta = n.meta
+        copies = []
         for n in inside:
             remap[n] = g.node_copy(n, lambda x: remap[x])
-        g.output(tuple(remap[n] for n in live_out))
+            if n in self._snap:  # copy the value before a later in-place op writes it
+                copies.append(g.call_function(_clone_tensor, (remap[n],)))
+        g.output(tuple(remap[n] for n in live_out) + tuple(copies))
         gm = fx.GraphModule(self.module, g)
         return gm, live_in, live_out
 

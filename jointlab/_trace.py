@@ -40,6 +40,7 @@ from ._inputs import (
     model_state,
     state_on_meta,
 )
+from ._probes import module_probes
 from ._repair import repair_views
 from ._snapshot import ModelSnapshot
 from .errors import DataDependentError, LossError, NoTrainableParametersError, TraceError
@@ -230,6 +231,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
             if hasattr(torch.compiler, "_non_strict_tracing_context"):
                 stack.enter_context(torch.compiler._non_strict_tracing_context())
             stack.enter_context(user_errors())
+            probes = stack.enter_context(module_probes(model))
             gm = make_fx(fn, record_stack_traces=True, record_module_stack=True)(
                 *fake_state, *(f for _, f in fake_user)
             )
@@ -242,6 +244,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
         for fqn, is_p in zip(state_spec.fqns, state_spec.is_param)
     ] + [{"phase": "input", "input_path": p} for p, _ in tensors]
     annotate(gm, placeholder_info, param_names, box["zero_grads"], len(box["loss_dict_keys"]))
+    probes.write(gm)
     return req.joint_graph(gm, "make_fx", box["loss_dict_keys"], guards)
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "PersistError",
     "TableQueryError",
     "ValueNotAvailableError",
+    "CompareError",
     "BakedConstantWarning",
 ]
 
@@ -86,6 +87,10 @@ class TableQueryError(JointlabError, ValueError):
 
 class ValueNotAvailableError(JointlabError, ValueError):
     """A stepped node's value was not computed yet, or was freed after its last use."""
+
+
+class CompareError(JointlabError, TypeError):
+    """``compare`` was called without what it needs (the training step, a model)."""
 
 
 class BakedConstantWarning(UserWarning):

@@ -64,7 +64,7 @@ def test_step_over_module_and_compare_table(panel):
     w.buttons["over"].click()
     assert s.position > before
     w.buttons["compare"].click()  # "Compare with eager"
-    assert "jointlab compare: match" in w.compare_box.value
+    assert "jointlab compare: bit-exact" in w.compare_box.value
 
 
 def test_dag_ring_follows_the_current_node(panel):
