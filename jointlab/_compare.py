@@ -31,6 +31,7 @@ import torch.fx as fx
 from torch import nn
 
 from . import _meta
+from ._analyze import op_name
 from ._capture import EagerCapture, Probe, capture_eager, probe_pairs, to_device
 from .errors import CompareError
 
@@ -74,6 +75,41 @@ def compute_dtype(joint: JointGraph) -> torch.dtype | None:
     return low
 
 
+# Ops whose floating-point accumulation order varies from run to run (parallel
+# or atomic adds into shared slots), so eager itself is not bitwise
+# reproducible; from torch.use_deterministic_algorithms' documentation.
+_INDEX_PUT = {"index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_", "put", "put_"}
+_ORDER_DEPENDENT = {
+    "cpu": frozenset(_INDEX_PUT),
+    "cuda": frozenset(_INDEX_PUT | {
+        "index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce",
+        "scatter_reduce_", "index_reduce", "index_reduce_", "embedding_dense_backward",
+        "_embedding_bag_backward", "_embedding_bag_dense_backward", "histc", "bincount",
+        "index_select_backward", "cumsum", "kthvalue", "median", "nll_loss2d_forward",
+        "upsample_bilinear2d_backward", "_adaptive_avg_pool2d_backward",
+        "max_pool3d_with_indices_backward", "convolution_backward", "avg_pool3d_backward"}),
+}
+
+
+def order_dependent_ops(joint: JointGraph, devices: set[str]) -> list[str]:
+    """Ops of the graph whose results may differ bitwise between two eager runs."""
+    risky = frozenset().union(*(_ORDER_DEPENDENT.get(d, _ORDER_DEPENDENT["cuda"])
+                                for d in devices))
+    return sorted({op_name(n) for n in joint.graph.nodes
+                   if n.op == "call_function" and op_name(n) in risky})
+
+
+def expects_exact(joint: JointGraph, devices: set[str]) -> bool:
+    """True when graph and eager run the same kernels, so they must agree bitwise.
+
+    That holds for a make_fx graph (it records the ATen ops eager dispatches)
+    on one device, computing in float32/float64, without order-dependent ops.
+    """
+    return (joint.mode == "make_fx" and len(devices) == 1
+            and compute_dtype(joint) in (torch.float32, torch.float64, None)
+            and not order_dependent_ops(joint, devices))
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """How two values are judged: explicit ``rtol``/``atol``, exact, or dtype defaults."""
@@ -96,8 +132,17 @@ class Tolerance:
         return (r if self.rtol is None else self.rtol), atol
 
     def reasons(self, joint: JointGraph, devices: set[str]) -> list[str]:
-        """Why differences from eager may be expected under these settings."""
+        """Why differences from eager may (or may not) be expected under these settings."""
+        if self.exact and not expects_exact(joint, devices):
+            return ["exact=True: every value must be bitwise equal"]
+        if self.exact:
+            return ["graph and eager run the same ATen kernels on the same device, so every "
+                    "value must be bitwise equal; any difference is reported (pass "
+                    "exact=False to judge by dtype tolerances instead)"]
         out = []
+        if ops := order_dependent_ops(joint, devices):
+            out.append(f"{', '.join(ops)} accumulate in an order that varies from run to "
+                       "run, so eager itself is not bitwise reproducible")
         if self.floor in (torch.float16, torch.bfloat16):
             out.append(f"the graph computes in {str(self.floor).removeprefix('torch.')} "
                        "(autocast or low-precision model): eager and the graph may round "
@@ -219,7 +264,7 @@ def _run_compiled(compiled: Any, model: nn.Module, inputs: dict[str, Any], seed:
 
 
 def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int = 0,
-            rtol: float | None = None, atol: float | None = None, exact: bool = False,
+            rtol: float | None = None, atol: float | None = None, exact: bool | None = None,
             device: str | torch.device | None = None, train_fn: Any = None) -> Comparison:
     """Run the joint graph and eager autograd from the same state and seed, and compare.
 
@@ -231,7 +276,11 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         rtol: Relative tolerance; default follows the graph's lowest compute dtype.
         atol: Absolute tolerance; default is a dtype-dependent fraction of each
             tensor's largest magnitude.
-        exact: Demand bitwise equality (tolerances 0).
+        exact: Demand bitwise equality (True), judge by tolerances (False), or
+            (None, the default) demand it exactly where both sides run the same
+            kernels: a make_fx graph on one device in float32/64 without ops
+            whose accumulation order varies (see :func:`expects_exact`).
+            Explicit ``rtol``/``atol`` imply tolerances.
         device: Run both sides here; default: where the model lives.
         train_fn: The training step; default ``joint.train_fn``.
 
@@ -253,7 +302,10 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
                           seed=seed)
     del eager_model
     probes, unpaired = probe_pairs(graph.graph, eager)
+    if exact is None:
+        exact = rtol is None and atol is None and expects_exact(graph, {dev.type})
     tol = Tolerance(rtol, atol, exact, compute_dtype(graph))
+    loose = Tolerance(rtol, atol, False, tol.floor)  # compiled candidates: other kernels
     results: dict[str, tuple] = {}
     stepper = None
     for name, cand in cands.items():
@@ -266,8 +318,24 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     checks = divergence_checks(graph, eager, probes)
     first = first_divergence(graph, stepper, checks, tol)
     inexact = first_divergence(graph, stepper, checks, Tolerance(exact=True))
-    notes = tol.reasons(graph, {dev.type}) if not exact else []
-    return Comparison.build(results, eager, first, inexact, tol, notes, unpaired)
+    notes = tol.reasons(graph, {dev.type})
+    if exact and first is not None and close_by_dtype(stepper, graph, checks, first, loose):
+        notes.append(f"{first.node} differs by max rel err {first.max_rel_err:.3g}, within "
+                     "dtype tolerance: a reordered reduction would look like this too, so "
+                     "check it, or pass exact=False to judge by tolerance")
+    tols = {name: tol if cand is graph else loose for name, cand in cands.items()}
+    return Comparison.build(results, eager, first, inexact, tols, notes, unpaired)
+
+
+def close_by_dtype(stepper: Any, joint: JointGraph, checks: list, first: Divergence,
+                   tol: Tolerance) -> bool:
+    """True when the first (exact) divergence would pass the dtype tolerances."""
+    for node, want, _what, _owner in checks:
+        if node.name == first.node:
+            got = _graph_value(stepper, node, joint)
+            if isinstance(got, torch.Tensor) and got.numel() == want.numel():
+                return close(got, want.reshape(got.shape), tol)
+    return False
 
 
 def divergence_checks(joint: JointGraph, eager: EagerCapture,
@@ -276,7 +344,8 @@ def divergence_checks(joint: JointGraph, eager: EagerCapture,
     checks = [(p.node, p.want, p.what, p.module) for p in probes]
     # A parameter's gradient node holds its full gradient only when it is the
     # sole one; tied aliases in AOT mode each carry a partial gradient.
-    grad_count = Counter(_meta.info(n).get("grad_of") for n in joint.graph.nodes)
+    outs = [n for n in joint.graph.output_node().args[0] if isinstance(n, fx.Node)]
+    grad_count = Counter(_meta.info(n).get("grad_of") for n in outs)
     for name, (_ph, gnode) in joint.param_grads.items():
         want = eager.grads.get(name)
         if gnode is not None and want is not None and grad_count[name] == 1:
@@ -353,11 +422,12 @@ class Comparison:
 
     @classmethod
     def build(cls, results: dict[str, tuple], eager: EagerCapture, first: Divergence | None,
-              inexact: Divergence | None, tol: Tolerance, notes: list[str],
+              inexact: Divergence | None, tols: dict[str, Tolerance], notes: list[str],
               unchecked: list[str]) -> Comparison:
         """Assemble the tables from each candidate's ``(outputs, buffers)``."""
         loss_rows, grad_rows, ld_rows, buf_rows = [], [], [], []
         for name, ((loss, grads, ld), bufs) in results.items():
+            tol = tols[name]
             loss_rows += _rows({"loss": (loss, eager.loss)}, tol, name)
             loss_rows[-1].update(value=float(loss), eager=float(eager.loss))
             grad_rows += _rows({k: (g, eager.grads[k]) for k, g in grads.items()}, tol, name)

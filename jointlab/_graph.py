@@ -123,10 +123,14 @@ class JointGraph:
         """Map each trainable parameter FQN to (its placeholder, its gradient node or None).
 
         The gradient node is None for a parameter the loss does not depend on.
+        Only the graph's outputs count, so a node a user pass put in front of
+        a gradient output is found, not the node it replaced.
         """
         ph = {_meta.info(n).get("fqn"): n for n in self.placeholders}
         grads: dict[str, fx.Node] = {}
-        for n in self.graph.nodes:
+        for n in self.graph.output_node().args[0]:
+            if not isinstance(n, fx.Node):
+                continue
             info = _meta.info(n)
             if "grad_of" in info and not info.get("zero_grad"):
                 grads.setdefault(info["grad_of"], n)
