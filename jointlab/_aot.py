@@ -37,6 +37,7 @@ from ._graph import JointGraph
 from ._guards import fakeify, symbolic_fake_mode
 from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
+from ._refusals import in_train_fn
 from ._snapshot import ModelSnapshot
 from ._trace import TraceRequest, check_loss, split_loss, state_placeholder_info, user_errors
 from .errors import TraceError
@@ -73,7 +74,7 @@ class _TrainStep(nn.Module):
         values = [next(it) if is_tensor else v
                   for v, is_tensor in zip(self._leaves, self._tensor_mask)]
         kwargs = pytree.tree_unflatten(values, self._treespec)
-        with _source_recorder():
+        with _source_recorder(), in_train_fn(self.model):
             loss, loss_dict = split_loss(self._train_fn(self.model, **kwargs))
         check_loss(loss)
         self.box["keys"] = list(loss_dict)
