@@ -24,6 +24,7 @@ from torch import nn
 
 from . import _meta
 from ._capture import EagerCapture, capture_eager, grad_node, match_calls, to_device
+from ._refusals import torch_errors
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -137,6 +138,7 @@ def _run_compiled(compiled: Any, model: nn.Module, inputs: dict[str, Any], seed:
     return out, dict(m.named_buffers())
 
 
+@torch_errors("jl.compare")
 def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int = 0,
             rtol: float | None = None, atol: float | None = None,
             device: str | torch.device | None = None, train_fn: Any = None) -> Comparison:

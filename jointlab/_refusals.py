@@ -258,12 +258,25 @@ def _train_fn_error_type(user_type: type[BaseException]) -> type[TrainFnError] |
         return None
 
 
-def wrap_exception(exc: Exception, where: str) -> BaseException:
+_TRACE_HINT = ("This is a torch error jointlab has no specific check for. Simplify the code "
+               "at that line, or try the other tracing mode (mode='make_fx' or mode='aot')")
+
+
+def _graph_line(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename.startswith("<eval_with_key")]
+    return f" at graph node: {frames[-1].line.strip()}" if frames and frames[-1].line else ""
+
+
+def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = TraceError,
+                   hint: str = _TRACE_HINT) -> BaseException:
     """The jointlab error to raise for ``exc`` escaping ``where`` (e.g. ``"jl.trace"``).
 
     Args:
         exc: An exception that is not a jointlab error.
         where: The public entry point, for the message.
+        error: The class for an error raised inside torch.
+        hint: What to do about an error raised inside torch.
 
     Returns:
         The new exception (raise it ``from exc``), or ``exc`` itself when it
@@ -279,22 +292,21 @@ def wrap_exception(exc: Exception, where: str) -> BaseException:
             return exc
         return cls(f"train_fn raised {type(exc).__name__}: {exc}{line} (during {where}). This "
                    "is your code's own exception, chained as __cause__; fix it there.")
-    return TraceError(
-        f"{where} failed inside torch{line}: {type(exc).__name__}: {exc}\nThis is a torch "
-        "error jointlab has no specific check for. Simplify the code at that line, or try "
-        "the other tracing mode (mode='make_fx' or mode='aot'); torch's error is chained "
-        "as __cause__."
-    )
+    return error(f"{where} failed inside torch{line}{_graph_line(exc)}: "
+                 f"{type(exc).__name__}: {exc}\n{hint}; torch's error is chained as __cause__.")
 
 
 @contextlib.contextmanager
-def torch_errors(where: str) -> Iterator[None]:
+def torch_errors(where: str, error: type[JointlabError] = TraceError,
+                 hint: str = _TRACE_HINT) -> Iterator[None]:
     """Re-raise any non-jointlab exception as a jointlab error, the original chained.
 
     Also usable as a decorator.
 
     Args:
         where: The public entry point's name, e.g. ``"jl.trace"``.
+        error: The class for an error raised inside torch.
+        hint: What to do about an error raised inside torch.
 
     Yields:
         Nothing; exceptions escaping the block are translated.
@@ -304,7 +316,7 @@ def torch_errors(where: str) -> Iterator[None]:
     except JointlabError:
         raise
     except Exception as exc:
-        new = wrap_exception(exc, where)
+        new = wrap_exception(exc, where, error, hint)
         if new is exc:
             raise
         raise new from exc

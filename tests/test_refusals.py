@@ -222,3 +222,47 @@ def test_raw_torch_error_is_wrapped_with_user_line(mode):
     assert not isinstance(err, errors.TrainFnError)
     assert isinstance(err.__cause__, RuntimeError)
     assert not isinstance(err.__cause__, errors.JointlabError)
+
+
+def test_raw_torch_error_while_running_names_the_graph_node():
+    f = zoo.get("mlp")
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    # A bad edit: the first addmm gets its operands swapped, so the shapes clash at run.
+    node = next(n for n in joint.graph.nodes if n.target == torch.ops.aten.addmm.default)
+    node.args = (node.args[0], node.args[2], node.args[1])
+    joint.graph_module.recompile()
+    before = deep_state(model)
+    with pytest.raises(errors.NodeExecutionError) as info:
+        joint.run(model, inputs)
+    msg = str(info.value)
+    assert "joint.run failed inside torch" in msg and "at graph node:" in msg
+    assert f"{node.name} = torch.ops.aten.addmm.default(" in msg
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert not isinstance(info.value.__cause__, errors.JointlabError)
+    assert_unchanged(before, model)
+
+
+def test_compare_wraps_user_and_torch_errors():
+    f = zoo.get("mlp")
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+
+    def raises(m, x, y):
+        raise KeyError("eager only")
+
+    def bad_shape(m, x, y):
+        return F.mse_loss(m(x[:, :3]), y)
+
+    before = deep_state(model)
+    with pytest.raises(KeyError) as info:
+        jl.compare(joint, model, inputs, train_fn=raises)
+    assert isinstance(info.value, errors.TrainFnError)
+    assert "train_fn raised KeyError" in str(info.value) and "during jl.compare" in str(info.value)
+    with pytest.raises(errors.TraceError, match="jl.compare failed inside torch") as info:
+        jl.compare(joint, model, inputs, train_fn=bad_shape)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(TypeError, match="compare needs the training step"):  # jointlab's own
+        joint.train_fn = None
+        jl.compare(joint, model, inputs)
+    assert_unchanged(before, model)
