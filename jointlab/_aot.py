@@ -37,7 +37,11 @@ from ._graph import JointGraph
 from ._guards import fakeify, symbolic_fake_mode
 from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
+<<<<<<< HEAD
 from ._probes import module_probes
+=======
+from ._refusals import in_train_fn
+>>>>>>> refuse
 from ._snapshot import ModelSnapshot
 from ._trace import TraceRequest, check_loss, split_loss, state_placeholder_info, user_errors
 from .errors import TraceError
@@ -74,7 +78,7 @@ class _TrainStep(nn.Module):
         values = [next(it) if is_tensor else v
                   for v, is_tensor in zip(self._leaves, self._tensor_mask)]
         kwargs = pytree.tree_unflatten(values, self._treespec)
-        with _source_recorder():
+        with _source_recorder(), in_train_fn(self.model):
             loss, loss_dict = split_loss(self._train_fn(self.model, **kwargs))
         check_loss(loss)
         self.box["keys"] = list(loss_dict)
@@ -278,9 +282,38 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
         joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
         gm = joint.graph_module
     # The stack is closed: the export's fake mode is gone before real tensors run.
+    _drop_unrequested_input_grads(gm, [t.requires_grad for _, t in tensors])
     gm.graph._codegen = fx.graph.CodeGen()
     gm.recompile()
     return gm, wrapper.box, fake_user, shape_env
+
+
+def _drop_unrequested_input_grads(gm: fx.GraphModule, requires_grad: list[bool]) -> None:
+    """Drop gradients the export computes for inputs that do not require grad.
+
+    With meta-device weights the export differentiates plain inputs too (a
+    second ``mse_loss_backward`` for the target); nothing reads that output.
+    """
+    out = gm.graph.output_node()
+    values = list(out.args[0])
+    for k, desc in enumerate(out.meta["desc"]):
+        src = getattr(desc, "grad_of", None)
+        if isinstance(src, D.PlainAOTInput) and not requires_grad[src.idx] \
+                and isinstance(values[k], fx.Node):
+            dead, values[k] = values[k], None
+            out.args = (values, *out.args[1:])
+            _erase_unused(gm.graph, dead)
+
+
+def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n.users or n.op != "call_function":
+            continue
+        inputs = n.all_input_nodes
+        graph.erase_node(n)
+        todo.extend(inputs)
 
 
 def _canonical_names(model: nn.Module) -> dict[str, str]:

@@ -31,9 +31,14 @@ import torch.fx as fx
 from torch import nn
 
 from . import _meta
+<<<<<<< HEAD
 from ._analyze import op_name
 from ._capture import EagerCapture, Probe, capture_eager, probe_pairs, to_device
 from .errors import CompareError
+=======
+from ._capture import EagerCapture, capture_eager, grad_node, match_calls, to_device
+from ._refusals import torch_errors
+>>>>>>> refuse
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -263,6 +268,7 @@ def _run_compiled(compiled: Any, model: nn.Module, inputs: dict[str, Any], seed:
     return out, dict(m.named_buffers())
 
 
+@torch_errors("jl.compare")
 def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int = 0,
             rtol: float | None = None, atol: float | None = None, exact: bool | None = None,
             device: str | torch.device | None = None, train_fn: Any = None) -> Comparison:

@@ -27,12 +27,17 @@ from ._inputs import (
     check_structure,
     flatten_inputs,
 )
+from ._refusals import torch_errors
+from .errors import NodeExecutionError
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from ._guards import ShapeGuards
 
+_RUN_HINT = ("The joint graph was traced fine but torch rejected a node while running it; "
+             "if you edited the graph, check that edit (then joint.invalidate()), otherwise "
+             "trace again and compare with jl.compare")
 RunResult = tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]
 
 
@@ -216,7 +221,7 @@ class JointGraph:
             ``(loss, grads by FQN, loss_dict)``.
         """
         flat = self.flat_args(model, inputs)
-        with torch.no_grad():
+        with torch.no_grad(), torch_errors("joint.run", NodeExecutionError, _RUN_HINT):
             outputs = fn(*self.runtime.prepare(self, flat))
             loss, grads, ld = self.runtime.finish(self, list(outputs), flat)
         grad_map = dict(zip(self.param_names, grads))

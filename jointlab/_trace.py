@@ -41,6 +41,7 @@ from ._inputs import (
     state_on_meta,
 )
 from ._probes import module_probes
+from ._refusals import in_train_fn, refuse_compiled, torch_errors, tracing_guard
 from ._repair import repair_views
 from ._snapshot import ModelSnapshot
 from .errors import DataDependentError, LossError, NoTrainableParametersError, TraceError
@@ -88,7 +89,8 @@ def trace(
         raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    with no_tensor_printing():
+    refuse_compiled(model)
+    with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model):
         if mode == "aot":
             from ._aot import trace_aot
 
@@ -266,7 +268,8 @@ def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec):
         values = [next(tensor_args) if isinstance(v, torch.Tensor) else v for _, v in leaves]
         kwargs = torch.utils._pytree.tree_unflatten(values, treespec)
         with stateless._reparametrize_module(model, state, tie_weights=True), _engine_backward():
-            loss, loss_dict = split_loss(train_fn(model, **kwargs))
+            with in_train_fn(model):
+                loss, loss_dict = split_loss(train_fn(model, **kwargs))
             check_loss(loss)
             params = [state[n] for n in param_names]
             grads = torch.autograd.grad(loss, params, allow_unused=True)

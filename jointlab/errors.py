@@ -20,6 +20,9 @@ __all__ = [
     "StateMismatchError",
     "MetaDeviceError",
     "TraceError",
+    "TrainFnMisuseError",
+    "TrainFnError",
+    "CompiledModuleError",
     "NodeExecutionError",
     "PersistError",
     "TableQueryError",
@@ -71,6 +74,29 @@ class MetaDeviceError(JointlabError, RuntimeError):
 
 class TraceError(JointlabError, RuntimeError):
     """Tracing failed for a reason not covered by a more specific error."""
+
+
+class TrainFnMisuseError(TraceError):
+    """``train_fn`` stepped an optimizer, wrote a parameter or ran its own backward."""
+
+
+class TrainFnError(TraceError):
+    """``train_fn`` (or the model) raised its own exception while being traced.
+
+    The class raised also derives from the user's exception type (``except
+    KeyError`` still catches it); the user's exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CompiledModuleError(TraceError):
+    """The model holds a ``torch.compile``-d module, which cannot be traced through."""
 
 
 class NodeExecutionError(JointlabError, RuntimeError):
