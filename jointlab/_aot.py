@@ -37,11 +37,8 @@ from ._graph import JointGraph
 from ._guards import fakeify, symbolic_fake_mode
 from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
-<<<<<<< HEAD
 from ._probes import module_probes
-=======
 from ._refusals import in_train_fn
->>>>>>> refuse
 from ._snapshot import ModelSnapshot
 from ._trace import TraceRequest, check_loss, split_loss, state_placeholder_info, user_errors
 from .errors import TraceError

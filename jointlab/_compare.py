@@ -31,14 +31,10 @@ import torch.fx as fx
 from torch import nn
 
 from . import _meta
-<<<<<<< HEAD
 from ._analyze import op_name
 from ._capture import EagerCapture, Probe, capture_eager, probe_pairs, to_device
-from .errors import CompareError
-=======
-from ._capture import EagerCapture, capture_eager, grad_node, match_calls, to_device
 from ._refusals import torch_errors
->>>>>>> refuse
+from .errors import CompareError
 
 if TYPE_CHECKING:
     import pandas as pd
