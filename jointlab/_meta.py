@@ -13,6 +13,9 @@ only read it. Keys written at trace time:
 - ``input_path``: for user-input placeholders, the dotted input path.
 - ``grad_of``: for gradient outputs, the parameter FQN.
 - ``zero_grad``: the node only emits zeros for a parameter without a gradient.
+- ``probe_out`` / ``probe_grad``: ``[fqn, call, leaf]`` triples: the node is
+  that module call's output leaf, or the gradient reaching it (written by
+  :mod:`jointlab._probes` while tracing).
 """
 
 from __future__ import annotations
