@@ -13,6 +13,10 @@ only read it. Keys written at trace time:
 - ``input_path``: for user-input placeholders, the dotted input path.
 - ``grad_of``: for gradient outputs, the parameter FQN.
 - ``zero_grad``: the node only emits zeros for a parameter without a gradient.
+- ``recompute``: True on a backward-phase node that gradient checkpointing
+  (``torch.utils.checkpoint``) runs again to recompute the forward of a
+  checkpointed region, including the generator-state reads and writes that
+  replay its random draws; False on every other node.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from .errors import NodeExecutionError
 
 KEY = "jointlab"
 TRAIN_FN = "<train_fn>"
+#: Trace-time ``node.meta`` tag (written by the tracer, not under :data:`KEY`) on
+#: nodes created while checkpoint recomputes; the annotation pass reads it.
+RECOMPUTE_TAG = "jointlab_checkpoint_recompute"
 PHASES = ("param", "buffer", "input", "forward", "backward", "output")
 
 
@@ -41,6 +48,11 @@ def phase(node: fx.Node) -> str:
 def module(node: fx.Node) -> str:
     """Return the FQN of the module the node belongs to."""
     return info(node).get("module", "")
+
+
+def is_recompute(node: fx.Node) -> bool:
+    """True for a backward node that recomputes checkpointed forward work."""
+    return bool(info(node).get("recompute", False))
 
 
 def is_forward(node: fx.Node) -> bool:

@@ -20,6 +20,7 @@ __all__ = [
     "StateMismatchError",
     "MetaDeviceError",
     "TraceError",
+    "UnsupportedCheckpointError",
     "NodeExecutionError",
     "PersistError",
     "TableQueryError",
@@ -70,6 +71,10 @@ class MetaDeviceError(JointlabError, RuntimeError):
 
 class TraceError(JointlabError, RuntimeError):
     """Tracing failed for a reason not covered by a more specific error."""
+
+
+class UnsupportedCheckpointError(TraceError):
+    """The model uses a form of gradient checkpointing that cannot be traced exactly."""
 
 
 class NodeExecutionError(JointlabError, RuntimeError):
