@@ -274,3 +274,15 @@ def test_hf_default_gradient_checkpointing_is_non_reentrant_and_exact():
     eloss, egrads, _ = eager_step(copy.deepcopy(model), real.lm_train_fn, inputs, 0)
     assert torch.equal(loss, eloss)
     assert all(torch.equal(grads[k], egrads[k]) for k in egrads)
+
+
+def test_saved_and_loaded_checkpointed_graph_stays_exact(tmp_path):
+    model, train_fn, inputs, joint = _traced("checkpoint_mlp", "make_fx")
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    assert loaded.nodes["recompute"].sum() == joint.nodes["recompute"].sum() > 0
+    torch.manual_seed(0)
+    loss, grads, _ = loaded.run(copy.deepcopy(model), inputs)
+    eloss, egrads, _ = eager_step(copy.deepcopy(model), train_fn, inputs, 0)
+    assert torch.equal(loss, eloss)
+    assert all(torch.equal(grads[k], egrads[k]) for k in egrads)
