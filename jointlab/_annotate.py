@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ._meta import KEY, TRAIN_FN
+from ._meta import KEY, RECOMPUTE_TAG, TRAIN_FN
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _JOINTLAB_DIR = os.path.dirname(__file__) + os.sep
@@ -42,6 +42,11 @@ def is_compute(node: fx.Node) -> bool:
 def is_engine_backward(node: fx.Node) -> bool:
     """True when the autograd engine tagged the node as part of backward."""
     return bool(node.meta.get("autograd_backward"))
+
+
+def is_checkpoint_recompute(node: fx.Node) -> bool:
+    """True when the tracer tagged the node as created by a checkpoint recompute."""
+    return bool(node.meta.get(RECOMPUTE_TAG))
 
 
 def has_module_stack(node: fx.Node) -> bool:
@@ -167,6 +172,15 @@ def annotate(
     attribute_backward(pending, by_seq)
     _mark_gradients(outs, grad_fqns, zero)
     _copy_into_subgraphs(gm, by_seq)
+    mark_recompute(graph)
+
+
+def mark_recompute(graph: fx.Graph) -> None:
+    """Write the ``recompute`` flag on every annotated node of ``graph``."""
+    for node in graph.nodes:
+        meta = node.meta.get(KEY)
+        if meta is not None:
+            meta["recompute"] = meta["phase"] == "backward" and is_checkpoint_recompute(node)
 
 
 def _copy_into_subgraphs(gm: fx.GraphModule, by_seq: dict[int, fx.Node]) -> None:
@@ -194,6 +208,9 @@ def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None
     for node in nodes:
         if KEY in node.meta:  # already attributed (zeros for unused parameters)
             continue
+        if is_checkpoint_recompute(node) and has_module_stack(node):
+            _own_module(node, by_seq)  # a recomputed forward op: the module running it again
+            continue
         twin = by_seq.get(node.meta.get("seq_nr", -1))
         meta = {"phase": "backward", "module": "", "module_type": "", "source": ""}
         node.meta[KEY] = meta
@@ -217,6 +234,19 @@ def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None
     for node in unresolved:
         if not node.meta[KEY]["module"]:
             node.meta[KEY]["module"] = TRAIN_FN
+
+
+def _own_module(node: fx.Node, by_seq: dict[int, fx.Node]) -> None:
+    # The recompute's stack starts in the engine: without a user frame of its
+    # own, its source is that of the checkpointed forward op whose backward ran it.
+    mod, mtype = stack_module(node)
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    source = user_source(node.meta.get("stack_trace"))
+    if not any(is_user_frame(path) for path, _, _ in frames):
+        twin = by_seq.get(node.meta.get("seq_nr", -1))
+        source = twin.meta[KEY]["source"] if twin is not None else ""
+    node.meta[KEY] = {"phase": "backward", "module": mod, "module_type": mtype,
+                      "source": source}
 
 
 def _inherit(node: fx.Node, neighbours: Iterable[fx.Node]) -> None:

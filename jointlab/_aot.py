@@ -32,7 +32,14 @@ from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from ._annotate import attribute_backward, is_user_frame, stack_module, user_source
+from ._annotate import (
+    attribute_backward,
+    is_user_frame,
+    mark_recompute,
+    stack_module,
+    user_source,
+)
+from ._checkpoint import checkpoint_tracing
 from ._graph import JointGraph
 from ._guards import fakeify, symbolic_fake_mode
 from ._inputs import state_on_meta
@@ -276,6 +283,7 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
     with contextlib.ExitStack() as stack:
         stack.enter_context(user_errors())
         stack.enter_context(module_stack_hooks(model))
+        stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant
         joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
         gm = joint.graph_module
     # The stack is closed: the export's fake mode is gone before real tensors run.
@@ -436,6 +444,7 @@ def annotate_aot(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
         if seq is not None and seq >= 0:
             by_seq.setdefault(seq, node)
     attribute_backward(pending, by_seq)
+    mark_recompute(gm.graph)
     trainable = set(param_names)
     out = gm.graph.output_node()
     for value, desc in zip(out.args[0], out.meta["desc"]):

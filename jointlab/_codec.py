@@ -22,6 +22,7 @@ import torch.fx as fx
 import torch.utils._sympy.functions as sym_fns
 from torch.utils._sympy.numbers import int_oo
 
+from ._checkpoint import GET_STATE, SET_STATE
 from .errors import PersistError
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -43,6 +44,9 @@ SAFE_FUNCTIONS.update({
               "_sym_sqrt")
     if hasattr(torch, n)
 })
+# Gradient checkpointing's generator-state replay (see jointlab._checkpoint).
+SAFE_FUNCTIONS.update({f"torch.ops.jointlab.{op._opname}.default": op
+                       for op in (GET_STATE, SET_STATE)})
 _FUNCTION_NAMES = {id(fn): name for name, fn in SAFE_FUNCTIONS.items()}
 
 

@@ -16,6 +16,10 @@ only read it. Keys written at trace time:
 - ``probe_out`` / ``probe_grad``: ``[fqn, call, leaf]`` triples: the node is
   that module call's output leaf, or the gradient reaching it (written by
   :mod:`jointlab._probes` while tracing).
+- ``recompute``: True on a backward-phase node that gradient checkpointing
+  (``torch.utils.checkpoint``) runs again to recompute the forward of a
+  checkpointed region, including the generator-state reads and writes that
+  replay its random draws; False on every other node.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from .errors import NodeExecutionError
 
 KEY = "jointlab"
 TRAIN_FN = "<train_fn>"
+#: Trace-time ``node.meta`` tag (written by the tracer, not under :data:`KEY`) on
+#: nodes created while checkpoint recomputes; the annotation pass reads it.
+RECOMPUTE_TAG = "jointlab_checkpoint_recompute"
 PHASES = ("param", "buffer", "input", "forward", "backward", "output")
 
 
@@ -44,6 +51,11 @@ def phase(node: fx.Node) -> str:
 def module(node: fx.Node) -> str:
     """Return the FQN of the module the node belongs to."""
     return info(node).get("module", "")
+
+
+def is_recompute(node: fx.Node) -> bool:
+    """True for a backward node that recomputes checkpointed forward work."""
+    return bool(info(node).get("recompute", False))
 
 
 def is_forward(node: fx.Node) -> bool:

@@ -27,8 +27,8 @@ __all__ = ["COLUMNS", "node_table", "select", "summary", "summary_card_html"]
 #: Column order of :func:`node_table`; short columns first, long text last.
 COLUMNS = (
     "op", "target", "phase", "module", "module_type", "shape", "dtype", "numel", "bytes",
-    "is_view", "alias_of", "inplace", "flops", "category", "saved_for_backward", "seq_nr",
-    "num_users", "args", "stack_trace",
+    "is_view", "alias_of", "inplace", "flops", "category", "saved_for_backward", "recompute",
+    "seq_nr", "num_users", "args", "stack_trace",
 )
 SUMMARY_BY = ("module", "phase", "op")
 _COMPUTE = ("forward", "backward")
@@ -71,6 +71,7 @@ def node_table(joint: JointGraph) -> pd.DataFrame:
         add["flops"](m.get("flops", 0))
         add["category"](m.get("category", "other"))
         add["saved_for_backward"](m.get("saved_for_backward", False))
+        add["recompute"](m.get("recompute", False))
         add["seq_nr"](node.meta.get("seq_nr"))
         add["num_users"](len(node.users))
         add["args"](tuple(a.name for a in node.all_input_nodes))
@@ -78,7 +79,7 @@ def node_table(joint: JointGraph) -> pd.DataFrame:
     data: dict[str, Any] = dict(cols)
     for c in _INT_COLUMNS:
         data[c] = pd.array(cols[c], dtype="int64")
-    for c in ("is_view", "inplace", "saved_for_backward"):
+    for c in ("is_view", "inplace", "saved_for_backward", "recompute"):
         data[c] = pd.array(cols[c], dtype="bool")
     data["seq_nr"] = pd.array(cols["seq_nr"], dtype="Int64")
     return pd.DataFrame(data, index=pd.Index(names, name="node"), columns=list(COLUMNS))

@@ -28,6 +28,7 @@ from torch.fx.traceback import preserve_node_meta
 from torch.nn.utils import stateless
 
 from ._annotate import annotate, is_user_frame
+from ._checkpoint import checkpoint_tracing
 from ._constants import no_tensor_printing, warn_baked_constants
 from ._graph import JointGraph
 from ._guards import ShapeGuards, fakeify, resolve_dynamic_dims, symbolic_fake_mode
@@ -232,6 +233,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
             stack.enter_context(torch.autograd.set_multithreading_enabled(False))
             if hasattr(torch.compiler, "_non_strict_tracing_context"):
                 stack.enter_context(torch.compiler._non_strict_tracing_context())
+            stack.enter_context(checkpoint_tracing())  # exact RNG replay of recomputes
             stack.enter_context(user_errors())
             probes = stack.enter_context(module_probes(model))
             gm = make_fx(fn, record_stack_traces=True, record_module_stack=True)(

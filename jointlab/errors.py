@@ -23,6 +23,7 @@ __all__ = [
     "TrainFnMisuseError",
     "TrainFnError",
     "CompiledModuleError",
+    "UnsupportedCheckpointError",
     "NodeExecutionError",
     "PersistError",
     "TableQueryError",
@@ -97,6 +98,10 @@ class TrainFnError(TraceError):
 
 class CompiledModuleError(TraceError):
     """The model holds a ``torch.compile``-d module, which cannot be traced through."""
+
+
+class UnsupportedCheckpointError(TraceError):
+    """The model uses a form of gradient checkpointing that cannot be traced exactly."""
 
 
 class NodeExecutionError(JointlabError, RuntimeError):

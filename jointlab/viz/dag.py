@@ -113,6 +113,8 @@ def collapse(data: DagData, depth: int) -> DagData:
     members: list[list[str]] = [[] for _ in keys]
     ops: list[Counter] = [Counter() for _ in keys]
     phases: list[Counter] = [Counter() for _ in keys]
+    recomputed = np.bincount(g, [bool(m.get("recompute")) for m in data.info],
+                             minlength=len(keys))
     flops = np.bincount(g, [m.get("flops", 0) for m in data.info], minlength=len(keys))
     nbytes = np.bincount(g, [m.get("bytes", 0) for m in data.info], minlength=len(keys))
     for i, m in enumerate(data.info):
@@ -125,7 +127,7 @@ def collapse(data: DagData, depth: int) -> DagData:
         info.append({"phase": main_phase, "module": mod or "(root)", "count": len(members[k]),
                      "flops": int(flops[k]), "bytes": int(nbytes[k]), "group": True,
                      "phases": dict(phases[k]), "top_ops": ops[k].most_common(4),
-                     "category": "group"})
+                     "category": "group", "recompute": int(recomputed[k])})
     s, d = g[data.src], g[data.dst]
     keep = s != d
     pairs = np.unique(np.stack([s[keep], d[keep]], axis=1), axis=0) if keep.any() else \
@@ -162,6 +164,8 @@ def node_hover(name: str, m: dict[str, Any]) -> str:
         lines.append(f"gradient of: {e(str(m['grad_of']))}")
     if m.get("saved_for_backward"):
         lines.append("saved for backward")
+    if m.get("recompute"):
+        lines.append("recomputed (checkpoint)")
     return "<br>".join(lines)
 
 
@@ -171,10 +175,12 @@ def group_hover(name: str, m: dict[str, Any]) -> str:
     ops = ", ".join(f"{e(str(op))}×{c}" for op, c in m["top_ops"])
     phases = ", ".join(f"{e(str(p))} {c}" for p, c in m["phases"].items())
     side = "backward" if m["phase"] == "backward" else "forward"
-    return "<br>".join([f"<b>{e(m['module'])}</b> ({side})",
-                        f"nodes: {m['count']}  ({phases})",
-                        f"FLOPs: {human_count(m['flops'])}   bytes: {human_bytes(m['bytes'])}",
-                        f"top ops: {ops}"])
+    lines = [f"<b>{e(m['module'])}</b> ({side})", f"nodes: {m['count']}  ({phases})",
+             f"FLOPs: {human_count(m['flops'])}   bytes: {human_bytes(m['bytes'])}",
+             f"top ops: {ops}"]
+    if m.get("recompute"):
+        lines.append(f"recomputed (checkpoint): {m['recompute']} nodes")
+    return "<br>".join(lines)
 
 
 def hover_texts(data: DagData) -> list[str]:
@@ -207,29 +213,45 @@ def _line_trace(xs: np.ndarray, ys: np.ndarray, name: str, color: str, width: fl
                         line={"color": color, "width": width, "dash": dash}, visible=visible)
 
 
+#: Outline of a node that checkpointing recomputes (a group holding any).
+RECOMPUTE_OUTLINE = "#d62728"
+
+
+def recompute_outline(data: DagData) -> dict[str, np.ndarray]:
+    """Per-node ``marker.line`` of the DAG: a red ring on recomputed nodes."""
+    rec = np.asarray([bool(m.get("recompute")) for m in data.info], dtype=bool)
+    return {"color": np.where(rec, RECOMPUTE_OUTLINE, "rgba(0,0,0,0)").astype(object),
+            "width": np.where(rec, 2.5, 0.0)}
+
+
 def _node_traces(data: DagData, lay: _layout.Layout, color_by: str, size: np.ndarray
                  ) -> list[go.Scattergl]:
     text = np.asarray(hover_texts(data), dtype=object)
     names = np.asarray(data.names, dtype=object)
     common = {"mode": "markers", "hovertemplate": "%{text}<extra></extra>"}
+    ring = recompute_outline(data)
     if color_by == "bytes":
         b = np.asarray([m.get("bytes", 0) for m in data.info], dtype=float)
         return [go.Scattergl(x=lay.x, y=lay.y, text=text, customdata=names, name="nodes",
-                             marker={"size": size, "color": np.log10(b + 1),
+                             marker={"size": size, "color": np.log10(b + 1), "line": ring,
                                      "colorscale": "Viridis", "colorbar": {"title": "log10 bytes"}},
                              **common)]
     keys = color_keys(data, color_by)
     colors = _key_colors(keys, color_by)
     if len(colors) > MAX_LEGEND_GROUPS:
         return [go.Scattergl(x=lay.x, y=lay.y, text=text, customdata=names, name=color_by,
-                             marker={"size": size, "color": [colors[k] for k in keys]}, **common)]
+                             marker={"size": size, "color": [colors[k] for k in keys],
+                                     "line": ring}, **common)]
     karr = np.asarray(keys, dtype=object)
     traces = []
     for k, c in colors.items():
         sel = np.flatnonzero(karr == k)
         traces.append(go.Scattergl(x=lay.x[sel], y=lay.y[sel], text=text[sel],
                                    customdata=names[sel], name=k or "(none)",
-                                   marker={"size": size[sel], "color": c}, **common))
+                                   marker={"size": size[sel], "color": c,
+                                           "line": {"color": ring["color"][sel],
+                                                    "width": ring["width"][sel]}},
+                                   **common))
     return traces
 
 
