@@ -39,7 +39,7 @@ from ._annotate import (
     stack_module,
     user_source,
 )
-from ._checkpoint import checkpoint_tracing
+from ._checkpoint import checkpoint_tracing, warn_checkpoint_not_recomputed
 from ._graph import JointGraph
 from ._guards import fakeify, symbolic_fake_mode
 from ._inputs import state_on_meta
@@ -283,9 +283,11 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
     with contextlib.ExitStack() as stack:
         stack.enter_context(user_errors())
         stack.enter_context(module_stack_hooks(model))
-        stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant
+        ckpt = stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant
         joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
         gm = joint.graph_module
+    if ckpt.get("non_reentrant"):
+        warn_checkpoint_not_recomputed(ckpt["non_reentrant"])
     # The stack is closed: the export's fake mode is gone before real tensors run.
     _drop_unrequested_input_grads(gm, [t.requires_grad for _, t in tensors])
     gm.graph._codegen = fx.graph.CodeGen()

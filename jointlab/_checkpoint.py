@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,7 +29,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from ._annotate import is_user_frame
 from ._meta import RECOMPUTE_TAG
-from .errors import TraceError, UnsupportedCheckpointError
+from .errors import CheckpointWarning, TraceError, UnsupportedCheckpointError
 
 _STATE_BYTES = {"cpu": torch.get_rng_state().numel()}
 _SEEDED = (torch.Tag.nondeterministic_seeded,)  # the Stepper runs these in its own stream
@@ -160,6 +161,14 @@ def _refusing_reentrant(original: Callable[..., Any]) -> Callable[..., Any]:
     return staticmethod(forward)
 
 
+def _counting(original: Callable[..., Any], uses: dict[str, int]) -> Callable[..., Any]:
+    def generator(*args: Any, **kwargs: Any) -> Any:
+        if get_proxy_mode() is not None:  # the traced pass, not AOT's metadata pass
+            uses["non_reentrant"] = uses.get("non_reentrant", 0) + 1
+        return original(*args, **kwargs)
+    return generator
+
+
 def _checkpoint_patches() -> list[tuple[Any, str, Any]]:
     run = getattr(torch_checkpoint, "_run_fn_with_dynamo_disabled", None)
     func = getattr(torch_checkpoint, "CheckpointFunction", None)
@@ -173,7 +182,7 @@ def _checkpoint_patches() -> list[tuple[Any, str, Any]]:
 
 
 @contextlib.contextmanager
-def checkpoint_tracing(replay_rng: bool = True) -> Iterator[None]:
+def checkpoint_tracing(replay_rng: bool = True) -> Iterator[dict[str, int]]:
     """While tracing: refuse reentrant checkpoints, tag recompute nodes, trace the RNG state.
 
     Args:
@@ -181,14 +190,35 @@ def checkpoint_tracing(replay_rng: bool = True) -> Iterator[None]:
             ones) into graph nodes while a proxy mode traces (make_fx mode).
 
     Yields:
-        Nothing; every patch is undone on exit, whatever happens.
+        Counts of what ran (``"non_reentrant"``: checkpointed regions entered);
+        every patch is undone on exit, whatever happens.
     """
+    uses: dict[str, int] = {}
     patches = _checkpoint_patches() + (_rng_patches() if replay_rng else [])
+    gen = getattr(torch_checkpoint, "_checkpoint_without_reentrant_generator", None)
+    if gen is not None:
+        patches.append((torch_checkpoint, "_checkpoint_without_reentrant_generator",
+                        _counting(gen, uses)))
     saved = [(obj, name, obj.__dict__[name]) for obj, name, _ in patches]
     try:
         for obj, name, new in patches:
             setattr(obj, name, new)
-        yield
+        yield uses
     finally:
         for obj, name, old in reversed(saved):
             setattr(obj, name, old)
+
+
+def warn_checkpoint_not_recomputed(regions: int) -> None:
+    """Say that an AOT joint graph keeps what checkpointing would have recomputed.
+
+    The AOT export differentiates the checkpointed regions directly: its joint
+    graph has no recompute, so its saved activations and memory figures are
+    those of training without checkpointing.
+    """
+    warnings.warn(CheckpointWarning(
+        f"the model checkpoints {regions} region(s), but mode='aot' exports them without "
+        "the recompute: the joint graph keeps their activations for backward, so "
+        "joint.memory() and saved_for_backward describe training without checkpointing "
+        "(gradients are still exact). Trace with mode='make_fx' to see the recompute."),
+        stacklevel=4)

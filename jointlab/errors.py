@@ -30,6 +30,7 @@ __all__ = [
     "ValueNotAvailableError",
     "CompareError",
     "BakedConstantWarning",
+    "CheckpointWarning",
 ]
 
 
@@ -126,3 +127,7 @@ class CompareError(JointlabError, TypeError):
 
 class BakedConstantWarning(UserWarning):
     """A value captured from Python was frozen into the joint graph as a constant."""
+
+
+class CheckpointWarning(UserWarning):
+    """Gradient checkpointing is in the model but not in the traced graph's memory picture."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import collections
 import copy
 import functools
@@ -198,6 +200,19 @@ def test_aot_mode_has_no_recompute_to_flag():
     # may claim it does.
     _, _, _, joint = _traced("checkpoint_mlp", "aot")
     assert all(n.meta[KEY]["recompute"] is False for n in joint.graph.nodes)
+
+
+def test_aot_mode_says_its_memory_is_without_checkpointing():
+    # Reference: the saved activations a make_fx trace of the same model shows
+    # (with recompute) against AOT's, which keeps the checkpointed activations.
+    f = real.get("checkpoint_mlp")
+    model, inputs = f.make_model(), f.make_inputs(4)
+    with pytest.warns(jl.errors.CheckpointWarning, match="2 region"):
+        jl.trace(model, f.train_fn, inputs, mode="aot")
+    plain = real.get("resnet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jl.errors.CheckpointWarning)
+        jl.trace(plain.make_model(), plain.train_fn, plain.make_inputs(2), mode="aot")
 
 
 def test_dag_marks_recomputed_nodes():
