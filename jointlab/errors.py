@@ -24,6 +24,7 @@ __all__ = [
     "PersistError",
     "TableQueryError",
     "ValueNotAvailableError",
+    "WhatIfError",
     "BakedConstantWarning",
 ]
 
@@ -86,6 +87,10 @@ class TableQueryError(JointlabError, ValueError):
 
 class ValueNotAvailableError(JointlabError, ValueError):
     """A stepped node's value was not computed yet, or was freed after its last use."""
+
+
+class WhatIfError(JointlabError, ValueError):
+    """A joint graph cannot be split into forward and backward for ``what_if``."""
 
 
 class BakedConstantWarning(UserWarning):
