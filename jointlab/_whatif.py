@@ -200,7 +200,8 @@ def score(fwd: fx.GraphModule, bwd: fx.GraphModule, num_fwd_outputs: int) -> dic
     primal_owned = {n.name for n in saved if n.meta["jointlab"]["storage"] in primals}
     blife = b.lifetimes.set_index("storage")
     aliased = int(blife.loc[[n for n in blife.index if n in primal_owned], "bytes"].sum())
-    held = int(life.loc[list(primals), "bytes"].sum())
+    # aot: a tied weight has one placeholder per alias; only the first owns a storage
+    held = int(life.loc[[p for p in primals if p in life.index], "bytes"].sum())
     bwd_peak = b.peak_bytes - aliased + held
     return {"saved_bytes": saved_bytes, "saved_tensors": len(owners),
             "forward_peak_bytes": f.peak_bytes, "backward_peak_bytes": bwd_peak,
