@@ -49,6 +49,11 @@ def is_checkpoint_recompute(node: fx.Node) -> bool:
     return bool(node.meta.get(RECOMPUTE_TAG))
 
 
+def is_gradient_acc(node: fx.Node) -> bool:
+    """True for the engine's gradient-accumulation add (its ``seq_nr`` is stale)."""
+    return bool(node.meta.get("is_gradient_acc"))
+
+
 def has_module_stack(node: fx.Node) -> bool:
     """True when make_fx recorded the module whose forward created the node."""
     return bool(node.meta.get("nn_module_stack"))
@@ -204,14 +209,18 @@ def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None
         nodes: Backward nodes, in graph order.
         by_seq: The first forward node of each ``seq_nr``.
     """
-    unresolved = []
+    unresolved, twins = [], {}
     for node in nodes:
         if KEY in node.meta:  # already attributed (zeros for unused parameters)
             continue
         if is_checkpoint_recompute(node) and has_module_stack(node):
             _own_module(node, by_seq)  # a recomputed forward op: the module running it again
             continue
-        twin = by_seq.get(node.meta.get("seq_nr", -1))
+        # Only the engine's own backward ops carry the seq_nr of the forward op they
+        # differentiate. A gradient-accumulation add, and an untagged node (the
+        # ones_like seed), carry whatever seq_nr was current: resolve them below.
+        twin = (by_seq.get(node.meta.get("seq_nr", -1))
+                if is_engine_backward(node) and not is_gradient_acc(node) else None)
         meta = {"phase": "backward", "module": "", "module_type": "", "source": ""}
         node.meta[KEY] = meta
         if twin is None:
@@ -220,6 +229,7 @@ def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None
         for key in _COPIED_META:
             if key in twin.meta and twin.meta[key] is not None:
                 node.meta[key] = twin.meta[key]
+        twins[node] = twin
         tmeta = twin.meta[KEY]
         meta.update(module=tmeta["module"], module_type=tmeta["module_type"],
                     source=tmeta["source"], fwd_twin=twin.name)
@@ -227,6 +237,8 @@ def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None
     # unused parameters) take the module of their nearest attributed neighbour:
     # first a producer, then (walking back) a consumer.
     for node in unresolved:
+        if is_gradient_acc(node) and _attribute_accumulation(node, twins):
+            continue
         _inherit(node, node_inputs(node))
     for node in reversed(unresolved):
         if not node.meta[KEY]["module"]:
@@ -247,6 +259,117 @@ def _own_module(node: fx.Node, by_seq: dict[int, fx.Node]) -> None:
         source = twin.meta[KEY]["source"] if twin is not None else ""
     node.meta[KEY] = {"phase": "backward", "module": mod, "module_type": mtype,
                       "source": source}
+
+
+# Forward ops whose backward passes the incoming gradient through unchanged, so
+# no backward node of theirs appears between two accumulated contributions.
+_PASSTHROUGH = ("add.Tensor", "sub.Tensor", "add_.Tensor")
+
+
+def _same_meta(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.shape == b.shape and a.dtype == b.dtype)
+
+
+def _contributions(acc: fx.Node) -> list[fx.Node]:
+    """The gradient terms an accumulation add sums (through chains of accumulations)."""
+    out, todo = [], list(node_inputs(acc))
+    while todo:
+        n = todo.pop()
+        (todo.extend(node_inputs(n)) if is_gradient_acc(n) else out.append(n))
+    return out
+
+
+def _candidates(twin: fx.Node, like: Any) -> dict[fx.Node, fx.Node]:
+    """Forward inputs of ``twin`` shaped like the gradient, through pass-through adds.
+
+    Returns each candidate with the forward node that reads it directly (``twin``,
+    or the pass-through add it flows through).
+    """
+    found: dict[fx.Node, fx.Node] = {}
+    todo = [(a, twin) for a in node_inputs(twin) if _same_meta(a.meta.get("val"), like)]
+    while todo:
+        n, reader = todo.pop()
+        if n in found:
+            continue
+        found[n] = reader
+        if n.op == "call_function" and str(n.target).endswith(_PASSTHROUGH):
+            todo.extend((a, n) for a in node_inputs(n) if _same_meta(a.meta.get("val"), like))
+    return found
+
+
+def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node]
+                      ) -> tuple[fx.Node | None, list[fx.Node]]:
+    """The forward value whose gradient a gradient-accumulation add sums, and its consumers.
+
+    Each summed term comes from the backward of one consumer of that value (its
+    forward twin); the value is the forward input, shaped like the gradient,
+    that all those consumers share (looking through pass-through adds, whose
+    backward adds no node of its own).
+
+    Args:
+        acc: A node with ``meta["is_gradient_acc"]``.
+        twins: The forward twin of each backward node that has one.
+
+    Returns:
+        ``(value, consumers)``; value is None when no consumer shares one.
+    """
+    like = acc.meta.get("val")
+    per_term = [_candidates(t, like) for t in (twins.get(c) for c in _contributions(acc))
+                if t is not None]
+    common = set.intersection(*(set(c) for c in per_term)) if per_term else set()
+    if not common:
+        return None, []
+    # Pass-through expansion also admits the inputs of the value's own producing
+    # add; the value itself is the latest common candidate in graph order.
+    order = {n: i for i, n in enumerate(acc.graph.nodes)}
+    value = max(common, key=order.__getitem__)
+    return value, [c[value] for c in per_term]
+
+
+def _common_module(consumers: list[fx.Node]) -> tuple[str, str, str] | None:
+    """Deepest module holding every consumer: ``(fqn, type, source)``, or None."""
+    paths = [c.meta[KEY]["module"] for c in consumers]
+    if TRAIN_FN in paths:
+        return (TRAIN_FN, "", consumers[paths.index(TRAIN_FN)].meta[KEY]["source"]) \
+            if set(paths) == {TRAIN_FN} else None
+    parts = [p.split(".") if p else [] for p in paths]
+    prefix = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        prefix.append(level[0])
+    fqn = ".".join(prefix)
+    for c in consumers:
+        for path, mtype in (c.meta.get("nn_module_stack") or {}).values():
+            if str(path) == fqn:
+                name = mtype if isinstance(mtype, str) else getattr(mtype, "__qualname__", "")
+                src = next((d.meta[KEY]["source"] for d in consumers
+                            if d.meta[KEY]["module"] == fqn), c.meta[KEY]["source"])
+                return fqn, name.rsplit(".", 1)[-1], src
+    return None
+
+
+def _attribute_accumulation(acc: fx.Node, twins: dict[fx.Node, fx.Node]) -> bool:
+    """Give an accumulation add the module where its value is used; False if unknown.
+
+    A parameter or buffer's accumulation belongs to the module owning it (a
+    tied weight is used in two modules); a computed value's to the deepest
+    module holding all of its consumers (e.g. a block for its residual input).
+    """
+    value, consumers = accumulated_value(acc, twins)
+    if value is None:
+        return False
+    vmeta = value.meta[KEY]
+    if vmeta["phase"] in ("param", "buffer"):
+        where = (vmeta["module"], vmeta["module_type"], "")
+    else:
+        where = _common_module(consumers)
+    if where is None:
+        return False
+    acc.meta[KEY].update(module=where[0], module_type=where[1], source=where[2],
+                         grad_acc_of=value.name)
+    return True
 
 
 def _inherit(node: fx.Node, neighbours: Iterable[fx.Node]) -> None:

@@ -3,8 +3,11 @@
 PyTorch's partitioners (``torch._functorch.partitioners``) split a joint graph
 into a forward graph that saves some values and a backward graph that reads
 them. They expect a functional graph with AOT conventions (a ``tangents_*``
-placeholder seeding the backward, forward outputs first). The make_fx joint
-graph has neither, so :func:`functional_joint` builds such a copy:
+placeholder seeding the backward, forward outputs first). An ``aot`` graph
+already is one: its descriptors (:mod:`jointlab._descriptors`) say which
+outputs are forward outputs (buffer mutations, the loss, loss_dict values)
+and which placeholder is the loss tangent, so it is used as it is. The
+make_fx joint graph has neither, so :func:`functional_joint` builds such a copy:
 
 1. the ``ones_like(loss)`` seed becomes a ``tangents_1`` placeholder;
 2. outputs are reordered to ``[loss, *loss_dict, *grads]``;
@@ -26,10 +29,14 @@ from typing import Any
 import pandas as pd
 import torch
 import torch.fx as fx
+from torch._functorch._aot_autograd import descriptors as D
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._analyze import hint
+from ._descriptors import has_descriptors, outputs_and_tangents
 from ._memory import predict
+from ._meta import KEY
+from .errors import WhatIfError
 
 TANGENT = "tangents_1"
 
@@ -49,17 +56,60 @@ def _empty_like_val(v: Any) -> Any:
 
 
 def functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]]:
-    """A functional, AOT-convention copy of a make_fx joint graph.
+    """A functional, AOT-convention copy of a joint graph of either mode.
 
     Args:
-        joint: A make_fx-mode JointGraph.
+        joint: A traced JointGraph (``make_fx`` or ``aot`` mode).
 
     Returns:
-        ``(graph module, number of forward outputs, example args)``.
+        ``(graph module, number of forward outputs, example args)``. The
+        outputs are the forward outputs, then the gradients, in the layout of
+        the mode: ``[loss, *loss_dict, *grads in param_names order]`` for
+        make_fx, the AOT graph's own output order for aot.
 
     Raises:
-        ValueError: The graph has no ``ones_like(loss)`` seed to turn into a tangent.
+        WhatIfError: The graph has no loss tangent or gradient seed to split at.
     """
+    if has_descriptors(joint):
+        return _aot_functional_joint(joint)
+    if joint.mode == "aot":
+        raise WhatIfError(
+            "what-if needs the AOT descriptors (meta['desc']) to split this aot-mode graph, "
+            "and a loaded graph does not keep them; re-trace with jl.trace(..., mode='aot').")
+    return _makefx_functional_joint(joint)
+
+
+_FORWARD_OUTPUTS = (D.PlainAOTOutput, D.InputMutationAOTOutput)
+
+
+def _aot_functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]]:
+    src = joint.graph_module
+    gm = fx.GraphModule(src, copy.deepcopy(src.graph))
+    descs = list(src.graph.output_node().meta.get("desc") or [])
+    is_fwd = [isinstance(d, _FORWARD_OUTPUTS) for d in descs]
+    k = is_fwd.index(False) if False in is_fwd else len(is_fwd)
+    if any(is_fwd[k:]):
+        raise WhatIfError(
+            "what-if: this aot graph returns a forward output after its gradients "
+            f"({descs[k + is_fwd[k:].index(True)]!r}); the partitioners need forward outputs "
+            "first. Use mode='make_fx' for what_if on this model.")
+    tangents = [t for _, t in outputs_and_tangents(joint) if t is not None]
+    misnamed = [n.name for n in joint.placeholders
+                if not n.name.startswith("tangents" if n in tangents else "primals")]
+    if not tangents or misnamed:
+        raise WhatIfError(
+            "what-if: the aot graph lacks the primals_*/tangents_* placeholders the "
+            f"partitioners expect (tangents: {[t.name for t in tangents]}, "
+            f"misnamed: {misnamed[:5]}); was it edited after tracing?")
+    for node in gm.graph.nodes:
+        # Fresh analysis per split graph: the partitioners copy node meta shallowly,
+        # so a shared jointlab dict would let one graph's storages overwrite another's.
+        node.meta.pop(KEY, None)
+    args = [_empty_like_val(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+    return gm, k, args
+
+
+def _makefx_functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]]:
     src = joint.graph_module
     graph = copy.deepcopy(src.graph)
     gm = fx.GraphModule(src, graph)
@@ -69,7 +119,9 @@ def functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]]:
     loss, grads, extra = outs[0], outs[1:1 + n_grads], outs[1 + n_grads:]
     seed = next((n for n in graph.nodes if is_loss_seed(n, loss)), None)
     if seed is None:
-        raise ValueError("what-if: no ones_like(loss) seed found in the joint graph")
+        raise WhatIfError(
+            "what-if: no ones_like(loss) node seeds the backward of this make_fx graph, so it "
+            "cannot be split into forward and backward; was the graph edited after tracing?")
     last_ph = [n for n in graph.nodes if n.op == "placeholder"][-1]
     with graph.inserting_after(last_ph):
         tangent = graph.placeholder(TANGENT)
@@ -148,7 +200,8 @@ def score(fwd: fx.GraphModule, bwd: fx.GraphModule, num_fwd_outputs: int) -> dic
     primal_owned = {n.name for n in saved if n.meta["jointlab"]["storage"] in primals}
     blife = b.lifetimes.set_index("storage")
     aliased = int(blife.loc[[n for n in blife.index if n in primal_owned], "bytes"].sum())
-    held = int(life.loc[list(primals), "bytes"].sum())
+    # aot: a tied weight has one placeholder per alias; only the first owns a storage
+    held = int(life.loc[[p for p in primals if p in life.index], "bytes"].sum())
     bwd_peak = b.peak_bytes - aliased + held
     return {"saved_bytes": saved_bytes, "saved_tensors": len(owners),
             "forward_peak_bytes": f.peak_bytes, "backward_peak_bytes": bwd_peak,
@@ -159,7 +212,7 @@ def what_if(joint: Any, budgets: tuple[float, ...] = (1.0, 0.5, 0.2)) -> pd.Data
     """Score the traced joint graph, save-all and min-cut at several budgets.
 
     Args:
-        joint: A make_fx-mode JointGraph.
+        joint: A JointGraph of either mode.
         budgets: ``activation_memory_budget`` values for min-cut rematerialisation
             (1.0 = the partitioner's default min cut).
 

@@ -29,6 +29,7 @@ __all__ = [
     "TableQueryError",
     "ValueNotAvailableError",
     "CompareError",
+    "WhatIfError",
     "BakedConstantWarning",
     "CheckpointWarning",
 ]
@@ -123,6 +124,10 @@ class ValueNotAvailableError(JointlabError, ValueError):
 
 class CompareError(JointlabError, TypeError):
     """``compare`` was called without what it needs (the training step, a model)."""
+
+
+class WhatIfError(JointlabError, ValueError):
+    """A joint graph cannot be split into forward and backward for ``what_if``."""
 
 
 class BakedConstantWarning(UserWarning):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
-
 import collections
 import copy
 import functools
+import warnings
 
 import pytest
 import torch

@@ -1,4 +1,8 @@
-"""What-if partitions: the functional copy is right, and saved bytes match eager autograd."""
+"""What-if partitions: the functional copy is right, and saved bytes match eager autograd.
+
+Both tracing modes: make_fx graphs get a functional copy with a tangent; aot
+graphs are split as exported, at the tangent their descriptors name.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,36 @@ from torch._functorch.partitioners import default_partition
 
 import jointlab as jl
 from jointlab._whatif import functional_joint, what_if
-from tests.fixtures import zoo
+from tests.fixtures import real, zoo
+
+CASES = [(name, mode) for name in ("mlp", "cnn_bn", "hf_vit") for mode in ("make_fx", "aot")]
 
 
-@pytest.fixture(scope="module", params=["mlp", "cnn_bn"])
+@pytest.fixture(scope="module", params=CASES, ids=[f"{n}-{m}" for n, m in CASES])
 def case(request):
-    f = zoo.FIXTURES[request.param]
+    name, mode = request.param
+    f = zoo.FIXTURES[name] if name in zoo.FIXTURES else real.get(name)
     model, inputs = f.make_model(), f.make_inputs(4)
-    return f, model, inputs, jl.trace(model, f.train_fn, inputs)
+    return f, model, inputs, jl.trace(model, f.train_fn, inputs, mode=mode)
+
+
+def _split_step(joint, model, inputs):
+    """One step through the default partition's forward then backward graph."""
+    gm, k, _ = functional_joint(joint)
+    fwd, bwd = default_partition(copy.deepcopy(gm), [], num_fwd_outputs=k)
+    flat = joint.flat_args(model, inputs)
+    args = joint.runtime.prepare(joint, flat)  # aot: the loss tangent (ones) comes last
+    n_primals = sum(1 for n in fwd.graph.nodes if n.op == "placeholder")
+    with torch.no_grad():
+        out = fwd(*args[:n_primals])
+        fwd_out, saved = list(out[:k]), list(out[k:])
+        if joint.mode == "make_fx":  # [loss, *loss_dict] | grads in param_names order
+            grads = bwd(*saved, torch.ones_like(fwd_out[0]))
+            return fwd_out[0], dict(zip(joint.param_names, grads))
+        loss_pos = [kind for kind, _ in joint.runtime.out_plan].index("loss")
+        grads = bwd(*saved, torch.ones_like(fwd_out[loss_pos]))
+        loss, grads, _ = joint.runtime.finish(joint, [*fwd_out, *grads], flat)
+    return loss, dict(zip(joint.param_names, grads))
 
 
 def _eager_saved_bytes(f, model, inputs):
@@ -40,22 +66,24 @@ def _eager_saved_bytes(f, model, inputs):
 
 def test_split_graphs_compute_the_same_gradients(case):
     f, model, inputs, joint = case
-    gm, k, _ = functional_joint(joint)
-    fwd, bwd = default_partition(copy.deepcopy(gm), [], num_fwd_outputs=k)
-    flat = joint.flat_args(model, inputs)
     bufs = {n: b.clone() for n, b in model.named_buffers()}
-    out = fwd(*flat)
-    loss, saved = out[0], list(out[k:])
-    grads = bwd(*saved, torch.ones_like(loss))
+    loss, grads = _split_step(joint, model, inputs)
+    after_split = {n: b.clone() for n, b in model.named_buffers()}
     with torch.no_grad():
         for n, b in model.named_buffers():
             b.copy_(bufs[n])
     ref_loss, ref_grads, _ = joint.run(model, inputs)
+    if joint.mode == "aot":
+        # the split forward returns the new running statistics exactly as run does (the
+        # make_fx copy is only scored: it drops buffer write-backs, which cost no memory)
+        for n, b in model.named_buffers():
+            assert torch.equal(after_split[n], b), n
     with torch.no_grad():
         for n, b in model.named_buffers():
             b.copy_(bufs[n])
     assert torch.allclose(loss, ref_loss)
-    for g, name in zip(grads, joint.param_names):
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
         assert torch.allclose(g, ref_grads[name], atol=1e-6), name
 
 
@@ -79,3 +107,25 @@ def test_budgets_trade_saved_bytes(case):
     assert tight["forward_peak_bytes"] <= full["forward_peak_bytes"]
     assert (df["peak_bytes"] >= df[["forward_peak_bytes", "backward_peak_bytes"]].max(axis=1)).all()
     assert rows.loc["joint graph as traced", "peak_bytes"] == joint.memory().peak_bytes
+
+
+def test_a_loaded_aot_graph_is_refused_not_misread(tmp_path):
+    f = zoo.FIXTURES["mlp"]
+    inputs = f.make_inputs(4)
+    joint = jl.trace(f.make_model(), f.train_fn, inputs, mode="aot")
+    assert len(what_if(joint, budgets=())) == 2  # the traced graph itself is fine
+    path = tmp_path / "g.jlg"
+    joint.save(str(path))
+    with pytest.raises(jl.errors.WhatIfError, match="descriptors"):
+        what_if(jl.load(str(path)))
+
+
+def test_a_make_fx_graph_without_its_seed_is_refused():
+    f = zoo.FIXTURES["mlp"]
+    inputs = f.make_inputs(4)
+    joint = jl.trace(f.make_model(), f.train_fn, inputs)
+    seed = next(n for n in joint.graph.nodes if "ones_like" in str(n.target))
+    seed.target, seed.args = torch.ops.aten.full_like.default, (seed.args[0], 1.0)
+    joint.invalidate()
+    with pytest.raises(jl.errors.WhatIfError, match="ones_like"):
+        what_if(joint)

@@ -64,3 +64,18 @@ def traced_fixture(name: str, mode: str):
     f = zoo.get(name)
     inputs = f.make_inputs(4)
     return f, inputs, jl.trace(f.make_model(), f.train_fn, inputs, mode=mode)
+
+
+@functools.cache
+def traced_real(name: str, mode: str):
+    """Trace a real-model fixture once per mode; return (fixture, model, inputs, joint).
+
+    The model is the traced one; treat all four as read-only (deep-copy the model
+    before running anything that updates its buffers).
+    """
+    import jointlab as jl
+    from tests.fixtures import real
+
+    f = real.get(name)
+    model, inputs = f.make_model(), f.make_inputs()
+    return f, model, inputs, jl.trace(model, f.train_fn, inputs, mode=mode)
