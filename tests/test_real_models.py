@@ -52,12 +52,29 @@ def _two_steps(step, model, inputs):
     return out
 
 
-def _assert_same(got, want, what):
+# Mixtral's experts accumulate with index_put(accumulate=True), whose CPU kernel
+# adds in a thread-dependent order: two eager steps already differ bitwise.
+NOT_REPRODUCIBLE = {"hf_mixtral"}
+
+
+def _assert_same(got, want, what, exact=True):
     assert got.dtype == want.dtype and got.shape == want.shape, what
-    # Both sides run the same ATen kernels on the same values in the same order
-    # (the joint graph is eager's own dispatch, recorded): bit-exact.
     diff = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
-    assert torch.equal(got, want), f"{what}: max abs diff {diff:.3g}"
+    if exact:
+        # Both sides run the same ATen kernels on the same values in the same order
+        # (the make_fx graph is eager's own dispatch, recorded): bit-exact.
+        assert torch.equal(got, want), f"{what}: max abs diff {diff:.3g}"
+        return
+    # Reordered sums (AOT's functionalized graph sums tied-alias gradients in its
+    # own order; order-dependent kernels): float32 rounding, relative to the
+    # tensor's own scale.
+    scale = want.abs().max().item() if want.numel() else 0.0
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * scale), (
+        f"{what}: max abs diff {diff:.3g} at scale {scale:.3g}")
+
+
+def _exact_vs_eager(name, mode):
+    return mode == "make_fx" and name not in NOT_REPRODUCIBLE
 
 
 def test_run_matches_eager_over_two_steps(cell):
@@ -65,13 +82,14 @@ def test_run_matches_eager_over_two_steps(cell):
     g_model, e_model = copy.deepcopy(model), copy.deepcopy(model)
     graph = _two_steps(lambda m, i, s: joint.run(m, i), g_model, inputs)
     eager = _two_steps(lambda m, i, s: eager_step(m, f.train_fn, i, s), e_model, inputs)
+    exact = _exact_vs_eager(f.name, joint.mode)
     for k, ((gl, gg, gb), (el, eg, eb)) in enumerate(zip(graph, eager)):
-        _assert_same(gl, el, f"step {k} loss")
+        _assert_same(gl, el, f"step {k} loss", exact)
         assert gg.keys() == eg.keys()
         for name in eg:
-            _assert_same(gg[name], eg[name], f"step {k} grad {name}")
+            _assert_same(gg[name], eg[name], f"step {k} grad {name}", exact)
         for name in eb:
-            _assert_same(gb[name], eb[name], f"step {k} buffer {name}")
+            _assert_same(gb[name], eb[name], f"step {k} buffer {name}", exact)
 
 
 def test_compare_is_clean(cell):
@@ -90,11 +108,12 @@ def test_stepper_to_the_end_equals_run(cell):
     m = copy.deepcopy(model)
     torch.manual_seed(SEED)
     loss, grads, _ = joint.run(m, inputs)
-    _assert_same(s_loss, loss, "loss")
+    exact = f.name not in NOT_REPRODUCIBLE  # the same graph on both sides
+    _assert_same(s_loss, loss, "loss", exact)
     for name in grads:
-        _assert_same(s_grads[name], grads[name], f"grad {name}")
+        _assert_same(s_grads[name], grads[name], f"grad {name}", exact)
     for name, b in m.named_buffers():
-        _assert_same(s.buffers()[name], b, f"buffer {name}")
+        _assert_same(s.buffers()[name], b, f"buffer {name}", exact)
 
 
 def test_memory_predicted_equals_measured(cell):
@@ -127,15 +146,19 @@ def test_save_load_keeps_compare_and_run(cell, tmp_path):
         torch.manual_seed(SEED)
         outs.append((*j.run(m, inputs)[:2], dict(m.named_buffers())))
     (l0, g0, b0), (l1, g1, b1) = outs
-    _assert_same(l1, l0, "loss")
+    exact = f.name not in NOT_REPRODUCIBLE  # the same graph, saved and loaded
+    _assert_same(l1, l0, "loss", exact)
     for name in g0:
-        _assert_same(g1[name], g0[name], f"grad {name}")
+        _assert_same(g1[name], g0[name], f"grad {name}", exact)
     for name in b0:
-        _assert_same(b1[name], b0[name], f"buffer {name}")
+        _assert_same(b1[name], b0[name], f"buffer {name}", exact)
     c0 = jl.compare(joint, model, inputs, seed=SEED)
     c1 = jl.compare(loaded, model, inputs, seed=SEED, train_fn=f.train_fn)
-    assert c1.ok == c0.ok and str(c1.first_divergence) == str(c0.first_divergence)
-    assert c1.grads["max_abs_err"].tolist() == c0.grads["max_abs_err"].tolist()
+    assert c1.ok == c0.ok
+    if exact:
+        assert c1.verdict == c0.verdict
+        assert str(c1.first_divergence) == str(c0.first_divergence)
+        assert c1.grads["max_abs_err"].tolist() == c0.grads["max_abs_err"].tolist()
 
 
 # -- gradient-accumulation attribution (HF GPT-2 with a computed loss_dict value) ---------
