@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from ._annotate import attribute_backward, is_user_frame, stack_module, user_source
 from ._graph import JointGraph
+from ._hf_compat import hf_tracing_compat
 from ._guards import fakeify, symbolic_fake_mode
 from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
@@ -272,6 +273,7 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
     with contextlib.ExitStack() as stack:
         stack.enter_context(user_errors())
         stack.enter_context(module_stack_hooks(model))
+        stack.enter_context(hf_tracing_compat())  # transformers: FunctionalTensor is tracing
         joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
         gm = joint.graph_module
     # The stack is closed: the export's fake mode is gone before real tensors run.
