@@ -34,8 +34,8 @@ from torch.utils import _pytree as pytree
 
 from ._annotate import attribute_backward, is_user_frame, stack_module, user_source
 from ._graph import JointGraph
-from ._hf_compat import hf_tracing_compat
 from ._guards import fakeify, symbolic_fake_mode
+from ._hf_compat import hf_tracing_compat
 from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
 from ._snapshot import ModelSnapshot
