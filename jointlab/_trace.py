@@ -30,7 +30,13 @@ from torch.nn.utils import stateless
 from ._annotate import annotate, is_user_frame
 from ._constants import no_tensor_printing, warn_baked_constants
 from ._graph import JointGraph
-from ._guards import ShapeGuards, fakeify, resolve_dynamic_dims, symbolic_fake_mode
+from ._guards import (
+    ShapeGuards,
+    fakeify,
+    resolve_dynamic_dims,
+    symbolic_dispatch,
+    symbolic_fake_mode,
+)
 from ._inputs import (
     InputSpec,
     StateSpec,
@@ -230,6 +236,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
             if hasattr(torch.compiler, "_non_strict_tracing_context"):
                 stack.enter_context(torch.compiler._non_strict_tracing_context())
             stack.enter_context(user_errors())
+            stack.enter_context(symbolic_dispatch(bool(dyn_dims)))
             gm = make_fx(fn, record_stack_traces=True, record_module_stack=True)(
                 *fake_state, *(f for _, f in fake_user)
             )

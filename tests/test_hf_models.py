@@ -154,3 +154,46 @@ def test_is_functional_fake_rejects_plain_and_fake_tensors():
     assert not _hf_compat.is_functional_fake(torch.ones(2))
     with FakeTensorMode() as mode:
         assert not _hf_compat.is_functional_fake(mode.from_tensor(torch.ones(2)))
+
+
+# -- dynamic shapes on HF causal LMs -------------------------------------------------------
+DYN = [{"dynamic": True},
+       {"dynamic_arg_dims": {"input_ids": [0, 1], "labels": [0, 1]}}]
+
+
+@pytest.mark.parametrize("how", [0, 1], ids=["dynamic", "arg_dims"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["hf_gpt2", "hf_llama"])
+def test_dynamic_causal_lm_runs_exactly_at_other_sizes(name, mode, how):
+    f = real.get(name)
+    model, ref = f.make_model(), f.make_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        joint = jl.trace(model, f.train_fn, real.lm_inputs(2, 8), mode=mode, **DYN[how])
+    for batch, seq in [(3, 5), (2, 12)]:
+        inputs = real.lm_inputs(batch, seq)
+        torch.manual_seed(3)
+        got = joint.run(model, inputs)
+        want = eager_step(ref, f.train_fn, inputs, seed=3)
+        _assert_exact(got, want, model, ref)
+
+
+def test_specialized_dim_advice_is_true_for_sizes_above_one():
+    from tests.fixtures import zoo
+
+    f = zoo.get("mlp")
+
+    def train_fn(model, x, y):
+        n = int(x.shape[0])  # pins the batch size to its traced value
+        return f.train_fn(model, x[:n], y)
+
+    model = f.make_model()
+    joint = jl.trace(model, train_fn, f.make_inputs(4), dynamic=True)
+    with pytest.raises(jl.errors.GuardError, match="specialized to 4") as info:
+        joint.run(model, f.make_inputs(3))
+    msg = str(info.value)
+    assert ">= 2" not in msg and "needs this exact size" in msg
+    # Traced at 1, the 0/1 specialization is the reason and the advice stands.
+    joint1 = jl.trace(model, f.train_fn, f.make_inputs(1), dynamic=True)
+    with pytest.raises(jl.errors.GuardError, match="specializes sizes 0 and 1.*size >= 2"):
+        joint1.run(model, f.make_inputs(3))
