@@ -161,11 +161,14 @@ class ShapeGuards:
             out.guards.append((expr, _where(getattr(g, "sloc", None))))
         return out
 
-    def validate(self, tensors: dict[str, torch.Tensor]) -> None:
+    def validate(self, tensors: dict[str, torch.Tensor]) -> dict[sympy.Symbol, int]:
         """Check the given tensor inputs against every recorded assumption.
 
         Args:
             tensors: The tensor inputs of a call, by dotted path.
+
+        Returns:
+            The value each size symbol takes in this call.
 
         Raises:
             GuardError: A size breaks a guard; the message names the dim.
@@ -198,6 +201,7 @@ class ShapeGuards:
                     f"{where[sym]} is {bindings[sym]}, but the trace assumed it lies in "
                     f"[{lo}, {hi}].{why}"
                 )
+        return bindings
 
     @staticmethod
     def _readable(expr: Any, where: dict[sympy.Symbol, str]) -> str:

@@ -197,3 +197,22 @@ def test_specialized_dim_advice_is_true_for_sizes_above_one():
     joint1 = jl.trace(model, f.train_fn, f.make_inputs(1), dynamic=True)
     with pytest.raises(jl.errors.GuardError, match="specializes sizes 0 and 1.*size >= 2"):
         joint1.run(model, f.make_inputs(3))
+
+
+# -- memory of a dynamic graph at another size ---------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_dynamic_memory_is_predicted_at_the_given_sizes(mode):
+    f = real.get("hf_gpt2")
+    model = f.make_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        joint = jl.trace(model, f.train_fn, real.lm_inputs(2, 8), mode=mode, dynamic=True)
+    assert joint.memory().input_sizes == {"input_ids": (2, 8), "labels": (2, 8)}
+    peaks = set()
+    for batch, seq in [(3, 5), (4, 16)]:
+        prof = joint.memory(model, real.lm_inputs(batch, seq))
+        assert prof.input_sizes == {"input_ids": (batch, seq), "labels": (batch, seq)}
+        assert prof.peak_bytes == prof.measured_peak_bytes
+        assert (prof.timeline["total"] == prof.timeline["measured"]).all()
+        peaks.add(prof.peak_bytes)
+    assert len(peaks) == 2
