@@ -37,6 +37,7 @@ from ._guards import (
     symbolic_dispatch,
     symbolic_fake_mode,
 )
+from ._hf_compat import hf_refusals
 from ._inputs import (
     InputSpec,
     StateSpec,
@@ -93,7 +94,7 @@ def trace(
         raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    with no_tensor_printing():
+    with no_tensor_printing(), hf_refusals(model):
         if mode == "aot":
             from ._aot import trace_aot
 

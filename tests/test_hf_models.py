@@ -216,3 +216,46 @@ def test_dynamic_memory_is_predicted_at_the_given_sizes(mode):
         assert (prof.timeline["total"] == prof.timeline["measured"]).all()
         peaks.add(prof.peak_bytes)
     assert len(peaks) == 2
+
+
+# -- mixture-of-experts refusals -----------------------------------------------------------
+_ADVICE = 'experts_implementation="batched_mm"'
+_CALL_SITE = "fixtures/real.py"  # moe_train_fn's model(...) call: the user's line
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_moe_grouped_mm_refusal_names_the_working_implementation(mode):
+    model = real._build("AutoModelForCausalLM", "mixtral")  # default: grouped_mm
+    assert _hf_compat.experts_implementation(model) == "grouped_mm"
+    before = deep_state(model)
+    with pytest.raises(jl.errors.TraceError) as info:
+        jl.trace(model, real.moe_train_fn, real.lm_inputs(), mode=mode)
+    msg = str(info.value)
+    assert 'experts_implementation="grouped_mm"' in msg and _ADVICE in msg
+    assert _CALL_SITE in msg and "moe.py:" in msg
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "BF16" in str(info.value.__cause__)
+    assert_unchanged(before, model)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_moe_eager_loop_refusal_names_the_working_implementation(mode):
+    model = real._build("AutoModelForCausalLM", "mixtral", experts_implementation="eager")
+    before = deep_state(model)
+    with pytest.raises(jl.errors.DataDependentError) as info:
+        jl.trace(model, real.moe_train_fn, real.lm_inputs(), mode=mode)
+    msg = str(info.value)
+    assert ".nonzero()" in msg and 'experts_implementation="eager"' in msg and _ADVICE in msg
+    assert _CALL_SITE in msg
+    assert info.value.__cause__ is not None
+    assert_unchanged(before, model)
+
+
+def test_non_moe_errors_pass_through_unchanged():
+    model, inputs = _tiny_gpt2()
+
+    def train_fn(model, input_ids, labels):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="^boom$"):
+        jl.trace(model, train_fn, inputs)
