@@ -254,6 +254,7 @@ def trace_aot(
         snapshot.restore()
 
     canon = _canonical_names(model)
+    sum_alias_grads_like_eager(gm, canon)
     runtime = _build_runtime(gm, state_spec.fqns, param_names, canon, len(tensors), box)
     annotate_aot(gm, model, [p for p, _ in tensors], param_names, canon)
     return req.joint_graph(gm, "aot", box["keys"], guards, runtime)
@@ -289,6 +290,44 @@ def _canonical_names(model: nn.Module) -> dict[str, str]:
         first = {id(t): n for n, t in named()}
         out.update({n: first[id(t)] for n, t in named(remove_duplicate=False)})
     return out
+
+
+def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> None:
+    """Order each tied weight's alias gradients so the runtime sums them as eager does.
+
+    AOT gives every alias of a tied weight its own gradient output, and
+    :meth:`AotRuntime.finish` adds them in output order. Eager's engine adds a
+    leaf's incoming gradients in backward order: the alias used last in the
+    forward first. With three or more terms the order changes the last bit, so
+    each group is put in reverse order of first forward use.
+
+    Args:
+        gm: The AOT joint graph (its output node is edited in place).
+        canon: Alias FQN to the FQN ``named_parameters()`` reports.
+    """
+    out = gm.graph.output_node()
+    values, descs = list(out.args[0]), list(out.meta["desc"])
+    step = {n: i for i, n in enumerate(gm.graph.nodes)}
+    inputs = {strip_prefix(n.meta["desc"].target): n for n in gm.graph.find_nodes(op="placeholder")
+              if isinstance(n.meta.get("desc"), D.ParamAOTInput)}
+    groups: dict[str, list[int]] = {}
+    for j, (v, d) in enumerate(zip(values, descs)):
+        if (isinstance(v, fx.Node) and isinstance(d, D.GradAOTOutput)
+                and isinstance(d.grad_of, D.ParamAOTInput)):
+            groups.setdefault(canon[strip_prefix(d.grad_of.target)], []).append(j)
+
+    def first_use(j: int) -> int:
+        ph = inputs.get(strip_prefix(descs[j].grad_of.target))
+        return min((step[u] for u in ph.users), default=0) if ph is not None else 0
+
+    for slots in (s for s in groups.values() if len(s) > 2):
+        order = sorted(slots, key=first_use, reverse=True)
+        moved = [(values[j], descs[j]) for j in order]
+        for j, (v, d) in zip(slots, moved):
+            values[j], descs[j] = v, d
+    out.args = (type(out.args[0])(values),)
+    out.meta["desc"] = descs
+    gm.recompile()
 
 
 def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],

@@ -24,11 +24,8 @@ HF = ["hf_gpt2", "hf_llama", "hf_mistral", "hf_qwen2", "hf_bert", "hf_t5", "hf_v
       "hf_mixtral", "hf_gpt2_checkpoint"]
 MODES = ["make_fx", "aot"]
 # Known, not this module's: make_fx replays the checkpointed recompute with fresh dropout
-# masks (checkpoint's RNG restore is not traced), so its gradients are wrong; and AOT sums
-# the partial gradients of a 3+-way tied weight (T5's shared embedding) in another order
-# than eager's engine, which differs in the last bit.
-KNOWN = {("hf_gpt2_checkpoint", "make_fx"): "make_fx: checkpoint recompute draws new dropout",
-         ("hf_t5", "aot"): "aot: tied-alias gradient summation order"}
+# masks (checkpoint's RNG restore is not traced), so its gradients are wrong.
+KNOWN = {("hf_gpt2_checkpoint", "make_fx"): "make_fx: checkpoint recompute draws new dropout"}
 
 
 @pytest.fixture(autouse=True)
