@@ -42,6 +42,7 @@ from ._annotate import (
 from ._checkpoint import checkpoint_tracing, warn_checkpoint_not_recomputed
 from ._graph import JointGraph
 from ._guards import fakeify, symbolic_fake_mode
+from ._hf_compat import hf_tracing_compat
 from ._inputs import state_on_meta
 from ._meta import KEY, TRAIN_FN
 from ._probes import module_probes
@@ -263,6 +264,7 @@ def trace_aot(
         snapshot.restore()
 
     canon = _canonical_names(model)
+    sum_alias_grads_like_eager(gm, canon)
     runtime = _build_runtime(gm, state_spec.fqns, param_names, canon, len(tensors), box)
     annotate_aot(gm, model, [p for p, _ in tensors], param_names, canon)
     probes.write(gm)
@@ -284,6 +286,7 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
         stack.enter_context(user_errors())
         stack.enter_context(module_stack_hooks(model))
         ckpt = stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant
+        stack.enter_context(hf_tracing_compat())  # transformers: FunctionalTensor is tracing
         joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
         gm = joint.graph_module
     if ckpt.get("non_reentrant"):
@@ -330,6 +333,44 @@ def _canonical_names(model: nn.Module) -> dict[str, str]:
         first = {id(t): n for n, t in named()}
         out.update({n: first[id(t)] for n, t in named(remove_duplicate=False)})
     return out
+
+
+def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> None:
+    """Order each tied weight's alias gradients so the runtime sums them as eager does.
+
+    AOT gives every alias of a tied weight its own gradient output, and
+    :meth:`AotRuntime.finish` adds them in output order. Eager's engine adds a
+    leaf's incoming gradients in backward order: the alias used last in the
+    forward first. With three or more terms the order changes the last bit, so
+    each group is put in reverse order of first forward use.
+
+    Args:
+        gm: The AOT joint graph (its output node is edited in place).
+        canon: Alias FQN to the FQN ``named_parameters()`` reports.
+    """
+    out = gm.graph.output_node()
+    values, descs = list(out.args[0]), list(out.meta["desc"])
+    step = {n: i for i, n in enumerate(gm.graph.nodes)}
+    inputs = {strip_prefix(n.meta["desc"].target): n for n in gm.graph.find_nodes(op="placeholder")
+              if isinstance(n.meta.get("desc"), D.ParamAOTInput)}
+    groups: dict[str, list[int]] = {}
+    for j, (v, d) in enumerate(zip(values, descs)):
+        if (isinstance(v, fx.Node) and isinstance(d, D.GradAOTOutput)
+                and isinstance(d.grad_of, D.ParamAOTInput)):
+            groups.setdefault(canon[strip_prefix(d.grad_of.target)], []).append(j)
+
+    def first_use(j: int) -> int:
+        ph = inputs.get(strip_prefix(descs[j].grad_of.target))
+        return min((step[u] for u in ph.users), default=0) if ph is not None else 0
+
+    for slots in (s for s in groups.values() if len(s) > 2):
+        order = sorted(slots, key=first_use, reverse=True)
+        moved = [(values[j], descs[j]) for j in order]
+        for j, (v, d) in zip(slots, moved):
+            values[j], descs[j] = v, d
+    out.args = (type(out.args[0])(values),)
+    out.meta["desc"] = descs
+    gm.recompile()
 
 
 def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],

@@ -306,7 +306,8 @@ class JointGraph:
 
         Args:
             model: Run the graph on this model to measure real allocations.
-            inputs: Inputs for the measured run.
+            inputs: Inputs for the measured run; a dynamic graph is also
+                predicted at their sizes (``profile.input_sizes`` says which).
             device: Device for the measured run; defaults to the model's.
 
         Returns:

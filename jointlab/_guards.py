@@ -10,6 +10,7 @@ naming the input, the dim, what was expected and what was given.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
-from .errors import GuardError, InputStructureError
+from .errors import GuardError, InputStructureError, TraceError
 
 
 def resolve_dynamic_dims(
@@ -66,6 +67,35 @@ def resolve_dynamic_dims(
 def symbolic_fake_mode() -> FakeTensorMode:
     """A fake mode with a fresh shape environment for a dynamic trace."""
     return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+
+
+def symbolic_dispatch(dynamic: bool) -> contextlib.AbstractContextManager[Any]:
+    """The Python dispatcher, which a make_fx trace with symbolic sizes needs.
+
+    make_fx enables it itself only with ``tracing_mode="symbolic"``; jointlab
+    hands it fake tensors from its own shape environment instead, so without
+    this the C++ kernels of composite ops (``F.pad`` in transformers' causal-LM
+    loss) read concrete sizes and specialize every dynamic dim they touch.
+
+    Args:
+        dynamic: Whether the trace has symbolic dims (otherwise a no-op).
+
+    Returns:
+        A context manager to hold around the trace.
+
+    Raises:
+        TraceError: The trace is dynamic and this torch lacks the dispatcher.
+    """
+    if not dynamic:
+        return contextlib.nullcontext()
+    try:
+        from torch._dispatch.python import enable_python_dispatcher
+    except ImportError as exc:  # pragma: no cover - a torch without it
+        raise TraceError(
+            "this PyTorch has no torch._dispatch.python.enable_python_dispatcher, which a "
+            "dynamic make_fx trace needs; trace with mode='aot' or without dynamic shapes."
+        ) from exc
+    return enable_python_dispatcher()
 
 
 def fakeify(mode: FakeTensorMode, t: torch.Tensor, dyn: set[int] | None) -> torch.Tensor:
@@ -131,11 +161,14 @@ class ShapeGuards:
             out.guards.append((expr, _where(getattr(g, "sloc", None))))
         return out
 
-    def validate(self, tensors: dict[str, torch.Tensor]) -> None:
+    def validate(self, tensors: dict[str, torch.Tensor]) -> dict[sympy.Symbol, int]:
         """Check the given tensor inputs against every recorded assumption.
 
         Args:
             tensors: The tensor inputs of a call, by dotted path.
+
+        Returns:
+            The value each size symbol takes in this call.
 
         Raises:
             GuardError: A size breaks a guard; the message names the dim.
@@ -168,6 +201,7 @@ class ShapeGuards:
                     f"{where[sym]} is {bindings[sym]}, but the trace assumed it lies in "
                     f"[{lo}, {hi}].{why}"
                 )
+        return bindings
 
     @staticmethod
     def _readable(expr: Any, where: dict[sympy.Symbol, str]) -> str:
@@ -193,10 +227,12 @@ class ShapeGuards:
             if want != got:
                 why = ""
                 if not expr.free_symbols and d in self.dynamic_dims.get(path, ()):
-                    why = (
-                        f" It was marked dynamic but specialized to {traced} at trace time "
-                        "(PyTorch specializes sizes 0 and 1, and sizes fixed by the code). "
-                        "Trace with a size >= 2."
+                    why = f" It was marked dynamic but specialized to {traced} at trace time" + (
+                        ": PyTorch specializes sizes 0 and 1. Trace with a size >= 2."
+                        if traced < 2 else
+                        ": the traced code needs this exact size (an op or a branch fixed "
+                        "it). Trace again with inputs of this size, or make that code "
+                        "independent of the size."
                     )
                 elif not expr.free_symbols:
                     why = " This dim is static in the trace."

@@ -39,7 +39,9 @@ import torch.fx as fx
 
 from ._analyze import ensure_analyzed, is_getitem, is_op, tensor_bytes
 from ._format import human_bytes
+from ._inputs import flatten_inputs
 from ._meta import KEY
+from ._sizes import Sizes, sizes_for, traced_sizes
 
 if TYPE_CHECKING:
     from torch import nn
@@ -93,15 +95,25 @@ def reduces_into_full_buffer(node: fx.Node) -> bool:
             in _REDUCES_INTO_FULL_BUFFER and reduction_arg(node) != 0)
 
 
-def alloc_bytes(node: fx.Node) -> int:
+def alloc_bytes(node: fx.Node, sizes: Sizes | None = None) -> int:
     """Bytes the node's fresh storage really takes.
 
     That is ``bytes`` from the analysis, widened for kernels known to over-allocate.
+
+    Args:
+        node: A node of an analyzed graph.
+        sizes: Evaluate symbolic sizes at these input sizes (default: trace-time hints).
+
+    Returns:
+        Bytes; 0 for a node that allocates nothing (an alias).
     """
     nbytes = int(node.meta.get(KEY, {}).get("bytes", 0))
+    if nbytes and sizes is not None:
+        nbytes = sizes.out_bytes(node)
+    size_of = tensor_bytes if sizes is None else sizes.tensor_bytes
     if nbytes and reduces_into_full_buffer(node):
         src = node.args[0].meta.get("val")
-        nbytes = max(nbytes, tensor_bytes(src) // src.element_size()
+        nbytes = max(nbytes, size_of(src) // src.element_size()
                      * node.meta["val"].element_size())
     return nbytes
 
@@ -145,7 +157,7 @@ class _Storage:
     output: bool = False
 
 
-def _unread_outputs(node: fx.Node) -> list[tuple[int, int]]:
+def _unread_outputs(node: fx.Node, sizes: Sizes | None = None) -> list[tuple[int, int]]:
     """(index, bytes) of fresh outputs of a multi-output op that no getitem reads."""
     read = {u.args[1] for u in node.users if is_getitem(u)}
     returns = node.target._schema.returns if is_op(node) else None
@@ -155,16 +167,18 @@ def _unread_outputs(node: fx.Node) -> list[tuple[int, int]]:
             continue
         if returns is not None and i < len(returns) and returns[i].alias_info is not None:
             continue
-        out.append((i, tensor_bytes(t)))
+        out.append((i, tensor_bytes(t) if sizes is None else sizes.tensor_bytes(t)))
     return out
 
 
-def storages(joint_or_gm: Any, device: str = "cpu") -> tuple[list[fx.Node], dict[str, _Storage]]:
+def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
+             ) -> tuple[list[fx.Node], dict[str, _Storage]]:
     """Every storage of one run with its birth step, death step and size.
 
     Args:
         joint_or_gm: A JointGraph or a GraphModule with fake ``meta["val"]``.
         device: Device whose allocator rounding to apply (``cuda`` rounds to 512 B).
+        sizes: Sizes of a dynamic graph at a call's inputs (default: as traced).
 
     Returns:
         ``(nodes, {owner name: storage})``.
@@ -180,7 +194,7 @@ def storages(joint_or_gm: Any, device: str = "cpu") -> tuple[list[fx.Node], dict
     for i, node in enumerate(nodes):
         m = node.meta.get(KEY, {})
         if is_multi_output(node):
-            for k, nb in _unread_outputs(node):
+            for k, nb in _unread_outputs(node, sizes):
                 st[f"{node.name}[{k}]"] = _Storage(f"{node.name}[{k}]", i, death[node],
                                                    round_alloc(nb, device), 1)
             continue
@@ -191,7 +205,7 @@ def storages(joint_or_gm: Any, device: str = "cpu") -> tuple[list[fx.Node], dict
         if s is None:
             birth = 0 if lives_whole_run(node) else born_at(node, index)
             s = st[owner] = _Storage(owner, birth, death[node],
-                                     round_alloc(alloc_bytes(node), device))
+                                     round_alloc(alloc_bytes(node, sizes), device))
         d = death[node]
         if is_getitem(node):
             d = max(d, death[node.args[0]])
@@ -243,6 +257,9 @@ class MemoryProfile:
         workspace_peak_bytes: Largest workspace seen at one step.
         peak_error: ``(predicted - measured) / measured`` of the peak.
         name: Label used in the HTML card (e.g. the model's class).
+        input_sizes: The tensor input sizes the prediction is for, by dotted
+            path: the traced sizes, or for a dynamic graph those of the
+            ``inputs`` given to :func:`memory_profile`.
     """
 
     lifetimes: pd.DataFrame
@@ -259,6 +276,7 @@ class MemoryProfile:
     workspace_peak_bytes: int | None = None
     peak_error: float | None = None
     name: str = ""
+    input_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _joint: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -315,7 +333,14 @@ def _fmt(n: int | None) -> str:
     return "-" if n is None else human_bytes(n)
 
 
-def lifetimes_table(nodes: list[fx.Node], st: dict[str, _Storage]) -> pd.DataFrame:
+def _shape(node: fx.Node, sizes: Sizes | None) -> Any:
+    if sizes is None:
+        return node.meta.get(KEY, {}).get("shape")
+    return sizes.shape(node)
+
+
+def lifetimes_table(nodes: list[fx.Node], st: dict[str, _Storage],
+                    sizes: Sizes | None = None) -> pd.DataFrame:
     """One row per storage (see :attr:`MemoryProfile.lifetimes`)."""
     by_name = {n.name: n for n in nodes}
     rows = []
@@ -325,14 +350,15 @@ def lifetimes_table(nodes: list[fx.Node], st: dict[str, _Storage]) -> pd.DataFra
         m = node.meta.get(KEY, {}) if node is not None else {}
         rows.append((s.owner, m.get("target", ""), m.get("module", ""),
                      storage_category(s, node), m.get("phase", ""), s.birth, s.death,
-                     s.nbytes, str(m.get("shape")) if s.owner == base else "",
+                     s.nbytes, str(_shape(node, sizes)) if s.owner == base else "",
                      m.get("dtype", ""), s.aliases))
     cols = ["storage", "op", "module", "category", "phase", "first_step", "last_step",
             "bytes", "shape", "dtype", "aliases"]
     return pd.DataFrame(rows, columns=cols)
 
 
-def timeline_table(nodes: list[fx.Node], life: pd.DataFrame) -> pd.DataFrame:
+def timeline_table(nodes: list[fx.Node], life: pd.DataFrame,
+                   sizes: Sizes | None = None) -> pd.DataFrame:
     """Live bytes per category at every step (see :attr:`MemoryProfile.timeline`)."""
     n = len(nodes)
     data: dict[str, Any] = {
@@ -340,7 +366,7 @@ def timeline_table(nodes: list[fx.Node], life: pd.DataFrame) -> pd.DataFrame:
         "op": [x.meta.get(KEY, {}).get("target", x.op) for x in nodes],
         "module": [x.meta.get(KEY, {}).get("module", "") for x in nodes],
         "phase": [x.meta.get(KEY, {}).get("phase", "") for x in nodes],
-        "shape": [str(x.meta.get(KEY, {}).get("shape") or "") for x in nodes],
+        "shape": [str(_shape(x, sizes) or "") for x in nodes],
     }
     births = life["first_step"].to_numpy()
     deaths = life["last_step"].to_numpy()
@@ -360,20 +386,22 @@ def timeline_table(nodes: list[fx.Node], life: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def predict(joint_or_gm: Any, device: str = "cpu", name: str = "") -> MemoryProfile:
+def predict(joint_or_gm: Any, device: str = "cpu", name: str = "",
+            sizes: Sizes | None = None) -> MemoryProfile:
     """Predict the memory of one run of a joint graph from its annotations.
 
     Args:
         joint_or_gm: A JointGraph (or a GraphModule with fake values).
         device: Device whose allocator rounding to model.
         name: Label for the HTML card.
+        sizes: For a dynamic graph, the sizes to predict at (default: the traced ones).
 
     Returns:
         A :class:`MemoryProfile` without measured columns.
     """
-    nodes, st = storages(joint_or_gm, device)
-    life = lifetimes_table(nodes, st)
-    tl = timeline_table(nodes, life)
+    nodes, st = storages(joint_or_gm, device, sizes)
+    life = lifetimes_table(nodes, st, sizes)
+    tl = timeline_table(nodes, life, sizes)
     total = tl["total"].to_numpy()
     phases = tl["phase"].to_numpy()
     bwd = np.flatnonzero(phases == "backward")
@@ -385,7 +413,16 @@ def predict(joint_or_gm: Any, device: str = "cpu", name: str = "") -> MemoryProf
         forward_peak_bytes=int(total[:boundary].max(initial=0)),
         backward_peak_bytes=int(total[boundary:].max(initial=0)),
         boundary_step=boundary, device=device, name=name,
+        input_sizes=_input_sizes(joint_or_gm, sizes),
         _joint=joint_or_gm if hasattr(joint_or_gm, "graph_module") else None)
+
+
+def _input_sizes(joint_or_gm: Any, sizes: Sizes | None) -> dict[str, tuple[int, ...]]:
+    if sizes is not None:
+        return dict(sizes.inputs)
+    if not hasattr(joint_or_gm, "graph_module"):
+        return {}
+    return traced_sizes(joint_or_gm)
 
 
 def attach_measurement(profile: MemoryProfile, measured: pd.DataFrame) -> MemoryProfile:
@@ -421,7 +458,8 @@ def memory_profile(joint: JointGraph, model: nn.Module | None = None,
     Args:
         joint: The traced joint graph.
         model: Run the graph on this model to measure what is really allocated.
-        inputs: Inputs for the measured run (required with ``model``).
+        inputs: Inputs for the measured run (required with ``model``). For a
+            dynamic graph the prediction is made at their sizes too.
         device: Device to model and measure on; defaults to the model's (or CPU).
 
     Returns:
@@ -436,10 +474,18 @@ def memory_profile(joint: JointGraph, model: nn.Module | None = None,
         p = next(iter(model.parameters()), None) if model is not None else None
         device = p.device.type if p is not None else "cpu"
     name = type(model).__name__ if model is not None else ""
-    prof = predict(joint, device=str(device), name=name)
+    prof = predict(joint, device=str(device), name=name, sizes=_call_sizes(joint, inputs))
     prof._joint = joint
     if model is None:
         return prof
     from ._measure import measure
 
     return attach_measurement(prof, measure(joint, model, inputs, device=str(device)))
+
+
+def _call_sizes(joint: JointGraph, inputs: dict[str, Any] | None) -> Sizes | None:
+    """Sizes of a dynamic graph at ``inputs`` (None: static, or no inputs)."""
+    if inputs is None or getattr(joint, "guards", None) is None:
+        return None
+    leaves, _ = flatten_inputs(inputs)
+    return sizes_for(joint, {p: v for p, v in leaves if isinstance(v, torch.Tensor)})

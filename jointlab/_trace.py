@@ -31,7 +31,14 @@ from ._annotate import annotate, is_user_frame
 from ._checkpoint import checkpoint_tracing
 from ._constants import no_tensor_printing, warn_baked_constants
 from ._graph import JointGraph
-from ._guards import ShapeGuards, fakeify, resolve_dynamic_dims, symbolic_fake_mode
+from ._guards import (
+    ShapeGuards,
+    fakeify,
+    resolve_dynamic_dims,
+    symbolic_dispatch,
+    symbolic_fake_mode,
+)
+from ._hf_compat import hf_refusals
 from ._inputs import (
     InputSpec,
     StateSpec,
@@ -91,7 +98,8 @@ def trace(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
-    with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model):
+    with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
+            hf_refusals(model):
         if mode == "aot":
             from ._aot import trace_aot
 
@@ -236,6 +244,7 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
             stack.enter_context(checkpoint_tracing())  # exact RNG replay of recomputes
             stack.enter_context(user_errors())
             probes = stack.enter_context(module_probes(model))
+            stack.enter_context(symbolic_dispatch(bool(dyn_dims)))
             gm = make_fx(fn, record_stack_traces=True, record_module_stack=True)(
                 *fake_state, *(f for _, f in fake_user)
             )
