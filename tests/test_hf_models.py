@@ -23,11 +23,6 @@ pytest.importorskip("transformers")
 HF = ["hf_gpt2", "hf_llama", "hf_mistral", "hf_qwen2", "hf_bert", "hf_t5", "hf_vit",
       "hf_mixtral", "hf_gpt2_checkpoint"]
 MODES = ["make_fx", "aot"]
-# Known, not this module's: make_fx replays the checkpointed recompute with fresh dropout
-# masks (checkpoint's RNG restore is not traced), so its gradients are wrong.
-KNOWN = {("hf_gpt2_checkpoint", "make_fx"): "make_fx: checkpoint recompute draws new dropout"}
-
-
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Mixtral's eager expert backward differs run to run with several CPU threads."""
@@ -70,9 +65,7 @@ def _two_steps(joint, fixture, inputs, model, ref) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", HF)
-def test_hf_fixture_matches_eager_exactly(name, mode, request):
-    if (name, mode) in KNOWN:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN[name, mode], strict=True))
+def test_hf_fixture_matches_eager_exactly(name, mode):
     f = real.get(name)
     model, ref, inputs = f.make_model(), f.make_model(), f.make_inputs(2)
     before = deep_state(model)

@@ -206,13 +206,16 @@ def test_only_train_fn_ops_are_attributed_to_train_fn(gpt2_ppl):
 def test_gradient_accumulation_adds_belong_where_their_value_is_used(gpt2_ppl):
     model, joint = gpt2_ppl
     accs = [n for n in joint.graph.nodes if n.meta.get("is_gradient_acc")]
-    assert len(accs) >= 9
+    assert accs
     # Reference from the model itself: which module owns the tied wte weight.
     wte_owner = next(name for name, mod in model.named_modules()
                      if any(p is model.transformer.wte.weight for p in mod.parameters(False)))
     grad_wte = joint.param_grads["transformer.wte.weight"][1]
     tied = [a for a in accs if grad_wte in a.users or a is grad_wte]
-    assert tied and all(info(a)["module"] == wte_owner for a in tied)
+    # make_fx sums the tied weight's two gradient terms in the graph; AOT returns one
+    # gradient per alias and the runtime sums them, so its graph has no such add.
+    assert bool(tied) == (joint.mode == "make_fx")
+    assert all(info(a)["module"] == wte_owner for a in tied)
     for a in accs:
         # Reference from the graph: each summed term's forward twin reads the value
         # (or a residual add does); all those readers sit inside the acc's module.
