@@ -3,7 +3,8 @@
 A trace sees fake tensors, whose strides come from meta kernels. For a few
 ops the real CPU kernel lays out its output differently: on torch 2.13,
 ``native_batch_norm`` (and its backward) returns a contiguous tensor for a
-transposed input, while the meta kernel keeps the input's strides. A later
+transposed input, while the meta kernel keeps the input's strides; so can
+``native_dropout`` (and its backward) in a dynamic trace. A later
 ``aten.view`` that is legal on the fake strides then fails on the real
 tensor ("view size is not compatible with input tensor's size and stride"),
 where eager PyTorch had used ``reshape``.
@@ -31,6 +32,10 @@ STRIDE_UNCERTAIN = {
     aten._native_batch_norm_legit.default,
     aten._native_batch_norm_legit_functional.default,
     aten._native_batch_norm_legit_no_training.default,
+    # Dynamic make_fx traces run under the Python dispatcher, where dropout's
+    # fake output strides come from its decomposition, not the CPU kernel.
+    aten.native_dropout.default,
+    aten.native_dropout_backward.default,
 }
 
 

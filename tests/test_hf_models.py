@@ -249,8 +249,12 @@ def test_non_moe_errors_pass_through_unchanged():
     def train_fn(model, input_ids, labels):
         raise RuntimeError("boom")
 
-    with pytest.raises(RuntimeError, match="^boom$"):
+    # Not an MoE failure: the MoE advice stays out; the user's own error keeps
+    # its type and is chained unchanged.
+    with pytest.raises(RuntimeError, match="boom") as info:
         jl.trace(model, train_fn, inputs)
+    assert "experts_implementation" not in str(info.value)
+    assert type(info.value.__cause__) is RuntimeError and str(info.value.__cause__) == "boom"
 
 
 # -- baked constants -----------------------------------------------------------------------
