@@ -167,7 +167,8 @@ def tensors_of(val: Any) -> list[torch.Tensor]:
     return []
 
 
-def _storage_id(t: torch.Tensor) -> int | None:
+def storage_id(t: Any) -> int | None:
+    """An identity of ``t``'s storage, shared by its views and ``.data`` (None if it has none)."""
     try:
         return t.untyped_storage()._cdata
     except Exception:  # sparse, nested or otherwise storage-less values
@@ -275,7 +276,7 @@ def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) ->
         return  # a multi-output node: each getitem owns its output
     if first is None:
         return
-    sid = _storage_id(first)
+    sid = storage_id(first)
     root = owner.get(sid) if sid is not None else None
     # Placeholders follow the same rule: AOT mode gives tied weights one
     # placeholder per name, all on one storage, and only the first allocates.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -67,6 +68,31 @@ def is_user_frame(path: str) -> bool:
     if path.startswith(_TORCH_DIR):
         return False
     return not (path.startswith(_JOINTLAB_DIR) and os.path.basename(path).startswith("_"))
+
+
+def innermost_user_frame(frames: Sequence[traceback.FrameSummary],
+                         also_skip: Callable[[str], bool] | None = None
+                         ) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's own code, or None.
+
+    Args:
+        frames: Frames outermost first (``traceback.extract_tb`` / ``extract_stack``).
+        also_skip: Files that do not count as the user's either (e.g. transformers).
+
+    Returns:
+        The last frame for which :func:`is_user_frame` holds and ``also_skip`` does not.
+    """
+    for f in reversed(frames):
+        if is_user_frame(f.filename) and not (also_skip and also_skip(f.filename)):
+            return f
+    return None
+
+
+def frame_text(frame: traceback.FrameSummary) -> str:
+    """``file:line: code`` of a frame (``file:line`` when its source is unknown)."""
+    code = (frame.line or "").strip()
+    return f"{frame.filename}:{frame.lineno}: {code}" if code else (
+        f"{frame.filename}:{frame.lineno}")
 
 
 # -- helpers ------------------------------------------------------------------

@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.utils.checkpoint as torch_checkpoint
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-from ._annotate import is_user_frame
+from ._annotate import frame_text, innermost_user_frame
 from ._meta import RECOMPUTE_TAG
 from .errors import CheckpointWarning, TraceError, UnsupportedCheckpointError
 
@@ -142,11 +142,8 @@ def is_recompute_traced(node: fx.Node) -> bool:
 
 # -- refusing reentrant checkpointing ---------------------------------------------------
 def _user_line() -> str:
-    frames = [f for f in traceback.extract_stack()[:-2] if is_user_frame(f.filename)]
-    if not frames:
-        return "an unknown source line"
-    f = frames[-1]
-    return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
+    frame = innermost_user_frame(traceback.extract_stack()[:-2])
+    return frame_text(frame) if frame is not None else "an unknown source line"
 
 
 def _refusing_reentrant(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._annotate import is_user_frame
+from ._annotate import frame_text, innermost_user_frame
 from .errors import DataDependentError, JointlabError, TraceError
 
 _IMPORT_UTILS = "transformers.utils.import_utils"
@@ -146,11 +146,8 @@ def _through_experts(frames: list[traceback.FrameSummary]) -> bool:
 
 def _user_line(frames: list[traceback.FrameSummary]) -> str:
     """`` at file:line: code`` of the innermost frame of the user's own code."""
-    mine = [f for f in frames if is_user_frame(f.filename) and not _is_hf_file(f.filename)]
-    if not mine:
-        return ""
-    f = mine[-1]
-    return f" (called at {f.filename}:{f.lineno}: {(f.line or '').strip()})"
+    frame = innermost_user_frame(frames, also_skip=_is_hf_file)
+    return f" (called at {frame_text(frame)})" if frame is not None else ""
 
 
 def _hf_line(frames: list[traceback.FrameSummary]) -> str:

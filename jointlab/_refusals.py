@@ -32,7 +32,8 @@ from torch import nn
 from torch.optim import optimizer as torch_optimizer
 from torch.overrides import TorchFunctionMode
 
-from ._annotate import is_user_frame
+from ._analyze import storage_id
+from ._annotate import frame_text, innermost_user_frame, is_user_frame
 from .errors import (
     CompiledModuleError,
     JointlabError,
@@ -59,52 +60,39 @@ _JOINTLAB_DIR = os.path.dirname(__file__) + os.sep
 # -- where in the user's code ---------------------------------------------------
 def _is_user_file(path: str) -> bool:
     """A user source file: not torch, not jointlab's private modules, not FX's generated code."""
-    return is_user_frame(path) and not path.startswith("<eval_with_key")
+    return is_user_frame(path) and not _generated(path)
 
 
-def user_line_of_frames(frames: list[tuple[str, int, str]]) -> str:
+def _generated(path: str) -> bool:
+    return path.startswith("<eval_with_key")  # FX's generated graph code
+
+
+def user_line_of_frames(frames: list[traceback.FrameSummary]) -> str:
     """``" at file:line: code"`` for the innermost user frame, or ``""``.
 
     Args:
-        frames: ``(filename, lineno, source line)`` from outermost to innermost.
+        frames: Frames from outermost to innermost.
 
     Returns:
         The location text, empty when no frame is the user's.
     """
-    user = [f for f in frames if _is_user_file(f[0])]
-    if not user:
-        return ""
-    file, line, code = user[-1]
-    return f" at {file}:{line}: {code.strip()}" if code else f" at {file}:{line}"
+    frame = innermost_user_frame(frames, also_skip=_generated)
+    return f" at {frame_text(frame)}" if frame is not None else ""
 
 
 def _caller_line() -> str:
-    frames = [(f.filename, f.lineno or 0, f.line or "") for f in traceback.extract_stack(
-        sys._getframe(1))]
-    return user_line_of_frames(frames)
+    return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
 
 
 def _traceback_line(exc: BaseException) -> str:
-    frames = [(f.filename, f.lineno or 0, f.line or "")
-              for f in traceback.extract_tb(exc.__traceback__)]
-    return user_line_of_frames(frames)
+    return user_line_of_frames(traceback.extract_tb(exc.__traceback__))
 
 
 # -- storages -------------------------------------------------------------------
-def _storage_key(t: Any) -> Any:
-    """An identity for ``t``'s storage shared by its views and ``.data``, or None."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return None  # sparse, nested or storage-less tensors: cannot alias a parameter
-
-
 def _param_storages(model: nn.Module) -> dict[Any, str]:
     out: dict[Any, str] = {}
     for name, p in model.named_parameters():
-        key = _storage_key(p)
+        key = storage_id(p)
         if key is not None:
             out.setdefault(key, name)
     return out
@@ -170,7 +158,7 @@ def _param_write_mode(protected: dict[Any, str]) -> Any:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             for t in _written(func, args, kwargs):
-                name = protected.get(_storage_key(t))
+                name = protected.get(storage_id(t))
                 if name is not None:
                     raise TrainFnMisuseError(
                         f"train_fn writes in place into parameter '{name}' ({func})"

@@ -27,7 +27,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.fx.traceback import preserve_node_meta
 from torch.nn.utils import stateless
 
-from ._annotate import annotate, is_user_frame
+from ._annotate import annotate, frame_text, innermost_user_frame
 from ._checkpoint import checkpoint_tracing
 from ._constants import no_tensor_printing, warn_baked_constants
 from ._graph import JointGraph
@@ -160,10 +160,8 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except _DATA_DEPENDENT as exc:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user_frame(f.filename)]
-        where = (
-            f" at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line}" if frames else ""
-        )
+        frame = innermost_user_frame(traceback.extract_tb(exc.__traceback__))
+        where = f" at {frame_text(frame)}" if frame is not None else ""
         raise DataDependentError(
             "the model reads a tensor's value in Python while tracing" + where + ". A joint "
             "graph cannot depend on data: replace Python control flow on tensor values "

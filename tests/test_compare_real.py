@@ -37,6 +37,13 @@ def _insert_after(joint, node, target, *args):
     return new
 
 
+def _mismatch(joint, model, inputs):
+    """compare() of an edited graph: it must say MISMATCH and name a first divergence."""
+    c = jl.compare(joint, model, inputs)
+    assert c.verdict == "MISMATCH" and not c.ok and c.first_divergence is not None, repr(c)
+    return c
+
+
 @pytest.mark.parametrize("name,mode", [("hf_llama", "make_fx"), ("resnet", "make_fx"),
                                        ("mobilenet_v3", "aot"), ("mobilenet_v3", "make_fx")])
 def test_clean_graph_is_bit_exact(name, mode):
@@ -67,9 +74,7 @@ def test_rotary_bug_is_found_in_rotary_embedding():
     model, inputs, joint = _traced("hf_llama")
     sin = next(n for n in joint.graph.nodes if n.target == aten.sin.default)
     _insert_after(joint, sin, aten.mul.Tensor, 1.001)
-    c = jl.compare(joint, model, inputs)
-    assert c.verdict == "MISMATCH"
-    d = c.first_divergence
+    d = _mismatch(joint, model, inputs).first_divergence
     assert d.module == "model.rotary_emb" and d.what == "module output", str(d)
 
 
@@ -79,9 +84,7 @@ def test_in_place_bug_after_batch_norm_is_found():
                 if n.target == aten.add_.Tensor and _meta.module(n) == "layer1.0")
     add_.target = aten.sub_.Tensor  # out += identity  ->  out -= identity
     joint.graph_module.recompile()
-    c = jl.compare(joint, model, inputs)
-    assert not c.ok
-    d = c.first_divergence
+    d = _mismatch(joint, model, inputs).first_divergence
     # bn2's own output is still right (kept as produced); what follows the write is not
     assert d.module in ("layer1.0", "layer1.0.relu") and d.phase == "forward", str(d)
 
@@ -94,8 +97,7 @@ def test_tiny_backward_scale_is_found_and_named():
               and _meta.module(n) == "transformer.h.0.mlp.c_fc"
               and tuple(n.meta["val"].shape) == tuple(weight.shape))
     _insert_after(joint, mm, aten.mul.Tensor, 1.001)
-    c = jl.compare(joint, model, inputs)
-    assert c.verdict == "MISMATCH"
+    c = _mismatch(joint, model, inputs)
     bad = c.grads[~c.grads["ok"]]
     assert list(bad["name"]) == ["transformer.h.0.mlp.c_fc.weight"]
     d = c.first_divergence
@@ -111,9 +113,7 @@ def test_gelu_constant_bug_is_found_in_the_activation():
     node = consts[0]
     node.args = tuple(0.045 if a == 0.044715 else a for a in node.args)
     joint.graph_module.recompile()
-    c = jl.compare(joint, model, inputs)
-    assert c.verdict == "MISMATCH"
-    d = c.first_divergence
+    d = _mismatch(joint, model, inputs).first_divergence
     assert d.module == "transformer.h.1.mlp.act" and d.phase == "forward", str(d)
 
 
@@ -125,8 +125,7 @@ def test_output_gradient_names_the_module_it_belongs_to():
                   for k in _meta.info(n).get("probe_grad", [])}
     g = grad_nodes[("transformer.h.0.ln_2", 0, 0)]
     _insert_after(joint, g, aten.mul.Tensor, 1.001)
-    c = jl.compare(joint, model, inputs)
-    d = c.first_divergence
+    d = _mismatch(joint, model, inputs).first_divergence
     assert d.what == "output gradient" and d.module == "transformer.h.0.ln_2", str(d)
 
 
