@@ -444,17 +444,22 @@ class Comparison:
         return cls(ok, exact, verdict, *tables, first, None if exact else inexact,
                    tuple(notes), tuple(unchecked))
 
+    def _earlier_inexact(self) -> Divergence | None:
+        """The first inexact node when it is not the first divergence itself."""
+        d, first = self.first_inexact, self.first_divergence
+        return None if d is None or (first is not None and d.node == first.node) else d
+
     def __repr__(self) -> str:
         """The verdict, the first divergence and the worst gradient, in a few lines."""
         lines = [f"Comparison({self.verdict}"]
         if self.first_divergence is not None:
             lines.append(f"  first divergence: {self.first_divergence}")
-        elif self.first_inexact is not None:
+        if self._earlier_inexact() is not None:
             lines.append(f"  first inexact node: {self.first_inexact}")
-        if len(self.grads):
-            worst = self.grads.loc[self.grads["max_rel_err"].idxmax()]
-            lines.append(f"  worst gradient: {worst['name']} (max rel err "
-                         f"{worst['max_rel_err']:.3g})")
+        if len(self.grads) and not self.exact:
+            worst = self.grads.loc[self.grads["max_abs_err"].idxmax()]
+            lines.append(f"  worst gradient: {worst['name']} (max abs err "
+                         f"{worst['max_abs_err']:.3g}, cosine {worst['cosine']:.6f})")
         lines += [f"  note: {n}" for n in self.notes if not self.exact]
         if self.unchecked:
             lines.append(f"  not checked module by module: {', '.join(self.unchecked)}")
@@ -466,7 +471,7 @@ class Comparison:
         parts = [f"<div class='jl-compare'><b style='color:{color}'>jointlab compare: "
                  f"{html.escape(self.verdict)}</b>"]
         for label, d in (("first divergence", self.first_divergence),
-                         ("first inexact node", self.first_inexact)):
+                         ("first inexact node", self._earlier_inexact())):
             if d is not None:
                 parts.append(f"<p>{label}: <code>{html.escape(str(d))}</code></p>")
         if not self.exact:
