@@ -231,6 +231,11 @@ def test_dag_marks_recomputed_nodes():
     grouped = dag.plot_dag(joint, group_depth=1)
     gtexts = [t for tr in grouped.data if tr.text is not None for t in tr.text]
     assert any("recomputed (checkpoint)" in t for t in gtexts)
+    # The ring is explained in the legend, and only where something is recomputed.
+    assert "recomputed (checkpoint)" in [tr.name for tr in fig.data]
+    plain = real.get("resnet")
+    plain_joint = jl.trace(plain.make_model(), plain.train_fn, plain.make_inputs(2))
+    assert "recomputed (checkpoint)" not in [tr.name for tr in dag.plot_dag(plain_joint).data]
 
 
 # -- reentrant checkpointing ------------------------------------------------------------------

@@ -213,8 +213,9 @@ def _line_trace(xs: np.ndarray, ys: np.ndarray, name: str, color: str, width: fl
                         line={"color": color, "width": width, "dash": dash}, visible=visible)
 
 
-#: Outline of a node that checkpointing recomputes (a group holding any).
-RECOMPUTE_OUTLINE = "#d62728"
+#: Outline of a node that checkpointing recomputes (a group holding any): gold,
+#: so it shows on the red of backward nodes and differs from the black "selected" ring.
+RECOMPUTE_OUTLINE = "#e6a100"
 
 
 def recompute_outline(data: DagData) -> dict[str, np.ndarray]:
@@ -222,6 +223,13 @@ def recompute_outline(data: DagData) -> dict[str, np.ndarray]:
     rec = np.asarray([bool(m.get("recompute")) for m in data.info], dtype=bool)
     return {"color": np.where(rec, RECOMPUTE_OUTLINE, "rgba(0,0,0,0)").astype(object),
             "width": np.where(rec, 2.5, 0.0)}
+
+
+def _recompute_legend() -> go.Scattergl:
+    """A legend entry (no points) explaining the recompute ring."""
+    return go.Scattergl(x=[None], y=[None], mode="markers", name="recomputed (checkpoint)",
+                        hoverinfo="skip", marker={"size": 10, "color": "rgba(0,0,0,0)", "line": {
+                            "color": RECOMPUTE_OUTLINE, "width": 2.5}})
 
 
 def _node_traces(data: DagData, lay: _layout.Layout, color_by: str, size: np.ndarray
@@ -354,6 +362,8 @@ def plot_dag(joint: Any, *, color_by: str = "phase", group_depth: int | None = N
         traces.append(_line_trace(gx, gy, "param → grad", "rgba(44,160,44,0.6)", 1.2, "dot",
                                   "legendonly"))
     traces.extend(_node_traces(data, lay, color_by, size))
+    if any(m.get("recompute") for m in data.info):
+        traces.append(_recompute_legend())
     names = [highlight] if isinstance(highlight, str) else list(highlight or [])
     hi = highlight_indices(data, names)
     traces.append(go.Scattergl(x=lay.x[hi], y=lay.y[hi], mode="markers", name="selected",
