@@ -211,3 +211,14 @@ def test_random_from_to_is_refused_with_an_exact_alternative(mode):
     a = x.clone().random_(2, 9)
     torch.manual_seed(SEED)
     assert torch.equal(torch.randint_like(x, 2, 9), a)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(OPS))
+def test_saved_and_loaded_graph_draws_what_eager_draws(name, mode, tmp_path):
+    model, joint = _traced(name, mode)
+    joint.save(str(tmp_path / "joint.zip"))
+    loaded = jl.load(str(tmp_path / "joint.zip"))
+    ref = eager_step(model, train_fn, _inputs(), SEED)
+    torch.manual_seed(SEED)
+    _assert_same(loaded.run(model, _inputs()), ref, f"{name} loaded joint.run")
