@@ -274,7 +274,7 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         joint: A JointGraph, a compiled one (``joint.compile()``), or a list of them.
         model: The user's model (never changed: each side runs on a deep copy).
         inputs: Keyword inputs for ``train_fn``.
-        seed: RNG seed used by both sides (dropout matches exactly).
+        seed: RNG seed used by both sides (every random op draws exactly what eager draws).
         rtol: Relative tolerance; default follows the graph's lowest compute dtype.
         atol: Absolute tolerance; default is a dtype-dependent fraction of each
             tensor's largest magnitude.

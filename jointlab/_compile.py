@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from ._graph import JointGraph
 
 
+# Inductor replaces random ops by its own generator unless told to call the ATen
+# ones: with fallback_random the compiled graph draws what eager draws.
+_EXACT_RANDOM = {"fallback_random": True}
+
+
 # -- compiled execution ----------------------------------------------------------
 class CompiledJoint:
     """A joint graph whose :meth:`run` goes through ``torch.compile``."""
@@ -19,7 +24,8 @@ class CompiledJoint:
         """Wrap ``joint``; compilation happens on the first :meth:`run`."""
         self.joint = joint
         self.backend = backend
-        self.compiled = torch.compile(joint.graph_module, backend=backend)
+        self.compiled = torch.compile(joint.graph_module, backend=backend,
+                                      options=_EXACT_RANDOM if backend == "inductor" else None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.joint, name)

@@ -49,6 +49,7 @@ from ._inputs import (
     state_on_meta,
 )
 from ._probes import module_probes
+from ._random import random_op_refusals, refuse_explicit_generators
 from ._refusals import in_train_fn, refuse_compiled, torch_errors, tracing_guard
 from ._repair import repair_views
 from ._snapshot import ModelSnapshot
@@ -99,7 +100,7 @@ def trace(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
-            hf_refusals(model):
+            hf_refusals(model), random_op_refusals():
         if mode == "aot":
             from ._aot import trace_aot
 
@@ -107,6 +108,7 @@ def trace(
                               dynamic_arg_dims=dynamic_arg_dims)
         else:
             joint = _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims)
+    refuse_explicit_generators(joint.graph_module)
     repair_views(joint.graph_module)
     warn_baked_constants(joint.graph_module, train_fn, model)
     joint.train_fn = train_fn

@@ -24,6 +24,7 @@ __all__ = [
     "TrainFnError",
     "CompiledModuleError",
     "UnsupportedCheckpointError",
+    "UnsupportedRandomOpError",
     "NodeExecutionError",
     "PersistError",
     "TableQueryError",
@@ -104,6 +105,10 @@ class CompiledModuleError(TraceError):
 
 class UnsupportedCheckpointError(TraceError):
     """The model uses a form of gradient checkpointing that cannot be traced exactly."""
+
+
+class UnsupportedRandomOpError(TraceError):
+    """A random op cannot be traced so that the graph draws exactly what eager draws."""
 
 
 class NodeExecutionError(JointlabError, RuntimeError):

@@ -16,6 +16,29 @@ from torch import nn
 ACTS = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu}
 
 
+_NOISE = {
+    "randn_like": torch.randn_like,
+    "rand_like": torch.rand_like,
+    "normal": lambda x: torch.normal(torch.zeros_like(x), torch.ones_like(x)),
+    "uniform_": lambda x: torch.empty_like(x).uniform_(-1.0, 1.0),
+    "exponential_": lambda x: torch.empty_like(x).exponential_(),
+    "bernoulli": lambda x: torch.bernoulli(torch.sigmoid(x.detach())),
+}
+
+
+def _stochastic_depth(x: torch.Tensor, s: dict[str, Any], training: bool) -> torch.Tensor:
+    keep = torch.bernoulli(torch.full((x.shape[0], 1, 1), 1 - s["p"], dtype=x.dtype))
+    return x * keep / (1 - s["p"]) if training else x
+
+
+_RANDOM = {  # random ops beyond dropout; each maps (x, spec, training) to x's shape
+    "noise": lambda x, s, t: x * (1 + 0.1 * _NOISE[s["op"]](x)),
+    "stochastic_depth": _stochastic_depth,
+    "rrelu": lambda x, s, t: F.rrelu(x, training=t),
+    "shuffle": lambda x, s, t: x[..., torch.randperm(x.shape[-1])],
+}
+
+
 class Block(nn.Module):
     """One spec'd block; ``kind`` selects the computation."""
 
@@ -84,6 +107,8 @@ class Block(nn.Module):
             y = x * 1.0
             y.mul_(s["scale"]).add_(0.25)
             return y.relu_() if s["relu"] else y
+        if k in _RANDOM:
+            return _RANDOM[k](x, s, self.training)
         if k == "ema_buffer":
             with torch.no_grad():
                 self.ema.mul_(0.9).add_(0.1 * x.detach().mean(dim=(0, 1)))

@@ -56,6 +56,17 @@ def pointwise() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+def random_ops() -> st.SearchStrategy[dict[str, Any]]:
+    """Random ops beyond dropout: noise injection, stochastic depth, RReLU, a feature shuffle."""
+    return st.one_of(
+        _block("noise", op=st.sampled_from(["randn_like", "rand_like", "normal", "uniform_",
+                                            "exponential_", "bernoulli"])),
+        _block("stochastic_depth", p=st.sampled_from([0.2, 0.5])),
+        _block("rrelu"),
+        _block("shuffle"),
+    )
+
+
 def stateful() -> st.SearchStrategy[dict[str, Any]]:
     """A buffer updated in forward, or the model-wide shared Linear."""
     return st.one_of(_block("ema_buffer"), _block("shared"))
@@ -63,7 +74,8 @@ def stateful() -> st.SearchStrategy[dict[str, Any]]:
 
 def leaf_blocks() -> st.SearchStrategy[dict[str, Any]]:
     """Any non-nesting block."""
-    return st.one_of(linear(), pointwise(), norm(), attention(), conv1d(), conv2d(), stateful())
+    return st.one_of(linear(), pointwise(), norm(), attention(), conv1d(), conv2d(), stateful(),
+                     random_ops())
 
 
 def blocks(max_leaves: int = 6) -> st.SearchStrategy[dict[str, Any]]:
