@@ -24,6 +24,7 @@ __all__ = [
     "TrainFnError",
     "CompiledModuleError",
     "UnsupportedCheckpointError",
+    "UnsupportedTorchError",
     "NodeExecutionError",
     "PersistError",
     "TableQueryError",
@@ -32,6 +33,7 @@ __all__ = [
     "WhatIfError",
     "BakedConstantWarning",
     "CheckpointWarning",
+    "UntestedTorchWarning",
 ]
 
 
@@ -106,6 +108,10 @@ class UnsupportedCheckpointError(TraceError):
     """The model uses a form of gradient checkpointing that cannot be traced exactly."""
 
 
+class UnsupportedTorchError(TraceError):
+    """This torch lacks a (private) torch API that jointlab needs; the message names both."""
+
+
 class NodeExecutionError(JointlabError, RuntimeError):
     """A graph node raised while the joint graph was executing."""
 
@@ -136,3 +142,7 @@ class BakedConstantWarning(UserWarning):
 
 class CheckpointWarning(UserWarning):
     """Gradient checkpointing is in the model but not in the traced graph's memory picture."""
+
+
+class UntestedTorchWarning(UserWarning):
+    """The installed torch is outside the versions jointlab's test suite was run on."""
