@@ -72,7 +72,7 @@ def pip(python: pathlib.Path, *args: str, cwd: pathlib.Path | None = None) -> fl
 
 
 def torch_stamp(python: pathlib.Path) -> dict:
-    """Torch's version, file, inode and mtime in the venv of ``python`` (a reinstall changes them)."""
+    """Torch's version, file, inode and mtime in ``python``'s venv (a reinstall changes them)."""
     out = subprocess.run([str(python), "-c", TORCH_STAMP], check=True, capture_output=True,
                          text=True, env=_env(python), cwd=python.parent)
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -56,10 +56,10 @@ def test_colab_setup_cell_keeps_torch_and_runs_quickstart(tmp_path, capsys):
     assert hostsim.torch_stamp(python) == before  # not replaced, not even reinstalled
     assert probe["torch"] == before["version"] and probe["torch_file"] == before["file"]
     # the cell took its Colab branch: it installed jointlab into the venv and
-    # enabled Colab's widget manager
+    # enabled Colab's widget manager (anywidget calls it too, on Colab)
     site = python.parent.parent.resolve()
     assert pathlib.Path(probe["jointlab_file"]).resolve().is_relative_to(site), probe
-    assert probe["jointlab_dist"] and probe["colab_calls"] == ["enable_custom_widget_manager"]
+    assert probe["jointlab_dist"] and "enable_custom_widget_manager" in probe["colab_calls"]
 
 
 def _binder_requirements(tmp_path: pathlib.Path) -> pathlib.Path:
