@@ -13,6 +13,7 @@ from packaging.requirements import Requirement
 
 import jointlab as jl
 from jointlab import _checkpoint, _torch_version
+from tests.util import assert_unchanged, deep_state
 
 tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11+ to read pyproject.toml")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -103,3 +104,29 @@ def test_checkpoint_region_counter_missing_is_a_clear_error(monkeypatch):
     with pytest.raises(jl.errors.UnsupportedTorchError, match="count checkpointed regions"):
         with _checkpoint.checkpoint_tracing():
             pass
+
+
+def _small_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    inputs = {"x": torch.randn(5, 3), "y": torch.randn(5, 1)}
+    return model, (lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)), inputs
+
+
+def test_trace_without_the_engine_patch_refuses(monkeypatch):
+    # without it no backward node is tagged; a structural guess would misplace nodes
+    model, train_fn, inputs = _small_step()
+    before = deep_state(model)
+    monkeypatch.delattr(torch.compiler, "_patch_engine_backward")
+    with pytest.raises(jl.errors.UnsupportedTorchError,
+                       match=r"has no torch\.compiler\._patch_engine_backward"):
+        jl.trace(model, train_fn, inputs)
+    assert_unchanged(before, model)
+
+
+def test_measure_without_the_kineto_event_tree_refuses(monkeypatch):
+    model, train_fn, inputs = _small_step()
+    joint = jl.trace(model, train_fn, inputs)
+    monkeypatch.delattr(torch._C._profiler, "_EventType")
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="_EventType"):
+        joint.memory(model, inputs)
