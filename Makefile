@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.jointlab-installed
 
-.PHONY: install demo test lint fuzz bench notebooks clean
+.PHONY: install demo test lint fuzz bench binder notebooks clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+# A simulated Binder build (binder/requirements.txt, postBuild) in a fresh venv under
+# a temporary folder, then every notebook in it. Not part of `make test` (several
+# minutes); the simulated Colab install (tests/test_hosts.py) is.
+binder: $(STAMP)
+	$(PY) -m pytest -q -s -m binder tests/test_hosts.py
 
 fuzz: $(STAMP)
 	$(PY) -m pytest -q -m slow tests

@@ -2,15 +2,25 @@
 
 This module only re-exports the public API. Names that need plotly or
 ipywidgets (``plot_dag``, ``plot_memory``, ``explore``, ``report``) are
-resolved on first use, so ``import jointlab`` stays light.
+resolved on first use, so ``import jointlab`` stays light. Importing it warns
+once when torch is outside the tested versions (see ``_torch_version``).
 """
 
 from __future__ import annotations
 
 from . import errors as errors
-from ._graph import JointGraph as JointGraph
 from ._lazy import lazy_getattr
-from ._trace import trace as trace
+from ._torch_version import unsupported, warn_if_untested
+
+try:
+    from ._graph import JointGraph as JointGraph
+    from ._trace import trace as trace
+except ImportError as exc:  # a torch without one of the private modules jointlab imports
+    if not (exc.name or "").startswith("torch"):
+        raise
+    raise unsupported(f"{exc.name} (or a name in it)", "trace a training step") from exc
+
+warn_if_untested()
 
 _LAZY = {
     "Stepper": "jointlab._step",

@@ -26,8 +26,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch._functorch._aot_autograd import descriptors as D
-from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
@@ -48,8 +46,14 @@ from ._meta import KEY, TRAIN_FN
 from ._probes import module_probes
 from ._refusals import in_train_fn
 from ._snapshot import ModelSnapshot
+from ._torch_version import torch_attr, torch_module
 from ._trace import TraceRequest, check_loss, split_loss, state_placeholder_info, user_errors
 from .errors import TraceError
+
+D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
+aot_export_joint_with_descriptors = torch_attr(
+    "torch._functorch.aot_autograd", "aot_export_joint_with_descriptors",
+    "export the joint graph in mode='aot'")
 
 _PREFIX = "model."  # the wrapper holds the model as ``self.model``
 

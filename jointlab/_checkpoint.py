@@ -29,7 +29,8 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from ._annotate import frame_text, innermost_user_frame
 from ._meta import RECOMPUTE_TAG
-from .errors import CheckpointWarning, TraceError, UnsupportedCheckpointError
+from ._torch_version import unsupported
+from .errors import CheckpointWarning, UnsupportedCheckpointError
 
 _STATE_BYTES = {"cpu": torch.get_rng_state().numel()}
 _SEEDED = (torch.Tag.nondeterministic_seeded,)  # the Stepper runs these in its own stream
@@ -170,12 +171,25 @@ def _checkpoint_patches() -> list[tuple[Any, str, Any]]:
     run = getattr(torch_checkpoint, "_run_fn_with_dynamo_disabled", None)
     func = getattr(torch_checkpoint, "CheckpointFunction", None)
     if run is None or func is None:
-        raise TraceError(
-            "this torch version lacks torch.utils.checkpoint._run_fn_with_dynamo_disabled or "
-            f"CheckpointFunction (torch {torch.__version__}), which jointlab needs to trace "
-            "gradient checkpointing exactly; use torch 2.13.")
+        raise unsupported("torch.utils.checkpoint._run_fn_with_dynamo_disabled or "
+                          "CheckpointFunction", "trace gradient checkpointing exactly")
     return [(torch_checkpoint, "_run_fn_with_dynamo_disabled", _marking_recompute(run)),
             (func, "forward", _refusing_reentrant(func.__dict__["forward"]))]
+
+
+def _region_generator_name() -> str:
+    """The torch.utils.checkpoint function that every non-reentrant region enters.
+
+    torch 2.14 has ``checkpoint()`` call ``..._generator_impl`` directly; 2.13 calls
+    ``..._generator``. Counting the wrong one would count no region at all, so AOT
+    mode would silently drop its CheckpointWarning.
+    """
+    for name in ("_checkpoint_without_reentrant_generator_impl",
+                 "_checkpoint_without_reentrant_generator"):
+        if callable(getattr(torch_checkpoint, name, None)):
+            return name
+    raise unsupported("torch.utils.checkpoint._checkpoint_without_reentrant_generator",
+                      "count checkpointed regions")
 
 
 @contextlib.contextmanager
@@ -192,10 +206,8 @@ def checkpoint_tracing(replay_rng: bool = True) -> Iterator[dict[str, int]]:
     """
     uses: dict[str, int] = {}
     patches = _checkpoint_patches() + (_rng_patches() if replay_rng else [])
-    gen = getattr(torch_checkpoint, "_checkpoint_without_reentrant_generator", None)
-    if gen is not None:
-        patches.append((torch_checkpoint, "_checkpoint_without_reentrant_generator",
-                        _counting(gen, uses)))
+    name = _region_generator_name()
+    patches.append((torch_checkpoint, name, _counting(getattr(torch_checkpoint, name), uses)))
     saved = [(obj, name, obj.__dict__[name]) for obj, name, _ in patches]
     try:
         for obj, name, new in patches:

@@ -18,9 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch.fx as fx
-from torch._functorch._aot_autograd import descriptors as D
 
 from ._meta import info
+from ._torch_version import torch_module
+
+D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
 
 if TYPE_CHECKING:
     from ._graph import JointGraph

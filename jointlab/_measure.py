@@ -30,6 +30,7 @@ import torch.fx as fx
 from torch import nn
 
 from ._meta import node_error
+from ._torch_version import torch_attr, unsupported
 
 _SCOPE = "jl::step"
 
@@ -141,14 +142,18 @@ class ProfilerSampler:
 
     def result(self, n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Walk the event tree and fold allocations into per-step peaks."""
-        from torch._C._profiler import _EventType
-
-        events = _walk(self.prof.profiler.kineto_results.experimental_event_tree())
+        event_type = torch_attr("torch._C._profiler", "_EventType", "measure allocations")
+        tree = getattr(getattr(self.prof.profiler, "kineto_results", None),
+                       "experimental_event_tree", None)
+        if tree is None:
+            raise unsupported("the profiler's kineto_results.experimental_event_tree",
+                              "measure allocations")
+        events = _walk(tree())
         starts = np.full(n_steps, -1, dtype=np.int64)
         ends = np.full(n_steps, -1, dtype=np.int64)
         allocs = []
         for e in events:
-            if e.tag == _EventType.Allocation:
+            if e.tag == event_type.Allocation:
                 allocs.append(e)
             elif e.name.startswith(_SCOPE):
                 i = int(e.name[len(_SCOPE):])

@@ -53,6 +53,7 @@ from ._random import random_op_refusals, refuse_explicit_generators
 from ._refusals import in_train_fn, refuse_compiled, torch_errors, tracing_guard
 from ._repair import repair_views
 from ._snapshot import ModelSnapshot
+from ._torch_version import unsupported
 from .errors import DataDependentError, LossError, NoTrainableParametersError, TraceError
 
 MODES = ("make_fx", "aot")
@@ -307,10 +308,12 @@ def _keep_stack_frames_of(train_fn: Callable[..., Any]) -> None:
 
 @contextlib.contextmanager
 def _engine_backward() -> Iterator[None]:
+    # Without the patch the engine tags no backward node, and phases guessed from
+    # structure put some forward nodes in the backward: refuse instead.
     patch = getattr(torch.compiler, "_patch_engine_backward", None)
-    if patch is None:  # pragma: no cover - older torch: structural phases only
-        yield
-        return
+    if patch is None:
+        raise unsupported("torch.compiler._patch_engine_backward",
+                          "tell the backward nodes of a make_fx trace from the forward ones")
     with patch():
         yield
 

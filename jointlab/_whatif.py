@@ -29,14 +29,16 @@ from typing import Any
 import pandas as pd
 import torch
 import torch.fx as fx
-from torch._functorch._aot_autograd import descriptors as D
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._analyze import hint
 from ._descriptors import has_descriptors, outputs_and_tangents
 from ._memory import predict
 from ._meta import KEY
+from ._torch_version import torch_attr, torch_module
 from .errors import WhatIfError
+
+D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
 
 TANGENT = "tangents_1"
 
@@ -221,11 +223,11 @@ def what_if(joint: Any, budgets: tuple[float, ...] = (1.0, 0.5, 0.2)) -> pd.Data
         ``saved_tensors``, ``forward_peak_bytes``, ``backward_peak_bytes``,
         ``peak_bytes`` and ``error`` (why an option could not be scored).
     """
-    from torch._functorch import config as fconfig
-    from torch._functorch.partitioners import (
-        default_partition,
-        min_cut_rematerialization_partition,
-    )
+    fconfig = torch_module("torch._functorch.config", "score what-if partitions")
+    partitioners = "torch._functorch.partitioners"
+    default_partition = torch_attr(partitioners, "default_partition", "score what-if partitions")
+    min_cut_rematerialization_partition = torch_attr(
+        partitioners, "min_cut_rematerialization_partition", "score what-if partitions")
 
     base = joint.memory()
     life = base.lifetimes

@@ -25,6 +25,7 @@ __all__ = [
     "CompiledModuleError",
     "UnsupportedCheckpointError",
     "UnsupportedRandomOpError",
+    "UnsupportedTorchError",
     "NodeExecutionError",
     "PersistError",
     "TableQueryError",
@@ -33,6 +34,7 @@ __all__ = [
     "WhatIfError",
     "BakedConstantWarning",
     "CheckpointWarning",
+    "UntestedTorchWarning",
 ]
 
 
@@ -111,6 +113,10 @@ class UnsupportedRandomOpError(TraceError):
     """A random op cannot be traced so that the graph draws exactly what eager draws."""
 
 
+class UnsupportedTorchError(TraceError):
+    """This torch lacks a (private) torch API that jointlab needs; the message names both."""
+
+
 class NodeExecutionError(JointlabError, RuntimeError):
     """A graph node raised while the joint graph was executing."""
 
@@ -141,3 +147,7 @@ class BakedConstantWarning(UserWarning):
 
 class CheckpointWarning(UserWarning):
     """Gradient checkpointing is in the model but not in the traced graph's memory picture."""
+
+
+class UntestedTorchWarning(UserWarning):
+    """The installed torch is outside the versions jointlab's test suite was run on."""
