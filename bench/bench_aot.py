@@ -8,7 +8,7 @@ from run import interleaved, row
 
 def attributed_share(joint) -> float:
     """Share of forward/backward compute nodes attributed to a module of the model."""
-    from jointlab._meta import KEY, TRAIN_FN
+    from jointlab.meta import KEY, TRAIN_FN
 
     comp = [n for n in joint.graph.nodes
             if n.op == "call_function" and n.meta[KEY]["phase"] in ("forward", "backward")]

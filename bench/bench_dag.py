@@ -96,7 +96,7 @@ def graphviz_drawer_s(gm) -> tuple[float, bool]:
 
 
 def rows(ctx):
-    from jointlab._analyze import ensure_analyzed
+    from jointlab.passes.analyze import ensure_analyzed
     from jointlab.viz.dag import plot_dag
 
     out = []

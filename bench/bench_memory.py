@@ -8,15 +8,15 @@ from run import row, timeit
 
 
 def _predict(joint):
-    from jointlab._memory import predict
+    from jointlab.analysis.memory.predict import predict
 
     return predict(joint)
 
 
 def rows(ctx):
     import jointlab as jl
-    from jointlab._analyze import ensure_analyzed
     from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+    from jointlab.passes.analyze import ensure_analyzed
     from tests.fixtures import zoo
 
     out = []

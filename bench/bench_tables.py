@@ -12,9 +12,9 @@ from __future__ import annotations
 from run import interleaved, row, timeit
 
 import jointlab as jl
-from jointlab._analyze import forget_analysis
-from jointlab._tables import node_table
+from jointlab.analysis.tables import node_table
 from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+from jointlab.passes.analyze import forget_analysis
 
 # About 130 nodes per layer at this width: 38 layers ~ 5k nodes, 384 ~ 50k.
 SMALL_LAYERS, LARGE_LAYERS = 38, 384

@@ -3,18 +3,18 @@
 This module only re-exports the public API. Names that need plotly or
 ipywidgets (``plot_dag``, ``plot_memory``, ``explore``, ``report``) are
 resolved on first use, so ``import jointlab`` stays light. Importing it warns
-once when torch is outside the tested versions (see ``_torch_version``).
+once when torch is outside the tested versions (see ``jointlab.torch_compat``).
 """
 
 from __future__ import annotations
 
-from . import errors as errors
-from ._lazy import lazy_getattr
-from ._torch_version import unsupported, warn_if_untested
+from jointlab import errors as errors
+from jointlab._lazy import lazy_getattr
+from jointlab.torch_compat import unsupported, warn_if_untested
 
 try:
-    from ._graph import JointGraph as JointGraph
-    from ._trace import trace as trace
+    from jointlab.graph import JointGraph as JointGraph
+    from jointlab.trace.tracer import trace as trace
 except ImportError as exc:  # a torch without one of the private modules jointlab imports
     if not (exc.name or "").startswith("torch"):
         raise
@@ -23,16 +23,16 @@ except ImportError as exc:  # a torch without one of the private modules jointla
 warn_if_untested()
 
 _LAZY = {
-    "Stepper": "jointlab._step",
-    "compare": "jointlab._step",
-    "Comparison": "jointlab._compare",
-    "MemoryProfile": "jointlab._memory",
-    "load": "jointlab._persist",
+    "Stepper": "jointlab.analysis.step.stepper",
+    "compare": "jointlab.analysis.step.stepper",
+    "Comparison": "jointlab.analysis.compare.compare",
+    "MemoryProfile": "jointlab.analysis.memory.predict",
+    "load": "jointlab.io.persist",
     "plot_dag": "jointlab.viz",
     "plot_memory": "jointlab.viz",
     "plot_lifetimes": "jointlab.viz",
     "explore": "jointlab.widgets",
-    "report": "jointlab._report",
+    "report": "jointlab.viz.report",
 }
 
 __all__ = ["JointGraph", "errors", "trace", *_LAZY]

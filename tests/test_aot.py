@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import jointlab as jl
 from jointlab import errors
-from jointlab._meta import KEY, TRAIN_FN
+from jointlab.meta import KEY, TRAIN_FN
 from tests.fixtures import zoo
 from tests.util import assert_unchanged, deep_state, eager_step, traced_fixture
 

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import jointlab as jl
 from jointlab import errors
-from jointlab._meta import KEY
+from jointlab.meta import KEY
 from jointlab.viz import dag
 from tests.fixtures import real
 from tests.util import assert_unchanged, deep_state, eager_step

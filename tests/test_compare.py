@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import jointlab as jl
-from jointlab import _meta
+from jointlab import meta as _meta
 from tests.fixtures import zoo
 from tests.util import assert_unchanged, deep_state
 

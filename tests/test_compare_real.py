@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import jointlab as jl
-from jointlab import _meta
+from jointlab import meta as _meta
 from tests.fixtures import real, zoo
 
 aten = torch.ops.aten

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import jointlab as jl
+import jointlab.meta
 from jointlab.viz import _layout, dag
 from tests.fixtures import zoo
 
@@ -52,7 +53,7 @@ def test_every_edge_goes_to_a_later_layer(joint, laid):
 
 def test_backward_band_mirrors_forward(joint, laid):
     data, lay = laid
-    phase = [jl._meta.phase(n) for n in joint.graph.nodes]
+    phase = [jl.meta.phase(n) for n in joint.graph.nodes]
     fwd = np.array([p in ("param", "buffer", "input", "forward") for p in phase])
     assert (lay.y[fwd] > 0).all() and (lay.y[~fwd] < 0).all()
     pairs = [(i, t) for i, t in enumerate(data.twin) if t >= 0]
@@ -115,7 +116,7 @@ class Hostile(nn.Module):
 def test_hover_escapes_hostile_module_names():
     m = Hostile()
     j = jl.trace(m, lambda mod, x: mod(x).sum(), {"x": torch.randn(2, 4)})
-    assert any(HOSTILE in jl._meta.module(n) for n in j.graph.nodes)
+    assert any(HOSTILE in jl.meta.module(n) for n in j.graph.nodes)
     fig = dag.plot_dag(j)
     texts = [t for tr in fig.data if tr.text is not None for t in tr.text]
     assert any("&lt;/script&gt;&lt;script&gt;alert(1)" in t for t in texts)
@@ -139,7 +140,7 @@ def test_collapse_counts_sum_to_node_count(joint, depth):
     # independent count by module prefix of the forward side
     expected: dict[str, int] = {}
     for n in joint.graph.nodes:
-        m = jl._meta.info(n)
+        m = jl.meta.info(n)
         if m["phase"] in ("param", "buffer", "input", "forward"):
             key = "fwd:" + (".".join(m["module"].split(".")[:depth]) or "(root)")
             expected[key] = expected.get(key, 0) + 1
@@ -149,7 +150,7 @@ def test_collapse_counts_sum_to_node_count(joint, depth):
 def test_relations_saved_activations_and_param_grads(joint):
     fig = dag.plot_dag(joint)
     by_name = {tr.name: tr for tr in fig.data}
-    phase = {n: jl._meta.phase(n) for n in joint.graph.nodes}
+    phase = {n: jl.meta.phase(n) for n in joint.graph.nodes}
     n_saved = sum(1 for n in joint.graph.nodes for a in n.all_input_nodes
                   if phase[a] == "forward" and phase[n] == "backward")
     assert n_saved > 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch._functorch._aot_autograd import fx_utils
 
-from jointlab._meta import KEY
+from jointlab.meta import KEY
 from tests.util import eager_step, traced_fixture
 
 MODES = ("make_fx", "aot")

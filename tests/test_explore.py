@@ -7,6 +7,7 @@ import pytest
 from plotly.callbacks import Points
 
 import jointlab as jl
+import jointlab.meta
 import jointlab.widgets._explore as explore_mod  # noqa: E402
 from tests.fixtures import zoo
 
@@ -40,7 +41,7 @@ def test_click_shows_row_and_twin(joint):
     app = explore_mod.explore(joint).explorer
     bwd = next(t for t in app.fig.data if t.name == "backward")
     i = next(k for k, n in enumerate(bwd.customdata)
-             if jl._meta.info(joint.graph.find_nodes(op="call_function", target=None)[0]
+             if jl.meta.info(joint.graph.find_nodes(op="call_function", target=None)[0]
                               if False else _node(joint, n)).get("fwd_twin"))
     name = bwd.customdata[i]
     twin = _node(joint, name).meta["jointlab"]["fwd_twin"]

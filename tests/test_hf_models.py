@@ -1,6 +1,6 @@
 """HF transformers models in both tracing modes, against eager autograd.
 
-Covers the AOT-mode compatibility shim (:mod:`jointlab._hf_compat`), dynamic
+Covers the AOT-mode compatibility shim (:mod:`jointlab.trace.hf_compat`), dynamic
 shapes on HF causal LMs, memory at a non-traced size, MoE refusals and the
 baked-constant warnings HF models give.
 """
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import jointlab as jl
-from jointlab import _hf_compat
+from jointlab.trace import hf_compat as _hf_compat
 from tests.fixtures import real
 from tests.util import assert_unchanged, deep_state, eager_step
 

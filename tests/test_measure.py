@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import jointlab as jl
-from jointlab._measure import (
+from jointlab.analysis.memory.measure import (
     StepInterpreter,
     _walk,
     carry_forward,

@@ -7,8 +7,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import jointlab as jl
-from jointlab._measure import measure_graph
-from jointlab._memory import CATEGORIES, predict
+from jointlab.analysis.memory.measure import measure_graph
+from jointlab.analysis.memory.predict import CATEGORIES, predict
 from tests.fixtures import zoo
 
 

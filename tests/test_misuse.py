@@ -18,7 +18,7 @@ from torch import nn
 
 import jointlab as jl
 from jointlab import errors
-from jointlab._constants import no_tensor_printing, warn_baked_constants
+from jointlab.trace.python_state import no_tensor_printing, warn_baked_constants
 from tests.fuzz.state import assert_unchanged, deep_state
 
 HERE = "test_misuse.py"

@@ -1,4 +1,4 @@
-"""Save/load round trips and hostile archives for jointlab._persist."""
+"""Save/load round trips and hostile archives for jointlab.io.persist."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
-from jointlab._breakpoints import draws_random
+from jointlab.analysis.step.breakpoints import draws_random
 from jointlab.errors import UnsupportedRandomOpError
 from tests.util import assert_unchanged, deep_state, eager_step
 

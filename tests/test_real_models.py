@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import jointlab as jl
-from jointlab._meta import TRAIN_FN, info
+from jointlab.meta import TRAIN_FN, info
 from tests.fixtures import real
 from tests.util import eager_step, traced_real
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import jointlab as jl
-from jointlab import _meta
+from jointlab import meta as _meta
 from jointlab.errors import NodeExecutionError, ValueNotAvailableError
 from tests.fixtures import zoo
 from tests.util import assert_unchanged, deep_state

@@ -12,10 +12,10 @@ import torch.fx as fx
 from torch.utils.flop_counter import FlopCounterMode
 
 import jointlab as jl
-from jointlab._analyze import ensure_analyzed
-from jointlab._meta import KEY, TRAIN_FN
-from jointlab._tables import COLUMNS, node_table
+from jointlab.analysis.tables import COLUMNS, node_table
 from jointlab.errors import JointlabError, TableQueryError
+from jointlab.meta import KEY, TRAIN_FN
+from jointlab.passes.analyze import ensure_analyzed
 from tests.fixtures import zoo
 
 BATCH = 4

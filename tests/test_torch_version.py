@@ -12,7 +12,8 @@ import torch
 from packaging.requirements import Requirement
 
 import jointlab as jl
-from jointlab import _checkpoint, _torch_version
+from jointlab import torch_compat as _torch_version
+from jointlab.trace import checkpoint as _checkpoint
 from tests.util import assert_unchanged, deep_state
 
 tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11+ to read pyproject.toml")

@@ -10,7 +10,7 @@ import torch
 
 import jointlab as jl
 from jointlab import errors
-from jointlab._meta import KEY, TRAIN_FN
+from jointlab.meta import KEY, TRAIN_FN
 from tests.fixtures import zoo
 from tests.util import assert_unchanged, deep_state, eager_step
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import jointlab as jl
-from jointlab._memory import CATEGORIES
+from jointlab.analysis.memory.predict import CATEGORIES
 from jointlab.viz.memory import downsample, plot_lifetimes, plot_memory
 from tests.fixtures import zoo
 

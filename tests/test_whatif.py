@@ -13,7 +13,7 @@ import torch
 from torch._functorch.partitioners import default_partition
 
 import jointlab as jl
-from jointlab._whatif import functional_joint, what_if
+from jointlab.analysis.memory.whatif import functional_joint, what_if
 from tests.fixtures import real, zoo
 
 CASES = [(name, mode) for name in ("mlp", "cnn_bn", "hf_vit") for mode in ("make_fx", "aot")]

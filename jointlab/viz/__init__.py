@@ -6,7 +6,7 @@ back. Submodules are imported on first use.
 
 from __future__ import annotations
 
-from .._lazy import lazy_getattr
+from jointlab._lazy import lazy_getattr
 
 _LAZY = {
     "plot_dag": "jointlab.viz.dag",

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from .. import _meta
-from .._analyze import ensure_analyzed
-from .._format import human_bytes, human_count
-from . import _layout
+from jointlab import meta as _meta
+from jointlab.passes.analyze import ensure_analyzed
+from jointlab.units import human_bytes, human_count
+from jointlab.viz import _layout
 
 PHASE_COLORS = {
     "param": "#2ca02c", "buffer": "#8c564b", "input": "#7f7f7f",

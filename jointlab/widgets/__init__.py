@@ -5,7 +5,7 @@ Submodules are imported on first use.
 
 from __future__ import annotations
 
-from .._lazy import lazy_getattr
+from jointlab._lazy import lazy_getattr
 
 _LAZY = {
     "explore": "jointlab.widgets._explore",

@@ -15,8 +15,8 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
-from .. import _meta
-from ..viz import dag
+from jointlab import meta as _meta
+from jointlab.viz import dag
 
 TABLE_ROWS = 50
 
@@ -33,7 +33,7 @@ def node_rows(joint: Any, names: list[str]) -> pd.DataFrame:
     """
     try:
         table = joint.nodes
-    except ImportError:  # jointlab._tables not present in this checkout
+    except ImportError:  # jointlab.analysis.tables not present in this checkout
         by_name = {n.name: _meta.info(n) for n in joint.graph.nodes}
         return pd.DataFrame([by_name[n] for n in names], index=pd.Index(names, name="node"))
     return table.loc[[n for n in names if n in table.index]]

@@ -14,7 +14,7 @@ from typing import Any
 import ipywidgets as W
 import torch
 
-from .. import _meta
+from jointlab import meta as _meta
 
 __all__ = ["stepper_widget", "value_summary"]
 
@@ -79,7 +79,7 @@ class DagCursor:
         """Build the figure once; :meth:`move` only updates the ring's coordinates."""
         import plotly.graph_objects as go
 
-        from ..viz.dag import plot_dag
+        from jointlab.viz.dag import plot_dag
 
         fig = plot_dag(joint, height=380, title="current node (ring)")
         self.where: dict[str, tuple[float, float]] = {}
@@ -207,7 +207,7 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None,
         return inspect_name.value.strip() or None
 
     def do_compare():
-        from .._compare import compare
+        from jointlab.analysis.compare.compare import compare
 
         fn = train_fn or getattr(stepper.joint, "train_fn", None)
         result = compare(stepper.joint, stepper.model, stepper.inputs, train_fn=fn,

@@ -20,7 +20,7 @@ from tests.fuzz import models
 from tests.fuzz.state import assert_unchanged, deep_state
 from tests.fuzz.strategies import model_specs
 
-MODES = ["make_fx"] + (["aot"] if importlib.util.find_spec("jointlab._aot") else [])
+MODES = ["make_fx"] + (["aot"] if importlib.util.find_spec("jointlab.trace.aot") else [])
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

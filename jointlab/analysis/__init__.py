@@ -1,0 +1,1 @@
+"""Analyses: readers of a traced graph that return DataFrames or frozen dataclasses, never HTML."""

@@ -1,0 +1,1 @@
+"""Comparison with eager autograd: eager capture, pairing and verdicts."""

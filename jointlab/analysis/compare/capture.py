@@ -1,0 +1,142 @@
+"""Eager capture: what the untouched model computes, module call by module call.
+
+One eager training step runs on a copy of the model with forward hooks on
+every module (recording a copy of each call's output tensors at the moment
+they are returned) and tensor hooks on those outputs (recording the gradient
+that reaches them in backward). Values are keyed ``(module fqn, call index,
+output leaf)``, exactly as the tracer's probes (:mod:`jointlab.trace.probes`) key
+the graph nodes that hold the same values, so pairing needs no guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from jointlab import meta as _meta
+from jointlab.trace.probes import tensor_leaves
+from jointlab.trace.tracer import split_loss
+
+Key = tuple[str, int, int]  # (module fqn, call index, output leaf)
+
+
+@dataclass
+class EagerCapture:
+    """Everything recorded from one eager step."""
+
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor | None]
+    loss_dict: dict[str, Any]
+    buffers: dict[str, torch.Tensor]
+    outputs: dict[Key, torch.Tensor]
+    output_grads: dict[Key, torch.Tensor]
+    calls: dict[str, int]
+
+
+def to_device(tree: Any, device: torch.device | None) -> Any:
+    """Move the tensor leaves of ``tree`` to ``device`` (no-op for None)."""
+    if device is None:
+        return tree
+    return pytree.tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, tree)
+
+
+def _grad_hook(grads: dict[Key, torch.Tensor], key: Key):
+    def hook(grad: torch.Tensor) -> None:
+        prev = grads.get(key)
+        grads[key] = grad.detach().clone() if prev is None else prev + grad
+    return hook
+
+
+def _forward_hook(fqn: str, cap: dict[str, Any]):
+    def hook(_mod: nn.Module, _args: Any, out: Any) -> None:
+        call = cap["calls"].get(fqn, 0)
+        cap["calls"][fqn] = call + 1
+        for leaf, t in enumerate(tensor_leaves(out)):
+            cap["outputs"][(fqn, call, leaf)] = t.detach().clone()
+            if t.requires_grad:
+                t.register_hook(_grad_hook(cap["output_grads"], (fqn, call, leaf)))
+    return hook
+
+
+def capture_eager(model: nn.Module, train_fn: Any, inputs: dict[str, Any],
+                  param_names: list[str], *, seed: int) -> EagerCapture:
+    """Run ``train_fn`` eagerly on ``model`` (a private copy) and record module values.
+
+    Args:
+        model: A model the caller owns (it is run, hooked and then unhooked).
+        train_fn: The training step.
+        inputs: Keyword inputs, already on the model's device.
+        param_names: The parameters to differentiate, in graph order.
+        seed: Seed for the global RNG (restored afterwards).
+
+    Returns:
+        Loss, gradients, loss_dict, buffers after the step and per-module values.
+    """
+    cap: dict[str, Any] = {"calls": {}, "outputs": {}, "output_grads": {}}
+    handles = [m.register_forward_hook(_forward_hook(fqn, cap))
+               for fqn, m in model.named_modules()]
+    params = dict(model.named_parameters())
+    devices = [p.device for p in params.values() if p.device.type == "cuda"][:1]
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            loss, loss_dict = split_loss(train_fn(model, **inputs))
+            wanted = [params[n] for n in param_names]
+            grads = torch.autograd.grad(loss, wanted, allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return EagerCapture(
+        loss=loss.detach(),
+        grads=dict(zip(param_names, grads)),
+        loss_dict={k: v.detach() if isinstance(v, torch.Tensor) else v
+                   for k, v in loss_dict.items()},
+        buffers={k: v.detach().clone() for k, v in model.named_buffers()},
+        outputs=cap["outputs"],
+        output_grads=cap["output_grads"],
+        calls=cap["calls"],
+    )
+
+
+# -- pairing graph nodes with eager values -----------------------------------------
+@dataclass(frozen=True)
+class Probe:
+    """One graph node paired with the eager value recorded at the same point."""
+
+    node: fx.Node
+    want: torch.Tensor
+    what: str  # "module output" or "output gradient"
+    module: str  # the module whose output (or output's gradient) this is
+
+
+def probe_pairs(graph: fx.Graph, eager: EagerCapture) -> tuple[list[Probe], list[str]]:
+    """Pair the tracer's probed nodes with the eager capture.
+
+    Returns:
+        The pairs, and the modules whose calls could not be paired (the graph
+        and eager saw a different number of calls), which ``compare`` reports
+        as not checked rather than guessing.
+    """
+    traced_calls: dict[str, int] = {}
+    found: list[tuple[fx.Node, Key, str]] = []
+    for node in graph.nodes:
+        meta = _meta.info(node)
+        for kind, what in (("probe_out", "module output"), ("probe_grad", "output gradient")):
+            for fqn, call, leaf in meta.get(kind, ()):
+                found.append((node, (fqn, call, leaf), what))
+                if kind == "probe_out":
+                    traced_calls[fqn] = max(traced_calls.get(fqn, 0), call + 1)
+    unpaired = sorted(f for f in set(traced_calls) | set(eager.calls)
+                      if traced_calls.get(f) != eager.calls.get(f))
+    bad = set(unpaired)
+    pairs = []
+    for node, key, what in found:
+        table = eager.outputs if what == "module output" else eager.output_grads
+        if key[0] not in bad and key in table:
+            pairs.append(Probe(node, table[key], what, key[0]))
+    return pairs, unpaired

@@ -1,0 +1,517 @@
+"""``compare``: run the joint graph and eager autograd from the same start, side by side.
+
+Each side gets its own deep copy of the model and the same RNG seed, so
+dropout draws the same masks and neither side changes the user's model. The
+result, a :class:`Comparison`, holds the loss, per-parameter gradient errors,
+the loss_dict, the buffers after the step, and ``first_divergence``: the first
+graph node, in graph order, whose value differs from the eager value at the
+same point. Graph values are paired with eager ones through the tracer's
+probes (:mod:`jointlab.trace.probes`): the graph node that *is* a module call's
+output, or that output's gradient, as recorded while tracing.
+
+Verdicts come in three grades: ``bit-exact`` (every compared value is bitwise
+equal), ``within tolerance`` (with the reasons a difference is expected, e.g.
+low-precision compute) and ``MISMATCH``. Default tolerances follow the
+lowest-precision dtype the graph computes in and scale with each tensor's
+magnitude, so gradients of 1e-3 are judged relative to their own size.
+A compiled joint (``joint.compile()``) is compared as well as the graph it
+came from, so "inductor vs graph vs eager" is one call.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from jointlab import meta as _meta
+from jointlab.analysis.compare.capture import (
+    EagerCapture,
+    Probe,
+    capture_eager,
+    probe_pairs,
+    to_device,
+)
+from jointlab.errors import CompareError
+from jointlab.passes.analyze import op_name
+from jointlab.trace.refusals import torch_errors
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from jointlab.graph import JointGraph
+
+__all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
+
+_TOLERANCES = {  # dtype -> (rtol, atol as a fraction of the tensor's largest |value|)
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+_PRECISION = [torch.float64, torch.float32, torch.float16, torch.bfloat16]  # high to low
+
+
+def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """Return ``(rtol, scaled atol)`` for values of ``dtype`` (0, 0 for exact dtypes).
+
+    The absolute tolerance is a fraction of the compared tensor's largest
+    magnitude, so a tensor of gradients around 1e-3 is judged at its own scale.
+    """
+    return _TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def _lower(a: torch.dtype | None, b: torch.dtype | None) -> torch.dtype | None:
+    ranked = [d for d in (a, b) if d in _PRECISION]
+    return max(ranked, key=_PRECISION.index) if ranked else (a or b)
+
+
+def compute_dtype(joint: JointGraph) -> torch.dtype | None:
+    """The lowest-precision floating dtype any compute node of the graph produces."""
+    low = None
+    for n in joint.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "call_function" and isinstance(val, torch.Tensor):
+            low = _lower(low, val.dtype) if val.dtype in _PRECISION else low
+    return low
+
+
+# Ops whose floating-point accumulation order varies from run to run (parallel
+# or atomic adds into shared slots), so eager itself is not bitwise
+# reproducible; from torch.use_deterministic_algorithms' documentation.
+_INDEX_PUT = {"index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_", "put", "put_"}
+_ORDER_DEPENDENT = {
+    "cpu": frozenset(_INDEX_PUT),
+    "cuda": frozenset(_INDEX_PUT | {
+        "index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce",
+        "scatter_reduce_", "index_reduce", "index_reduce_", "embedding_dense_backward",
+        "_embedding_bag_backward", "_embedding_bag_dense_backward", "histc", "bincount",
+        "index_select_backward", "cumsum", "kthvalue", "median", "nll_loss2d_forward",
+        "upsample_bilinear2d_backward", "_adaptive_avg_pool2d_backward",
+        "max_pool3d_with_indices_backward", "convolution_backward", "avg_pool3d_backward"}),
+}
+
+
+def order_dependent_ops(joint: JointGraph, devices: set[str]) -> list[str]:
+    """Ops of the graph whose results may differ bitwise between two eager runs."""
+    risky = frozenset().union(*(_ORDER_DEPENDENT.get(d, _ORDER_DEPENDENT["cuda"])
+                                for d in devices))
+    return sorted({op_name(n) for n in joint.graph.nodes
+                   if n.op == "call_function" and op_name(n) in risky})
+
+
+def expects_exact(joint: JointGraph, devices: set[str]) -> bool:
+    """True when graph and eager run the same kernels, so they must agree bitwise.
+
+    That holds for a make_fx graph (it records the ATen ops eager dispatches)
+    on one device, computing in float32/float64, without order-dependent ops.
+    """
+    return (joint.mode == "make_fx" and len(devices) == 1
+            and compute_dtype(joint) in (torch.float32, torch.float64, None)
+            and not order_dependent_ops(joint, devices))
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How two values are judged: explicit ``rtol``/``atol``, exact, or dtype defaults."""
+
+    rtol: float | None = None
+    atol: float | None = None
+    exact: bool = False
+    floor: torch.dtype | None = None  # the graph's lowest compute precision
+
+    def bounds(self, want: torch.Tensor) -> tuple[float, float]:
+        """``(rtol, absolute atol)`` for comparing against ``want``."""
+        if self.exact:
+            return 0.0, 0.0
+        r, scaled = default_tolerances(_lower(want.dtype, self.floor) or want.dtype)
+        if self.atol is not None:
+            atol = self.atol
+        else:
+            big = want.detach().abs().nan_to_num(0.0, 0.0, 0.0).max() if want.numel() else 0
+            atol = scaled * float(big)
+        return (r if self.rtol is None else self.rtol), atol
+
+    def reasons(self, joint: JointGraph, devices: set[str]) -> list[str]:
+        """Why differences from eager may (or may not) be expected under these settings."""
+        if self.exact and not expects_exact(joint, devices):
+            return ["exact=True: every value must be bitwise equal"]
+        if self.exact:
+            return ["graph and eager run the same ATen kernels on the same device, so every "
+                    "value must be bitwise equal; any difference is reported (pass "
+                    "exact=False to judge by dtype tolerances instead)"]
+        out = []
+        if ops := order_dependent_ops(joint, devices):
+            out.append(f"{', '.join(ops)} accumulate in an order that varies from run to "
+                       "run, so eager itself is not bitwise reproducible")
+        if self.floor in (torch.float16, torch.bfloat16):
+            out.append(f"the graph computes in {str(self.floor).removeprefix('torch.')} "
+                       "(autocast or low-precision model): eager and the graph may round "
+                       "differently, so tolerances follow that dtype")
+        if joint.mode == "aot":
+            out.append("AOT mode functionalizes and decomposes some ops, so a few kernels "
+                       "differ from eager's and sums may be ordered differently")
+        if len(devices) > 1:
+            out.append(f"the two sides ran on different devices ({', '.join(sorted(devices))})")
+        return out
+
+
+@dataclass
+class Divergence:
+    """The first graph node whose value differs from eager."""
+
+    node: str
+    module: str
+    source: str
+    phase: str
+    what: str  # "module output", "output gradient", "parameter gradient", "loss"
+    max_abs_err: float
+    max_rel_err: float = 0.0
+
+    def __str__(self) -> str:
+        """One line naming node, the module the value belongs to, and source."""
+        what = (f"the loss, computed in {self.module}" if self.what == "loss"
+                else f"{self.what} of module '{self.module or '(root)'}'")
+        return (f"{self.node} ({what}, {self.phase}, "
+                f"{self.source or 'no source'}): max abs err {self.max_abs_err:.3g}, "
+                f"max rel err {self.max_rel_err:.3g}")
+
+
+# -- numeric comparison ----------------------------------------------------------
+def errors(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
+    """Return ``(max abs err, max rel err, cosine similarity)`` of ``a`` against ``b``."""
+    if a.shape != b.shape:
+        return float("inf"), float("inf"), float("nan")
+    x, y = a.detach().double().flatten().cpu(), b.detach().double().flatten().cpu()
+    if x.numel() == 0:
+        return 0.0, 0.0, 1.0
+    diff = (x - y).abs()
+    abs_err = float(diff.max())
+    rel_err = float((diff / y.abs().clamp_min(1e-12)).max())
+    denom = float(x.norm() * y.norm())
+    cos = float(x @ y) / denom if denom > 0 else (1.0 if abs_err == 0 else 0.0)
+    return abs_err, rel_err, cos
+
+
+def bit_exact(a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` are bitwise the same values (NaN where eager has NaN)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a == b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a.to(b.device), b) or
+                (a.is_floating_point() and torch.isclose(a.to(b.device), b, 0.0, 0.0,
+                                                         equal_nan=True).all()))
+
+
+def close(a: Any, b: Any, tol: Tolerance) -> bool:
+    """True when ``a`` matches eager value ``b`` under ``tol``."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a == b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point() and not a.is_complex():
+        return bool(torch.equal(a.to(b.device), b))
+    rtol, atol = tol.bounds(b)
+    return bool(torch.isclose(a.to(b.device), b, rtol=rtol, atol=atol, equal_nan=True).all())
+
+
+def _rows(pairs: dict[str, tuple[Any, Any]], tol: Tolerance, candidate: str) -> list[dict]:
+    rows = []
+    for name, (got, want) in pairs.items():
+        if want is None:  # eager has no gradient: graph must emit zeros
+            want = torch.zeros_like(got)
+        abs_err, rel_err, cos = errors(got, want)
+        rows.append({"candidate": candidate, "name": name, "shape": tuple(got.shape),
+                     "dtype": str(got.dtype).removeprefix("torch."), "max_abs_err": abs_err,
+                     "max_rel_err": rel_err, "cosine": cos, "exact": bit_exact(got, want),
+                     "ok": close(got, want, tol)})
+    return rows
+
+
+# -- running the candidates ------------------------------------------------------
+def _candidates(joint: Any) -> dict[str, Any]:
+    from jointlab.analysis.compile import CompiledJoint
+
+    items = joint if isinstance(joint, (list, tuple)) else [joint]
+    out: dict[str, Any] = {}
+    for j in items:
+        if isinstance(j, CompiledJoint):
+            out[j.backend] = j
+            out.setdefault("graph", j.joint)
+        else:
+            out["graph" if "graph" not in out else f"graph{len(out)}"] = j
+    return out
+
+
+def _run_graph(joint: JointGraph, model: nn.Module, inputs: dict[str, Any], seed: int,
+               device: torch.device, keep: set[str]):
+    from jointlab.analysis.step.stepper import Stepper
+
+    s = Stepper(joint, copy.deepcopy(model), inputs, device=device, seed=seed, keep=keep)
+    out = s.run()
+    return out, s.buffers(), s
+
+
+def _run_compiled(compiled: Any, model: nn.Module, inputs: dict[str, Any], seed: int,
+                  device: torch.device):
+    m = copy.deepcopy(model).to(device)
+    inp = to_device(inputs, device)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        out = compiled.run(m, inp)
+    return out, dict(m.named_buffers())
+
+
+@torch_errors("jl.compare")
+def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int = 0,
+            rtol: float | None = None, atol: float | None = None, exact: bool | None = None,
+            device: str | torch.device | None = None, train_fn: Any = None) -> Comparison:
+    """Run the joint graph and eager autograd from the same state and seed, and compare.
+
+    Args:
+        joint: A JointGraph, a compiled one (``joint.compile()``), or a list of them.
+        model: The user's model (never changed: each side runs on a deep copy).
+        inputs: Keyword inputs for ``train_fn``.
+        seed: RNG seed used by both sides (every random op draws exactly what eager draws).
+        rtol: Relative tolerance; default follows the graph's lowest compute dtype.
+        atol: Absolute tolerance; default is a dtype-dependent fraction of each
+            tensor's largest magnitude.
+        exact: Demand bitwise equality (True), judge by tolerances (False), or
+            (None, the default) demand it exactly where both sides run the same
+            kernels: a make_fx graph on one device in float32/64 without ops
+            whose accumulation order varies (see :func:`expects_exact`).
+            Explicit ``rtol``/``atol`` imply tolerances.
+        device: Run both sides here; default: where the model lives.
+        train_fn: The training step; default ``joint.train_fn``.
+
+    Returns:
+        A :class:`Comparison`.
+
+    Raises:
+        jointlab.errors.CompareError: No training step is known for ``joint``.
+    """
+    cands = _candidates(joint)
+    graph = cands["graph"]
+    train_fn = train_fn or getattr(graph, "train_fn", None)
+    if train_fn is None:
+        raise CompareError("compare needs the training step: pass train_fn=..., or use a "
+                           "JointGraph that records it (joint.train_fn)")
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    eager_model = copy.deepcopy(model).to(dev)
+    eager = capture_eager(eager_model, train_fn, to_device(inputs, dev), graph.param_names,
+                          seed=seed)
+    del eager_model
+    probes, unpaired = probe_pairs(graph.graph, eager)
+    if exact is None:
+        exact = rtol is None and atol is None and expects_exact(graph, {dev.type})
+    tol = Tolerance(rtol, atol, exact, compute_dtype(graph))
+    loose = Tolerance(rtol, atol, False, tol.floor)  # compiled candidates: other kernels
+    results: dict[str, tuple] = {}
+    stepper = None
+    for name, cand in cands.items():
+        if cand is graph:
+            out, bufs, stepper = _run_graph(graph, model, inputs, seed, dev,
+                                            {p.node.name for p in probes})
+        else:
+            out, bufs = _run_compiled(cand, model, inputs, seed, dev)
+        results[name] = (out, bufs)
+    checks = divergence_checks(graph, eager, probes)
+    first = first_divergence(graph, stepper, checks, tol)
+    inexact = first_divergence(graph, stepper, checks, Tolerance(exact=True))
+    notes = tol.reasons(graph, {dev.type})
+    if exact and first is not None and close_by_dtype(stepper, graph, checks, first, loose):
+        notes.append(f"{first.node} differs by max rel err {first.max_rel_err:.3g}, within "
+                     "dtype tolerance: a reordered reduction would look like this too, so "
+                     "check it, or pass exact=False to judge by tolerance")
+    tols = {name: tol if cand is graph else loose for name, cand in cands.items()}
+    return Comparison.build(results, eager, first, inexact, tols, notes, unpaired)
+
+
+def close_by_dtype(stepper: Any, joint: JointGraph, checks: list, first: Divergence,
+                   tol: Tolerance) -> bool:
+    """True when the first (exact) divergence would pass the dtype tolerances."""
+    for node, want, _what, _owner in checks:
+        if node.name == first.node:
+            got = _graph_value(stepper, node, joint)
+            if isinstance(got, torch.Tensor) and got.numel() == want.numel():
+                return close(got, want.reshape(got.shape), tol)
+    return False
+
+
+def divergence_checks(joint: JointGraph, eager: EagerCapture,
+                      probes: list[Probe]) -> list[tuple[fx.Node, torch.Tensor, str, str]]:
+    """Every ``(graph node, eager value, what, module)`` to check, in graph order."""
+    checks = [(p.node, p.want, p.what, p.module) for p in probes]
+    # A parameter's gradient node holds its full gradient only when it is the
+    # sole one; tied aliases in AOT mode each carry a partial gradient.
+    outs = [n for n in joint.graph.output_node().args[0] if isinstance(n, fx.Node)]
+    grad_count = Counter(_meta.info(n).get("grad_of") for n in outs)
+    for name, (_ph, gnode) in joint.param_grads.items():
+        want = eager.grads.get(name)
+        if gnode is not None and want is not None and grad_count[name] == 1:
+            checks.append((gnode, want, "parameter gradient", name.rpartition(".")[0]))
+    loss_node = joint.outputs_and_tangents()[0][0]  # the loss, in either mode's layout
+    if isinstance(loss_node, fx.Node):
+        checks.append((loss_node, eager.loss, "loss", _meta.TRAIN_FN))
+    order = {n: i for i, n in enumerate(joint.graph.nodes)}
+    checks.sort(key=lambda x: order[x[0]])
+    return checks
+
+
+def first_divergence(joint: JointGraph, stepper: Any, checks: list, tol: Tolerance
+                     ) -> Divergence | None:
+    """The first checked graph node, in graph order, whose value differs from eager."""
+    for node, want, what, owner in checks:
+        got = _graph_value(stepper, node, joint)
+        if isinstance(got, torch.Tensor) and got.shape != want.shape \
+                and got.numel() == want.numel():
+            want = want.reshape(got.shape)
+        if got is None or close(got, want, tol):
+            continue
+        info = _meta.info(node)
+        abs_err, rel_err, _ = errors(got, want)
+        return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""),
+                          what, abs_err, rel_err)
+    return None
+
+
+def _graph_value(stepper: Any, node: fx.Node, joint: JointGraph) -> Any:
+    if node in stepper.snapshots:
+        return stepper.snapshots[node]
+    if node in stepper.env:
+        return stepper.env[node]
+    outs = list(joint.graph.output_node().args[0])
+    if node in outs and stepper._outputs is not None:
+        return stepper._outputs[outs.index(node)]
+    return None
+
+
+# -- the result -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    """Graph (and compiled) results against eager autograd for one training step.
+
+    Attributes:
+        ok: Every loss, gradient, loss_dict value, buffer and probed value is
+            within tolerance.
+        exact: Every compared value is bitwise equal to eager's.
+        verdict: ``"bit-exact"``, ``"within tolerance"`` or ``"MISMATCH"``.
+        loss: DataFrame: one row per candidate, the loss beside eager's.
+        grads: DataFrame: one row per candidate and parameter with ``max_abs_err``,
+            ``max_rel_err``, ``cosine``, ``exact`` and ``ok``.
+        loss_dict: DataFrame like ``grads`` for the loss_dict values.
+        buffers: DataFrame like ``grads`` for the buffers after the step.
+        first_divergence: The first graph node beyond tolerance, or None.
+        first_inexact: The first graph node not bitwise equal to eager, or None.
+        notes: Why differences from eager are expected here (dtype, mode, device).
+        unchecked: Modules whose intermediate values could not be paired with
+            eager's (their call counts differ), so they were not checked.
+    """
+
+    ok: bool
+    exact: bool
+    verdict: str
+    loss: pd.DataFrame
+    grads: pd.DataFrame
+    loss_dict: pd.DataFrame
+    buffers: pd.DataFrame
+    first_divergence: Divergence | None
+    first_inexact: Divergence | None
+    notes: tuple[str, ...]
+    unchecked: tuple[str, ...]
+
+    @classmethod
+    def build(cls, results: dict[str, tuple], eager: EagerCapture, first: Divergence | None,
+              inexact: Divergence | None, tols: dict[str, Tolerance], notes: list[str],
+              unchecked: list[str]) -> Comparison:
+        """Assemble the tables from each candidate's ``(outputs, buffers)``."""
+        loss_rows, grad_rows, ld_rows, buf_rows = [], [], [], []
+        for name, ((loss, grads, ld), bufs) in results.items():
+            tol = tols[name]
+            loss_rows += _rows({"loss": (loss, eager.loss)}, tol, name)
+            loss_rows[-1].update(value=float(loss), eager=float(eager.loss))
+            grad_rows += _rows({k: (g, eager.grads[k]) for k, g in grads.items()}, tol, name)
+            ld_rows += _rows({k: (v, eager.loss_dict[k]) for k, v in ld.items()
+                              if isinstance(v, torch.Tensor)}, tol, name)
+            buf_rows += _rows({k: (v, eager.buffers[k]) for k, v in bufs.items()
+                               if k in eager.buffers}, tol, name)
+        tables = [_frame(r) for r in (loss_rows, grad_rows, ld_rows, buf_rows)]
+        ok = all(bool(t["ok"].all()) for t in tables if len(t)) and first is None
+        exact = ok and inexact is None and all(bool(t["exact"].all()) for t in tables if len(t))
+        verdict = "bit-exact" if exact else "within tolerance" if ok else "MISMATCH"
+        return cls(ok, exact, verdict, *tables, first, None if exact else inexact,
+                   tuple(notes), tuple(unchecked))
+
+    def _earlier_inexact(self) -> Divergence | None:
+        """The first inexact node when it is not the first divergence itself."""
+        d, first = self.first_inexact, self.first_divergence
+        return None if d is None or (first is not None and d.node == first.node) else d
+
+    def __repr__(self) -> str:
+        """The verdict, the first divergence and the worst gradient, in a few lines."""
+        lines = [f"Comparison({self.verdict}"]
+        if self.first_divergence is not None:
+            lines.append(f"  first divergence: {self.first_divergence}")
+        if self._earlier_inexact() is not None:
+            lines.append(f"  first inexact node: {self.first_inexact}")
+        if len(self.grads) and not self.exact:
+            worst = self.grads.loc[self.grads["max_abs_err"].idxmax()]
+            lines.append(f"  worst gradient: {worst['name']} (max abs err "
+                         f"{worst['max_abs_err']:.3g}, cosine {worst['cosine']:.6f})")
+        lines += [f"  note: {n}" for n in self.notes if not self.exact]
+        if self.unchecked:
+            lines.append(f"  not checked module by module: {', '.join(self.unchecked)}")
+        return "\n".join(lines) + ")"
+
+    def _repr_html_(self) -> str:
+        color = {"bit-exact": "#1a7f37", "within tolerance": "#1a7f37"}.get(self.verdict,
+                                                                           "#cf222e")
+        parts = [f"<div class='jl-compare'><b style='color:{color}'>jointlab compare: "
+                 f"{html.escape(self.verdict)}</b>"]
+        for label, d in (("first divergence", self.first_divergence),
+                         ("first inexact node", self._earlier_inexact())):
+            if d is not None:
+                parts.append(f"<p>{label}: <code>{html.escape(str(d))}</code></p>")
+        if not self.exact:
+            parts += [f"<p class='jl-note'>{html.escape(n)}</p>" for n in self.notes]
+        if self.unchecked:
+            parts.append("<p>not checked module by module: "
+                         f"{html.escape(', '.join(self.unchecked))}</p>")
+        for title, df in (("loss", self.loss), ("gradients", self.grads),
+                          ("loss_dict", self.loss_dict), ("buffers", self.buffers)):
+            if len(df):
+                parts.append(f"<h4>{title}</h4>{table_html(df)}")
+        return "".join(parts) + "</div>"
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    import pandas as pd
+
+    cols = ["candidate", "name", "shape", "dtype", "max_abs_err", "max_rel_err", "cosine",
+            "exact", "ok"]
+    df = pd.DataFrame(rows)
+    return df if len(df) else pd.DataFrame(columns=cols)
+
+
+def table_html(df: pd.DataFrame) -> str:
+    """An HTML table of ``df`` with failing rows (``ok`` False) highlighted."""
+    cols = list(df.columns)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = []
+    for _, r in df.iterrows():
+        style = "" if r.get("ok", True) else " style='background:#ffebe9' class='jl-fail'"
+        cells = "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in cols)
+        body.append(f"<tr{style}>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)

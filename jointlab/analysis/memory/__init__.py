@@ -1,0 +1,1 @@
+"""Memory analyses: predicted lifetimes, measured allocations, what-if partitions and dynamic sizes."""

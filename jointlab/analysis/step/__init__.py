@@ -1,0 +1,1 @@
+"""Stepping: run a joint graph node by node with breakpoints, timings and its own RNG stream."""

@@ -1,0 +1,350 @@
+"""``JointGraph``: the traced joint graph, its layout, and running it.
+
+A JointGraph owns an ``fx.GraphModule`` whose placeholders are the model's
+parameters and buffers (in :attr:`JointGraph.state_fqns` order) followed by
+the tensor leaves of the inputs, and whose outputs are
+``[loss, *grads, *loss_dict values]``. Per-node facts live under
+``node.meta["jointlab"]`` (see :mod:`jointlab.meta`). Analyses (tables,
+memory, stepping) are reached through thin methods here and live in their
+own modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from jointlab import meta as _meta
+from jointlab.errors import NodeExecutionError
+from jointlab.inputs import (
+    InputSpec,
+    StateSpec,
+    check_leaves,
+    check_state,
+    check_structure,
+    flatten_inputs,
+)
+from jointlab.trace.refusals import torch_errors
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from jointlab.guards import ShapeGuards
+
+_RUN_HINT = ("The joint graph was traced fine but torch rejected a node while running it; "
+             "if you edited the graph, check that edit (then joint.invalidate()), otherwise "
+             "trace again and compare with jl.compare")
+RunResult = tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]
+
+
+class Runtime(Protocol):
+    """How one tracing mode turns validated inputs into graph args and back."""
+
+    def prepare(self, joint: JointGraph, flat: list[torch.Tensor]) -> list[Any]:
+        """Return the graph's positional args from state tensors + tensor inputs."""
+
+    def finish(
+        self, joint: JointGraph, outputs: list[Any], flat: list[torch.Tensor]
+    ) -> tuple[Any, list[torch.Tensor], list[Any]]:
+        """Return ``(loss, grads in param_names order, loss_dict values)``."""
+
+
+class MakeFxRuntime:
+    """Runtime of the default mode: the graph takes and returns the plain layout."""
+
+    def prepare(self, joint: JointGraph, flat: list[torch.Tensor]) -> list[Any]:
+        """Pass the inputs through unchanged."""
+        return flat
+
+    def finish(self, joint: JointGraph, outputs: list[Any], flat: list[torch.Tensor]):
+        """Split ``[loss, *grads, *loss_dict]``."""
+        n = len(joint.param_names)
+        return outputs[0], list(outputs[1 : 1 + n]), list(outputs[1 + n :])
+
+
+class JointGraph:
+    """One FX graph holding forward, loss and backward of a training step."""
+
+    def __init__(
+        self,
+        graph_module: fx.GraphModule,
+        *,
+        mode: str,
+        state_spec: StateSpec,
+        input_spec: InputSpec,
+        param_names: list[str],
+        loss_dict_keys: list[str],
+        dynamic_dims: dict[str, set[int]] | None = None,
+        guards: ShapeGuards | None = None,
+        runtime: Runtime | None = None,
+    ) -> None:
+        """Assemble a JointGraph; use :func:`jointlab.trace` rather than this."""
+        self.graph_module = graph_module
+        self.mode = mode
+        self.state_spec = state_spec
+        self.input_spec = input_spec
+        self.param_names = list(param_names)
+        self.loss_dict_keys = list(loss_dict_keys)
+        self.dynamic_dims = dict(dynamic_dims or {})
+        self.guards = guards
+        self.runtime: Runtime = runtime or MakeFxRuntime()
+        #: The training function that was traced (None for a loaded graph);
+        #: :func:`jointlab.compare` re-runs it eagerly as the reference.
+        self.train_fn: Callable[..., Any] | None = None
+        self._cache: dict[str, tuple[Any, Any]] = {}
+
+    # -- layout ---------------------------------------------------------------
+    @property
+    def graph(self) -> fx.Graph:
+        """The underlying ``fx.Graph``."""
+        return self.graph_module.graph
+
+    @property
+    def state_fqns(self) -> list[str]:
+        """Parameters then buffers, in placeholder order (tied weights once)."""
+        return list(self.state_spec.fqns)
+
+    @property
+    def buffer_names(self) -> list[str]:
+        """Buffer FQNs, in placeholder order."""
+        return [f for f, p in zip(self.state_spec.fqns, self.state_spec.is_param) if not p]
+
+    @property
+    def num_state_inputs(self) -> int:
+        """How many leading placeholders are parameters or buffers."""
+        return len(self.state_spec.fqns)
+
+    @property
+    def placeholders(self) -> list[fx.Node]:
+        """All placeholder nodes in order."""
+        return [n for n in self.graph.nodes if n.op == "placeholder"]
+
+    @property
+    def param_grads(self) -> dict[str, tuple[fx.Node, fx.Node | None]]:
+        """Map each trainable parameter FQN to (its placeholder, its gradient node or None).
+
+        The gradient node is None for a parameter the loss does not depend on.
+        Only the graph's outputs count, so a node a user pass put in front of
+        a gradient output is found, not the node it replaced.
+        """
+        ph = {_meta.info(n).get("fqn"): n for n in self.placeholders}
+        grads: dict[str, fx.Node] = {}
+        for n in self.graph.output_node().args[0]:
+            if not isinstance(n, fx.Node):
+                continue
+            info = _meta.info(n)
+            if "grad_of" in info and not info.get("zero_grad"):
+                grads.setdefault(info["grad_of"], n)
+        return {name: (ph[name], grads.get(name)) for name in self.param_names}
+
+    # -- descriptor-style queries (one API over both modes; see _descriptors) ---
+    def inputs_and_grads(self) -> list[tuple[fx.Node, fx.Node | None]]:
+        """Every input placeholder with its gradient node (None if it has none)."""
+        from jointlab.analysis.descriptors import inputs_and_grads
+
+        return inputs_and_grads(self)
+
+    def outputs_and_tangents(self) -> list[tuple[fx.Node, fx.Node | None]]:
+        """Every output value with its tangent placeholder (None if it has none)."""
+        from jointlab.analysis.descriptors import outputs_and_tangents
+
+        return outputs_and_tangents(self)
+
+    def params(self) -> dict[str, fx.Node]:
+        """Parameter placeholders by FQN."""
+        from jointlab.analysis.descriptors import params
+
+        return params(self)
+
+    def buffers(self) -> dict[str, fx.Node]:
+        """Buffer placeholders by FQN."""
+        from jointlab.analysis.descriptors import buffers
+
+        return buffers(self)
+
+    # -- running --------------------------------------------------------------
+    def flat_args(self, model: nn.Module, inputs: dict[str, Any]) -> list[torch.Tensor]:
+        """Validate ``model`` and ``inputs`` and return state + tensor inputs, flat.
+
+        Args:
+            model: The live model (same parameter names, shapes, dtypes and devices).
+            inputs: Keyword inputs with the traced structure.
+
+        Returns:
+            Parameters and buffers in ``state_fqns`` order, then tensor inputs.
+
+        Raises:
+            jointlab.errors.JointlabError: Anything differs from trace time.
+        """
+        leaves, treespec = flatten_inputs(inputs)
+        check_structure(self.input_spec, treespec)
+        check_leaves(self.input_spec, leaves, self.dynamic_dims)
+        tensors = {p: v for p, v in leaves if isinstance(v, torch.Tensor)}
+        if self.guards is not None:
+            self.guards.validate(tensors)
+        state = check_state(self.state_spec, model)
+        return [*state, *tensors.values()]
+
+    def run(self, model: nn.Module, inputs: dict[str, Any], *, accumulate: bool = False
+            ) -> RunResult:
+        """Execute the joint graph on the live model, like one eager step.
+
+        Buffer updates (e.g. BatchNorm running statistics) land in ``model``
+        exactly as one eager forward would leave them.
+
+        Args:
+            model: The model that was traced (or one with the same state layout).
+            inputs: Keyword inputs with the traced structure.
+            accumulate: Also add the gradients into ``param.grad``, like ``loss.backward()``.
+
+        Returns:
+            ``(loss, grads, loss_dict)``: ``grads`` maps FQN to gradient in
+            :attr:`param_names` order.
+        """
+        return self.run_with(self.graph_module, model, inputs, accumulate=accumulate)
+
+    def run_with(self, fn: Callable[..., Any], model: nn.Module, inputs: dict[str, Any], *,
+                 accumulate: bool = False) -> RunResult:
+        """Like :meth:`run`, but execute the graph through ``fn`` (e.g. a compiled module).
+
+        Args:
+            fn: Called with the graph's positional args; returns its outputs.
+            model: The live model.
+            inputs: Keyword inputs with the traced structure.
+            accumulate: Also add the gradients into ``param.grad``.
+
+        Returns:
+            ``(loss, grads by FQN, loss_dict)``.
+        """
+        flat = self.flat_args(model, inputs)
+        with torch.no_grad(), torch_errors("joint.run", NodeExecutionError, _RUN_HINT):
+            outputs = fn(*self.runtime.prepare(self, flat))
+            loss, grads, ld = self.runtime.finish(self, list(outputs), flat)
+        grad_map = dict(zip(self.param_names, grads))
+        if accumulate:
+            params = dict(model.named_parameters())
+            with torch.no_grad():
+                for name, g in grad_map.items():
+                    p = params[name]
+                    p.grad = g.detach().clone() if p.grad is None else p.grad.add_(g)
+        return loss, grad_map, dict(zip(self.loss_dict_keys, ld))
+
+    # -- caching for derived views --------------------------------------------
+    def graph_version(self) -> tuple[int, int]:
+        """A cheap fingerprint that changes when the graph is edited."""
+        from jointlab.passes.analyze import graph_fingerprint
+
+        return graph_fingerprint(self.graph)
+
+    def cached(self, key: str, build: Any) -> Any:
+        """Return ``build(self)`` cached under ``key`` until the graph changes."""
+        version = self.graph_version()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        value = build(self)
+        self._cache[key] = (version, value)
+        return value
+
+    def invalidate(self) -> None:
+        """Drop cached tables, profiles and analysis (call after editing node meta)."""
+        from jointlab.passes.analyze import forget_analysis
+
+        self._cache.clear()
+        forget_analysis(self.graph_module)
+
+    # -- analyses (implemented in their own modules) ---------------------------
+    @property
+    def nodes(self) -> pd.DataFrame:
+        """One row per graph node, indexed by node name (see :mod:`jointlab.analysis.tables`)."""
+        from jointlab.analysis.tables import node_table
+
+        return self.cached("nodes", node_table)
+
+    def summary(self, by: str = "module", depth: int | None = None) -> pd.DataFrame:
+        """Aggregate the node table by ``"module"``, ``"phase"`` or ``"op"``.
+
+        Args:
+            by: Grouping key.
+            depth: For ``by="module"``, truncate module FQNs to this many components.
+
+        Returns:
+            Counts, FLOPs, bytes and saved bytes per group, forward and backward side by side.
+        """
+        from jointlab.analysis.tables import summary
+
+        return summary(self, by=by, depth=depth)
+
+    def select(self, *, module: str | None = None, phase: str | None = None,
+               op: str | None = None) -> pd.DataFrame:
+        """Return the rows of :attr:`nodes` matching a module prefix, phase and/or op.
+
+        Args:
+            module: Module FQN prefix (backward rows of that module included).
+            phase: One of the phases in :data:`jointlab.meta.PHASES`.
+            op: Target name, e.g. ``"aten.mm"``.
+
+        Returns:
+            A filtered view of the node table.
+        """
+        from jointlab.analysis.tables import select
+
+        return select(self, module=module, phase=phase, op=op)
+
+    def _repr_html_(self) -> str:
+        from jointlab.analysis.tables import summary_card_html
+
+        return summary_card_html(self)
+
+    def memory(self, model: nn.Module | None = None, inputs: dict[str, Any] | None = None,
+               *, device: str | None = None) -> Any:
+        """Predict (and, given a model and inputs, measure) memory of one :meth:`run`.
+
+        Args:
+            model: Run the graph on this model to measure real allocations.
+            inputs: Inputs for the measured run; a dynamic graph is also
+                predicted at their sizes (``profile.input_sizes`` says which).
+            device: Device for the measured run; defaults to the model's.
+
+        Returns:
+            A :class:`jointlab.MemoryProfile`.
+        """
+        from jointlab.analysis.memory.predict import memory_profile
+
+        return memory_profile(self, model=model, inputs=inputs, device=device)
+
+    def compile(self, backend: str = "inductor") -> Any:
+        """Compile the joint graph with ``torch.compile`` (:mod:`jointlab.analysis.compile`).
+
+        Args:
+            backend: A ``torch.compile`` backend name.
+
+        Returns:
+            A JointGraph-like object whose ``run`` uses the compiled graph.
+        """
+        from jointlab.analysis.compile import compile_joint
+
+        return compile_joint(self, backend=backend)
+
+    def save(self, path: str) -> None:
+        """Write the graph, its annotations and its layout to ``path`` (no pickle).
+
+        Args:
+            path: Destination file.
+        """
+        from jointlab.io.persist import save
+
+        save(self, path)
+
+    def __repr__(self) -> str:
+        """Summarize the graph in one line."""
+        counts: dict[str, int] = {}
+        for n in self.graph.nodes:
+            ph = _meta.phase(n)
+            counts[ph] = counts.get(ph, 0) + 1
+        body = ", ".join(f"{k}={v}" for k, v in counts.items())
+        return f"JointGraph(mode={self.mode!r}, nodes={len(self.graph.nodes)}: {body})"

@@ -1,0 +1,284 @@
+"""Pickle-free encoding of graph values, op targets and sympy expressions as JSON.
+
+:mod:`jointlab.io.persist` stores a joint graph as data. Everything that is not
+a plain JSON scalar is written as a tagged object ``{"t": tag, "v": value}``
+and read back only through the fixed decoders below: dtypes, devices, memory
+formats and layouts by name, operator targets by qualified name against an
+allow-list, and sympy expressions as a tree of allow-listed constructors.
+Nothing read from a file is ever imported, evaluated or unpickled.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+import torch.utils._sympy.functions as sym_fns
+from torch.utils._sympy.numbers import int_oo
+
+from jointlab.errors import PersistError
+from jointlab.trace.checkpoint import GET_STATE, SET_STATE
+
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEVICE = re.compile(r"^[a-z_]+(:[0-9]+)?$")
+OP_NAMESPACES = ("aten", "prims")
+
+# Non-ATen call targets a joint graph may hold (multi-output access and the
+# SymInt arithmetic of dynamic shapes), by the name written to the file.
+SAFE_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    f"operator.{name}": getattr(operator, name)
+    for name in ("getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg",
+                 "pos", "abs", "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_",
+                 "invert", "lshift", "rshift")
+}
+SAFE_FUNCTIONS.update({f"math.{n}": getattr(math, n) for n in ("ceil", "floor", "trunc", "sqrt")})
+SAFE_FUNCTIONS.update({
+    f"torch.{n}": getattr(torch, n)
+    for n in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum",
+              "_sym_sqrt")
+    if hasattr(torch, n)
+})
+# Gradient checkpointing's generator-state replay (see jointlab.trace.checkpoint).
+SAFE_FUNCTIONS.update({f"torch.ops.jointlab.{op._opname}.default": op
+                       for op in (GET_STATE, SET_STATE)})
+_FUNCTION_NAMES = {id(fn): name for name, fn in SAFE_FUNCTIONS.items()}
+
+
+# -- operator targets -----------------------------------------------------------
+def encode_target(node: fx.Node) -> Any:
+    """Name ``node``'s target, refusing anything outside the allow-list.
+
+    Raises:
+        PersistError: The target is not an ATen/prims op or an allow-listed function.
+    """
+    if node.op in ("placeholder", "get_attr", "output"):
+        return node.target
+    if node.op != "call_function":
+        raise PersistError(f"node '{node.name}' is a {node.op}; only call_function nodes "
+                           "can be saved.")
+    return encode_callable(node.target, f"node '{node.name}'")
+
+
+def encode_callable(fn: Any, where: str) -> str:
+    """Qualified name of an op overload or allow-listed function."""
+    if isinstance(fn, torch._ops.OpOverload) and fn.namespace in OP_NAMESPACES:
+        return f"torch.ops.{fn.namespace}.{fn._opname}.{fn._overloadname}"
+    name = _FUNCTION_NAMES.get(id(fn))
+    if name is None:
+        raise PersistError(f"{where} calls {fn!r}, which jointlab cannot save safely (only "
+                           f"{'/'.join(OP_NAMESPACES)} ops and basic SymInt arithmetic).")
+    return name
+
+
+def decode_callable(name: Any) -> Callable[..., Any]:
+    """Resolve a saved target name against the allow-list only.
+
+    Raises:
+        PersistError: The name is not an allow-listed op or function.
+    """
+    if not isinstance(name, str):
+        raise PersistError(f"a node target must be a string, got {type(name).__name__}")
+    if name in SAFE_FUNCTIONS:
+        return SAFE_FUNCTIONS[name]
+    parts = name.split(".")
+    if (len(parts) != 5 or parts[:2] != ["torch", "ops"] or parts[2] not in OP_NAMESPACES
+            or not all(IDENT.match(p) and not p.startswith("__") for p in parts[3:])):
+        raise PersistError(f"refusing to load target {name!r}: it is not on jointlab's "
+                           "allow-list (torch.ops.aten/prims overloads, operator.getitem "
+                           "and SymInt arithmetic). The file may have been tampered with.")
+    ns, opname, overload = parts[2:]
+    try:
+        fn = getattr(getattr(getattr(torch.ops, ns), opname), overload)
+    except (AttributeError, RuntimeError) as exc:
+        raise PersistError(f"target {name!r} does not exist in this torch build") from exc
+    if not isinstance(fn, torch._ops.OpOverload):
+        raise PersistError(f"target {name!r} is not an operator overload")
+    return fn
+
+
+# -- values -----------------------------------------------------------------------
+def encode_value(v: Any, where: str) -> Any:
+    """Encode an argument or meta value as JSON (node refs by name).
+
+    Raises:
+        PersistError: A value of a type jointlab does not store.
+    """
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return {"t": "float", "v": repr(v)}
+    if isinstance(v, fx.Node):
+        return {"t": "node", "v": v.name}
+    if isinstance(v, list):
+        return [encode_value(x, where) for x in v]
+    if isinstance(v, tuple):
+        return {"t": "tuple", "v": [encode_value(x, where) for x in v]}
+    if isinstance(v, dict):
+        return {"t": "dict", "v": [[encode_value(k, where), encode_value(x, where)]
+                                   for k, x in v.items()]}
+    if isinstance(v, torch.dtype):
+        return {"t": "dtype", "v": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.device):
+        return {"t": "device", "v": str(v)}
+    if isinstance(v, torch.memory_format):
+        return {"t": "memory_format", "v": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.layout):
+        return {"t": "layout", "v": str(v).removeprefix("torch.")}
+    if isinstance(v, slice):
+        return {"t": "slice", "v": [encode_value(x, where) for x in (v.start, v.stop, v.step)]}
+    if isinstance(v, torch._ops.OpOverload):
+        return {"t": "op", "v": encode_callable(v, where)}
+    raise PersistError(f"{where} holds a {type(v).__module__}.{type(v).__qualname__}, which "
+                       "jointlab cannot save without pickle.")
+
+
+def _torch_attr(name: Any, kind: type) -> Any:
+    if not isinstance(name, str) or not IDENT.match(name) or name.startswith("_"):
+        raise PersistError(f"invalid {kind.__name__} name {name!r}")
+    val = getattr(torch, name, None)
+    if not isinstance(val, kind):
+        raise PersistError(f"{name!r} is not a torch.{kind.__name__}")
+    return val
+
+
+def decode_device(s: Any) -> torch.device:
+    """Parse a device string like ``cpu`` or ``cuda:0``."""
+    if not isinstance(s, str) or not DEVICE.match(s):
+        raise PersistError(f"invalid device {s!r}")
+    return torch.device(s)
+
+
+def decode_dtype(s: Any) -> torch.dtype:
+    """Resolve a dtype by name (``float32``)."""
+    return _torch_attr(s, torch.dtype)
+
+
+_DECODERS: dict[str, Callable[[Any, Callable[[str], Any] | None], Any]] = {
+    "float": lambda v, _: float(v) if isinstance(v, str) else _bad("float", v),
+    "dtype": lambda v, _: decode_dtype(v),
+    "device": lambda v, _: decode_device(v),
+    "memory_format": lambda v, _: _torch_attr(v, torch.memory_format),
+    "layout": lambda v, _: _torch_attr(v, torch.layout),
+    "op": lambda v, _: decode_callable(v),
+}
+
+
+def _bad(tag: str, v: Any) -> Any:
+    raise PersistError(f"malformed {tag} value {v!r}")
+
+
+def decode_value(v: Any, node_of: Callable[[str], Any] | None = None) -> Any:
+    """Inverse of :func:`encode_value`; ``node_of`` maps node names to nodes.
+
+    Raises:
+        PersistError: An unknown tag or a malformed value.
+    """
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, list):
+        return [decode_value(x, node_of) for x in v]
+    if not isinstance(v, dict) or set(v) != {"t", "v"}:
+        raise PersistError(f"malformed value {v!r}")
+    tag, body = v["t"], v["v"]
+    if tag == "tuple":
+        return tuple(decode_value(x, node_of) for x in _as_list(body))
+    if tag == "dict":
+        return {decode_value(k, node_of): decode_value(x, node_of) for k, x in _pairs(body)}
+    if tag == "slice":
+        return slice(*(decode_value(x, node_of) for x in _as_list(body)[:3]))
+    if tag == "node":
+        if node_of is None:
+            raise PersistError("a node reference appears where none is allowed")
+        return node_of(body)
+    if tag in _DECODERS:
+        return _DECODERS[tag](body, node_of)
+    raise PersistError(f"unknown value tag {tag!r}")
+
+
+def _as_list(body: Any) -> list:
+    if not isinstance(body, list):
+        raise PersistError(f"expected a list, got {type(body).__name__}")
+    return body
+
+
+def _pairs(body: Any) -> list:
+    items = _as_list(body)
+    if not all(isinstance(p, list) and len(p) == 2 for p in items):
+        raise PersistError("malformed dict entry")
+    return items
+
+
+# -- sympy expressions --------------------------------------------------------------
+_SYMPY_NAMES = ("Add", "Mul", "Pow", "Mod", "Max", "Min", "Abs", "floor", "ceiling",
+                "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "Piecewise",
+                "Equality", "Unequality", "StrictLessThan", "LessThan", "StrictGreaterThan",
+                "GreaterThan")
+SYMPY_FUNCTIONS: dict[str, Any] = {n: getattr(sympy, n) for n in _SYMPY_NAMES}
+SYMPY_FUNCTIONS.update({
+    n: getattr(sym_fns, n) for n in dir(sym_fns)
+    if isinstance(getattr(sym_fns, n), type) and issubclass(getattr(sym_fns, n), sympy.Basic)
+    and n[0].isupper() and n not in ("Application", "Expr", "LatticeOp", "MinMaxBase", "S")
+})
+_SYMPY_CONSTANTS = {"int_oo": int_oo, "-int_oo": -int_oo, "oo": sympy.oo, "-oo": -sympy.oo,
+                    "true": sympy.true, "false": sympy.false}
+
+
+def encode_sympy(e: Any) -> Any:
+    """Encode a sympy expression as a JSON tree (constructors by name).
+
+    Raises:
+        PersistError: The expression uses a function outside the allow-list.
+    """
+    if isinstance(e, bool):
+        return {"const": "true" if e else "false"}
+    if isinstance(e, int):
+        return {"int": e}
+    for name, c in _SYMPY_CONSTANTS.items():
+        if e == c and type(e) is type(c):
+            return {"const": name}
+    if isinstance(e, sympy.Symbol):
+        return {"sym": e.name, "assume": {k: v for k, v in e.assumptions0.items()
+                                          if isinstance(v, bool)}}
+    if isinstance(e, sympy.Integer):
+        return {"int": int(e)}
+    if isinstance(e, sympy.Rational):
+        return {"rat": [int(e.p), int(e.q)]}
+    if isinstance(e, sympy.Float):
+        return {"float": repr(float(e))}
+    name = type(e).__name__
+    if SYMPY_FUNCTIONS.get(name) is not type(e):
+        raise PersistError(f"cannot save the shape expression {e} ({name} is not allow-listed)")
+    return {"fn": name, "args": [encode_sympy(a) for a in e.args]}
+
+
+def decode_sympy(d: Any) -> Any:
+    """Rebuild a sympy expression from :func:`encode_sympy`'s tree.
+
+    Raises:
+        PersistError: An unknown constructor or a malformed node.
+    """
+    if not isinstance(d, dict) or len(d) not in (1, 2):
+        raise PersistError(f"malformed shape expression {d!r}")
+    if "int" in d and isinstance(d["int"], int):
+        return sympy.Integer(d["int"])
+    if "const" in d and d["const"] in _SYMPY_CONSTANTS:
+        return _SYMPY_CONSTANTS[d["const"]]
+    if "rat" in d and isinstance(d["rat"], list) and all(isinstance(x, int) for x in d["rat"]):
+        return sympy.Rational(*d["rat"][:2])
+    if "float" in d and isinstance(d["float"], str):
+        return sympy.Float(float(d["float"]))
+    if "sym" in d and isinstance(d["sym"], str) and IDENT.match(d["sym"]):
+        assume = d.get("assume", {})
+        if not isinstance(assume, dict) or not all(
+                IDENT.match(str(k)) and isinstance(v, bool) for k, v in assume.items()):
+            raise PersistError(f"malformed symbol assumptions {assume!r}")
+        return sympy.Symbol(d["sym"], **assume)
+    if "fn" in d and d.get("fn") in SYMPY_FUNCTIONS and isinstance(d.get("args"), list):
+        return SYMPY_FUNCTIONS[d["fn"]](*(decode_sympy(a) for a in d["args"]))
+    raise PersistError(f"refusing shape expression {d!r}: unknown or not allow-listed")

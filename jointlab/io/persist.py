@@ -1,0 +1,401 @@
+"""Save and load a JointGraph as data, never as pickled objects.
+
+The archive is a zip file:
+
+- ``format.json``: the format name and version.
+- ``graph.json``: one record per node (op, name, target by qualified name,
+  args/kwargs as tagged JSON with node references by name) and the JSON-safe
+  part of its meta, ``meta["jointlab"]`` included.
+- ``layout.json``: mode, state and input specs (the input treespec through
+  ``torch.utils._pytree.treespec_dumps``), parameter names, loss_dict keys,
+  dynamic dims and the shape guards as sympy expression trees.
+- ``constants.pt``: tensors held by ``get_attr`` nodes, written with
+  ``torch.save`` and read with ``torch.load(weights_only=True)``.
+
+Loading resolves targets only against :mod:`jointlab.io.codec`'s allow-list and
+never evaluates code from the file. The fake ``meta["val"]`` values are
+rebuilt by propagating fake inputs of the recorded shapes through the graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import warnings
+import zipfile
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch.utils import _pytree as pytree
+
+from jointlab import meta as _meta
+from jointlab.errors import PersistError
+from jointlab.graph import JointGraph
+from jointlab.guards import ShapeGuards
+from jointlab.inputs import InputSpec, LeafSpec, StateSpec
+from jointlab.io.codec import (
+    IDENT,
+    decode_callable,
+    decode_device,
+    decode_dtype,
+    decode_sympy,
+    decode_value,
+    encode_sympy,
+    encode_target,
+    encode_value,
+)
+from jointlab.passes.analyze import mark_analyzed
+
+FORMAT = "jointlab.joint-graph"
+VERSION = 1
+MEMBERS = {"format.json", "graph.json", "layout.json", "constants.pt"}
+NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
+# Node meta kept besides meta["jointlab"]; values that do not encode are dropped.
+SAVED_META = ("seq_nr", "autograd_backward", "is_gradient_acc", "nn_module_stack",
+              "stack_trace", "torch_fn", "custom", "original_aten", "desc_repr")
+
+
+def save(joint: JointGraph, path: str) -> None:
+    """Write ``joint`` to ``path`` as a pickle-free zip archive.
+
+    Args:
+        joint: A traced JointGraph.
+        path: Destination file (conventionally ``*.jlg``).
+
+    Raises:
+        PersistError: The graph holds a target or value that cannot be stored safely.
+    """
+    from jointlab.passes.analyze import ensure_analyzed
+
+    ensure_analyzed(joint.graph_module)
+    graph_doc, constants = _encode_graph(joint.graph_module)
+    layout = _encode_layout(joint)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("format.json", json.dumps({"format": FORMAT, "version": VERSION}))
+        zf.writestr("graph.json", json.dumps(graph_doc))
+        zf.writestr("layout.json", json.dumps(layout))
+        if constants:
+            buf = io.BytesIO()
+            torch.save(constants, buf)
+            zf.writestr("constants.pt", buf.getvalue())
+
+
+def load(path: str) -> JointGraph:
+    """Read a JointGraph written by :meth:`JointGraph.save`.
+
+    Args:
+        path: The archive.
+
+    Returns:
+        A JointGraph that runs exactly like the saved one.
+
+    Raises:
+        PersistError: The file is not a jointlab archive, or holds anything
+            outside the allow-lists (it is rejected before any code could run).
+    """
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise PersistError(f"{path!r} is not a jointlab graph archive (not a zip file). "
+                           "jointlab never unpickles files; save with joint.save().") from exc
+    with zf:
+        names = set(zf.namelist())
+        if not names <= MEMBERS or not {"format.json", "graph.json", "layout.json"} <= names:
+            raise PersistError(f"{path!r} has unexpected members {sorted(names - MEMBERS)} "
+                               f"or lacks required ones; expected {sorted(MEMBERS)}.")
+        fmt = _json(zf, "format.json")
+        if fmt != {"format": FORMAT, "version": VERSION}:
+            raise PersistError(f"{path!r} is not a {FORMAT} v{VERSION} archive: {fmt!r}")
+        constants = _load_constants(zf) if "constants.pt" in names else {}
+        gm = _decode_graph(_json(zf, "graph.json"), constants)
+        joint = _decode_layout(_json(zf, "layout.json"), gm)
+    _rebuild_vals(joint)
+    return joint
+
+
+def _json(zf: zipfile.ZipFile, name: str) -> Any:
+    try:
+        return json.loads(zf.read(name).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PersistError(f"{name} in the archive is not valid JSON: {exc}") from exc
+
+
+def _load_constants(zf: zipfile.ZipFile) -> dict[str, torch.Tensor]:
+    try:
+        data = torch.load(io.BytesIO(zf.read("constants.pt")), weights_only=True)
+    except Exception as exc:  # the weights-only unpickler refuses any other object
+        raise PersistError("constants.pt holds something other than plain tensors; refusing "
+                           f"to load it (the file may have been crafted to run code): {exc}"
+                           ) from exc
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()):
+        raise PersistError("constants.pt must map names to tensors")
+    return data
+
+
+# -- the graph ----------------------------------------------------------------------
+def _encode_graph(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    nodes, constants = [], {}
+    for node in gm.graph.nodes:
+        where = f"node '{node.name}' ({node.format_node()})"
+        if node.op == "get_attr":
+            constants[node.target] = _constant(gm, node)
+        meta = {}
+        if _meta.KEY in node.meta:
+            meta[_meta.KEY] = encode_value(node.meta[_meta.KEY], f"meta of {where}")
+        for key in SAVED_META:
+            if key in node.meta:
+                try:
+                    meta[key] = encode_value(node.meta[key], where)
+                except PersistError:
+                    continue  # non-essential meta that is not plain data
+        nodes.append({
+            "op": node.op,
+            "name": node.name,
+            "target": encode_target(node),
+            "args": encode_value(node.args, where),
+            "kwargs": encode_value(node.kwargs, where),
+            "meta": meta,
+            "val": _val_spec(node.meta.get("val")),
+        })
+    return {"nodes": nodes}, constants
+
+
+def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
+    obj = gm
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, torch.Tensor):
+        raise PersistError(f"get_attr node '{node.name}' reads a {type(obj).__name__}; only "
+                           "tensor constants can be saved.")
+    return obj.detach().clone() if not isinstance(obj, torch.nn.Parameter) else obj.data.clone()
+
+
+def _val_spec(val: Any) -> Any:
+    """Shape/stride/dtype of a static placeholder value, to rebuild fakes on load."""
+    if not isinstance(val, torch.Tensor) or any(
+            isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+        return None
+    return {"shape": list(val.shape), "stride": list(val.stride()),
+            "dtype": str(val.dtype).removeprefix("torch."), "device": str(val.device)}
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not all(IDENT.match(p) for p in name.split(".")):
+        raise PersistError(f"invalid {what} {name!r} in the archive: names must be "
+                           "Python identifiers (the file may have been tampered with)")
+    return name
+
+
+def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModule:
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        raise PersistError("graph.json must hold a list of nodes")
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+
+    def node_of(name: Any) -> fx.Node:
+        if name not in env:
+            raise PersistError(f"reference to unknown or later node {name!r}")
+        return env[name]
+
+    for rec in doc["nodes"]:
+        if not isinstance(rec, dict) or rec.get("op") not in NODE_OPS:
+            raise PersistError(f"refusing node record {str(rec)[:200]}: op must be one of "
+                               f"{NODE_OPS}")
+        op, name = rec["op"], _check_name(rec.get("name"), "node name")
+        if op == "call_function":
+            target = decode_callable(rec.get("target"))
+        elif op == "get_attr":
+            target = _check_name(rec.get("target"), "attribute")
+            if target not in constants:
+                raise PersistError(f"get_attr node '{name}' reads missing constant {target!r}")
+        else:
+            target = _check_name(rec.get("target"), f"{op} target")
+        args = decode_value(rec.get("args", []), node_of)
+        kwargs = decode_value(rec.get("kwargs", {"t": "dict", "v": []}), node_of)
+        if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+            raise PersistError(f"node '{name}' has malformed args or kwargs")
+        node = graph.create_node(op, target, tuple(args), kwargs, name=name)
+        if node.name != name:
+            raise PersistError(f"duplicate or reserved node name {name!r} in the archive")
+        node.meta.update(_decode_meta(rec.get("meta", {})))
+        if rec.get("val") is not None:
+            node.meta["_jointlab_val_spec"] = rec["val"]
+        env[name] = node
+    try:
+        graph.lint()
+    except Exception as exc:
+        raise PersistError(f"the archived graph is inconsistent: {exc}") from exc
+    root = torch.nn.Module()
+    for key, tensor in constants.items():
+        _set_constant(root, key, tensor)
+    return fx.GraphModule(root, graph)
+
+
+def _set_constant(root: torch.nn.Module, key: str, tensor: torch.Tensor) -> None:
+    *path, leaf = _check_name(key, "constant name").split(".")
+    mod = root
+    for part in path:
+        if not hasattr(mod, part):
+            mod.add_module(part, torch.nn.Module())
+        mod = getattr(mod, part)
+    mod.register_buffer(leaf, tensor)
+
+
+def _decode_meta(meta: Any) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise PersistError("node meta must be a JSON object")
+    out = {}
+    for key, value in meta.items():
+        if key != _meta.KEY and key not in SAVED_META:
+            raise PersistError(f"unexpected node meta key {key!r}")
+        out[key] = decode_value(value)
+    if _meta.KEY in out and not isinstance(out[_meta.KEY], dict):
+        raise PersistError("meta['jointlab'] must be a dict")
+    return out
+
+
+# -- the layout -----------------------------------------------------------------------
+def _encode_layout(joint: JointGraph) -> dict[str, Any]:
+    s, i = joint.state_spec, joint.input_spec
+    leaves = [{
+        "path": leaf.path, "is_tensor": leaf.is_tensor, "shape": list(leaf.shape),
+        "dtype": str(leaf.dtype).removeprefix("torch.") if leaf.dtype else None,
+        "device": str(leaf.device) if leaf.device is not None else None,
+        "value": encode_value(leaf.value, f"input '{leaf.path}'"),
+    } for leaf in i.leaves]
+    return {
+        "mode": joint.mode,
+        "state": {"fqns": list(s.fqns), "shapes": [list(x) for x in s.shapes],
+                  "dtypes": [str(d).removeprefix("torch.") for d in s.dtypes],
+                  "devices": [str(d) for d in s.devices], "is_param": list(s.is_param)},
+        "inputs": {"treespec": pytree.treespec_dumps(i.treespec), "leaves": leaves},
+        "param_names": list(joint.param_names),
+        "loss_dict_keys": list(joint.loss_dict_keys),
+        "dynamic_dims": {p: sorted(d) for p, d in joint.dynamic_dims.items()},
+        "guards": _encode_guards(joint.guards) if joint.guards is not None else None,
+        "runtime": _encode_runtime(joint),
+    }
+
+
+def _encode_runtime(joint: JointGraph) -> Any:
+    """The runtime's plain-data plan: None for make_fx, the field dict for AOT."""
+    from jointlab.graph import MakeFxRuntime
+
+    if joint.mode == "make_fx" and type(joint.runtime) is MakeFxRuntime:
+        return None
+    from jointlab.trace.aot import AotRuntime
+
+    if joint.mode == "aot" and type(joint.runtime) is AotRuntime:
+        fields = {f.name: getattr(joint.runtime, f.name)
+                  for f in dataclasses.fields(AotRuntime)}
+        return encode_value(fields, "the AOT runtime")
+    raise PersistError(f"cannot save a mode={joint.mode!r} graph with runtime "
+                       f"{type(joint.runtime).__name__}")
+
+
+def _decode_runtime(mode: str, data: Any) -> Any:
+    if mode == "make_fx":
+        if data is not None:
+            raise PersistError("a make_fx archive must not carry a runtime plan")
+        return None
+    from jointlab.trace.aot import AotRuntime
+
+    fields = decode_value(data)
+    names = {f.name for f in dataclasses.fields(AotRuntime)}
+    if not isinstance(fields, dict) or set(fields) != names:
+        raise PersistError(f"malformed AOT runtime plan: expected fields {sorted(names)}")
+    plan_ok = all(i is None or isinstance(i, int) for i in fields["arg_plan"]) and all(
+        isinstance(k, str) and isinstance(i, int) for k, i in fields["out_plan"])
+    if not plan_ok or not isinstance(fields["tangent_dtype"], torch.dtype):
+        raise PersistError("malformed AOT runtime plan")
+    fields["out_plan"] = [tuple(x) for x in fields["out_plan"]]
+    fields["tangent_shape"] = tuple(fields["tangent_shape"])
+    return AotRuntime(**fields)
+
+
+def _encode_guards(g: ShapeGuards) -> dict[str, Any]:
+    return {
+        "dims": {p: [encode_sympy(e) for e in exprs] for p, exprs in g.dims.items()},
+        "traced_sizes": {p: list(s) for p, s in g.traced_sizes.items()},
+        "dynamic_dims": {p: sorted(d) for p, d in g.dynamic_dims.items()},
+        "ranges": [[encode_sympy(s), encode_sympy(lo), encode_sympy(hi)]
+                   for s, (lo, hi) in g.ranges.items()],
+        "guards": [[encode_sympy(e), str(sloc)] for e, sloc in g.guards],
+    }
+
+
+def _decode_guards(d: dict[str, Any]) -> ShapeGuards:
+    try:
+        return ShapeGuards(
+            dims={str(p): tuple(decode_sympy(e) for e in exprs) for p, exprs in d["dims"].items()},
+            traced_sizes={str(p): tuple(int(x) for x in s) for p, s in d["traced_sizes"].items()},
+            dynamic_dims={str(p): {int(x) for x in s} for p, s in d["dynamic_dims"].items()},
+            ranges={decode_sympy(s): (decode_sympy(lo), decode_sympy(hi))
+                    for s, lo, hi in d["ranges"]},
+            guards=[(decode_sympy(e), str(sloc)) for e, sloc in d["guards"]],
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, PersistError):
+            raise
+        raise PersistError(f"malformed shape guards in the archive: {exc}") from exc
+
+
+def _decode_layout(d: Any, gm: fx.GraphModule) -> JointGraph:
+    try:
+        if d["mode"] not in ("make_fx", "aot"):
+            raise PersistError(f"unsupported mode {d['mode']!r} in the archive")
+        s = d["state"]
+        state = StateSpec(
+            tuple(str(f) for f in s["fqns"]),
+            tuple(tuple(int(x) for x in sh) for sh in s["shapes"]),
+            tuple(decode_dtype(x) for x in s["dtypes"]),
+            tuple(decode_device(x) for x in s["devices"]),
+            tuple(bool(x) for x in s["is_param"]))
+        leaves = tuple(
+            LeafSpec(str(lf["path"]), bool(lf["is_tensor"]), tuple(int(x) for x in lf["shape"]),
+                     decode_dtype(lf["dtype"]) if lf["dtype"] else None,
+                     decode_device(lf["device"]) if lf["device"] else None,
+                     decode_value(lf["value"]))
+            for lf in d["inputs"]["leaves"])
+        treespec = pytree.treespec_loads(str(d["inputs"]["treespec"]))
+        return JointGraph(
+            gm, mode=d["mode"], runtime=_decode_runtime(d["mode"], d.get("runtime")),
+            state_spec=state, input_spec=InputSpec(treespec, leaves),
+            param_names=[str(x) for x in d["param_names"]],
+            loss_dict_keys=[str(x) for x in d["loss_dict_keys"]],
+            dynamic_dims={str(p): {int(x) for x in v} for p, v in d["dynamic_dims"].items()},
+            guards=_decode_guards(d["guards"]) if d["guards"] is not None else None,
+        )
+    except PersistError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, NotImplementedError) as exc:
+        raise PersistError(f"malformed layout.json in the archive: {exc!r}") from exc
+
+
+# -- fake values ------------------------------------------------------------------------
+def _rebuild_vals(joint: JointGraph) -> None:
+    """Re-derive ``meta["val"]`` by fake propagation (best effort; static shapes only)."""
+    gm = joint.graph_module
+    placeholders = joint.placeholders
+    specs = [n.meta.pop("_jointlab_val_spec", None) for n in placeholders]
+    for n in gm.graph.nodes:
+        n.meta.pop("_jointlab_val_spec", None)
+    # The analysis keys were saved; mark them current so they are not recomputed.
+    mark_analyzed(gm)
+    if joint.dynamic_dims or any(s is None for s in specs):
+        return  # symbolic values are not rebuilt; annotations were saved already
+    from torch._subclasses import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode:
+            fakes = [torch.empty_strided(s["shape"], s["stride"], dtype=decode_dtype(s["dtype"]),
+                                         device=decode_device(s["device"])) for s in specs]
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    except Exception as exc:  # pragma: no cover - analysis keys are in the archive anyway
+        warnings.warn(f"jointlab.load could not rebuild fake values ({exc}); running works, "
+                      "but passes that need meta['val'] will not.", stacklevel=3)

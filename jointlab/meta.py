@@ -1,0 +1,93 @@
+"""The one ``node.meta`` namespace jointlab writes, and small readers for it.
+
+Every jointlab pass writes its per-node facts into ``node.meta["jointlab"]``,
+a plain dict of JSON-friendly values. Tables, plots, widgets and the report
+only read it. Keys written at trace time:
+
+- ``phase``: ``param``, ``buffer``, ``input``, ``forward``, ``backward`` or ``output``.
+- ``module``: FQN of the owning module (``""`` is the root module;
+  :data:`TRAIN_FN` marks ops of the loss outside any module).
+- ``module_type``: class name of that module, or ``""``.
+- ``source``: the user's ``file:line`` that created the node, or ``""``.
+- ``fqn``: for parameter and buffer placeholders, their state name.
+- ``input_path``: for user-input placeholders, the dotted input path.
+- ``grad_of``: for gradient outputs, the parameter FQN.
+- ``zero_grad``: the node only emits zeros for a parameter without a gradient.
+- ``probe_out`` / ``probe_grad``: ``[fqn, call, leaf]`` triples: the node is
+  that module call's output leaf, or the gradient reaching it (written by
+  :mod:`jointlab.trace.probes` while tracing).
+- ``recompute``: True on a backward-phase node that gradient checkpointing
+  (``torch.utils.checkpoint``) runs again to recompute the forward of a
+  checkpointed region, including the generator-state reads and writes that
+  replay its random draws; False on every other node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.fx as fx
+
+from jointlab.errors import NodeExecutionError
+
+KEY = "jointlab"
+TRAIN_FN = "<train_fn>"
+#: Trace-time ``node.meta`` tag (written by the tracer, not under :data:`KEY`) on
+#: nodes created while checkpoint recomputes; the annotation pass reads it.
+RECOMPUTE_TAG = "jointlab_checkpoint_recompute"
+PHASES = ("param", "buffer", "input", "forward", "backward", "output")
+
+
+def info(node: fx.Node) -> dict[str, Any]:
+    """Return the jointlab annotations of ``node`` (empty if never annotated)."""
+    return node.meta.get(KEY, {})
+
+
+def phase(node: fx.Node) -> str:
+    """Return the node's phase."""
+    return info(node).get("phase", "")
+
+
+def module(node: fx.Node) -> str:
+    """Return the FQN of the module the node belongs to."""
+    return info(node).get("module", "")
+
+
+def is_recompute(node: fx.Node) -> bool:
+    """True for a backward node that recomputes checkpointed forward work."""
+    return bool(info(node).get("recompute", False))
+
+
+def is_forward(node: fx.Node) -> bool:
+    """True for a forward compute node."""
+    return phase(node) == "forward"
+
+
+def is_backward(node: fx.Node) -> bool:
+    """True for a backward compute node."""
+    return phase(node) == "backward"
+
+
+def is_state_input(node: fx.Node) -> bool:
+    """True for a parameter or buffer placeholder."""
+    return phase(node) in ("param", "buffer")
+
+
+def node_error(node: fx.Node, exc: BaseException, doing: str = "") -> NodeExecutionError:
+    """The error for a node that raised: its name, module, source and ``format_node()``.
+
+    Args:
+        node: The failing node.
+        exc: What it raised.
+        doing: Optional context, e.g. ``"while measuring memory"``.
+
+    Returns:
+        A :class:`jointlab.errors.NodeExecutionError` to raise ``from exc``.
+    """
+    meta = info(node)
+    mod = meta.get("module", "")
+    src = meta.get("source") or "unknown source"
+    when = f" {doing}" if doing else ""
+    return NodeExecutionError(
+        f"node '{node.name}' of module '{mod or '<root>'}' ({meta.get('phase', '?')}, {src}) "
+        f"raised {type(exc).__name__}{when}: {exc}\n  {node.format_node()}")

@@ -1,0 +1,1 @@
+"""Graph passes: the only code that writes ``node.meta`` (annotation, analysis, repairs)."""

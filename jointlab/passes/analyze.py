@@ -1,0 +1,291 @@
+"""Per-node cost and storage facts: category, FLOPs, bytes, aliasing, saved tensors.
+
+:func:`ensure_analyzed` adds these keys to ``node.meta["jointlab"]`` once per
+graph version (the trace-time keys are in :mod:`jointlab.meta`):
+
+- ``target``: readable op name, e.g. ``aten.mm``.
+- ``category``: matmul, conv, pointwise, reduction, view, norm, rng, copy,
+  collective or other.
+- ``shape``, ``dtype``, ``numel``: of the output (multi-output: of the first).
+- ``out_bytes``: size of the node's own output value(s).
+- ``storage``: name of the node that allocated the storage the output lives in
+  (its own name for a fresh allocation). Read from the fake tensors' storage
+  identity, so views, ``getitem``, in-place ops and ``_unsafe_view`` are all exact.
+- ``bytes``: what the node newly allocates: ``out_bytes`` for a fresh storage,
+  0 for an alias. A multi-output node allocates nothing itself; each ``getitem``
+  owns its output.
+- ``is_view`` / ``alias_of``: the output shares storage with an earlier node.
+- ``inplace``: the op writes one of its inputs (schema write annotation).
+- ``flops``: from ``torch.utils.flop_counter``'s registry, 0 where none applies.
+- ``saved_for_backward``: a forward node that a backward node reads.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils.flop_counter import flop_registry
+
+from jointlab.meta import KEY
+
+_STAMP = "_jointlab_analyzed"
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "dot", "mv"}
+_NORM_PREFIX = ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
+                "native_group_norm", "batch_norm", "layer_norm", "group_norm", "rms_norm",
+                "_fused_rms_norm", "cudnn_batch_norm")
+_RNG = {"bernoulli", "bernoulli_", "native_dropout", "rand", "randn", "randint", "rand_like",
+        "randn_like", "randint_like", "uniform_", "normal_", "exponential_", "multinomial",
+        "randperm", "philox_rand", "run_and_save_rng_state", "run_with_rng_state"}
+_COPY = {"copy_", "copy", "clone", "_to_copy", "contiguous", "_copy_from", "index_put_",
+         "index_put", "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones",
+         "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_empty", "fill_",
+         "new_full", "zero_"}
+_REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "var", "std", "prod", "argmax",
+              "argmin", "_softmax", "_log_softmax", "softmax", "log_softmax", "logsumexp",
+              "var_mean", "norm", "linalg_vector_norm", "cumsum", "nll_loss_forward",
+              "nll_loss2d_forward", "mse_loss", "all", "any", "_softmax_backward_data",
+              "_log_softmax_backward_data", "cross_entropy_loss", "sum_to_size",
+              "embedding_dense_backward"}
+
+
+# -- small predicates ----------------------------------------------------------
+def is_op(node: fx.Node) -> bool:
+    """True for a call to an ATen operator overload."""
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+
+
+def is_getitem(node: fx.Node) -> bool:
+    """True for ``operator.getitem`` on a multi-output node."""
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def op_name(node: fx.Node) -> str:
+    """Base name of the op without namespace or overload (``mm``, ``add_``)."""
+    if is_op(node):
+        return node.target._schema.name.split("::")[-1]
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def target_name(node: fx.Node) -> str:
+    """Readable target: ``aten.mm`` for ATen ops, the function name otherwise."""
+    if is_op(node):
+        return f"{node.target.namespace}.{op_name(node)}"
+    if node.op in ("placeholder", "output"):
+        return node.op
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def is_inplace(node: fx.Node) -> bool:
+    """True when the op's schema says it writes one of its arguments."""
+    if not is_op(node):
+        return False
+    return any(a.alias_info is not None and a.alias_info.is_write
+               for a in node.target._schema.arguments)
+
+
+def written_args(node: fx.Node) -> list[fx.Node]:
+    """The argument nodes an in-place op writes (empty for any other node)."""
+    if not is_inplace(node):
+        return []
+    out = []
+    for i, a in enumerate(node.target._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+        if isinstance(arg, fx.Node):
+            out.append(arg)
+    return out
+
+
+def written_in_place(gm: fx.GraphModule) -> set[str]:
+    """Names of the nodes whose storage some in-place op of the graph writes.
+
+    Args:
+        gm: A joint graph.
+
+    Returns:
+        Every node (views and their base alike) that shares a storage with an
+        argument written in place, so a value kept for later reading must be
+        copied when it is produced.
+    """
+    ensure_analyzed(gm)
+    storage = {n.name: n.meta.get(KEY, {}).get("storage", n.name) for n in gm.graph.nodes}
+    hit = {storage[a.name] for n in gm.graph.nodes for a in written_args(n)}
+    return {name for name, root in storage.items() if root in hit}
+
+
+def category(node: fx.Node) -> str:
+    """Classify a node into one of the table's categories."""
+    if node.op != "call_function":
+        return "other"
+    name = op_name(node)
+    base = name.rstrip("_")
+    if is_getitem(node) or (is_op(node) and node.target.is_view):
+        return "view"
+    if base in _MATMUL or "scaled_dot_product" in name:
+        return "matmul"
+    if base.startswith("convolution") or base.startswith("conv"):
+        return "conv"
+    if name.startswith(_NORM_PREFIX):
+        return "norm"
+    if name in _RNG or base in _RNG:
+        return "rng"
+    if is_op(node) and node.target.namespace in ("_c10d_functional", "c10d_functional", "c10d"):
+        return "collective"
+    if name in _COPY or base in _COPY:
+        return "copy"
+    if base in _REDUCTION or name in _REDUCTION:
+        return "reduction"
+    if is_op(node) and torch.Tag.pointwise in node.target.tags:
+        return "pointwise"
+    return "other"
+
+
+# -- value helpers -------------------------------------------------------------
+def hint(x: Any) -> int:
+    """A concrete int for an int or SymInt (its trace-time hint; -1 if unknown)."""
+    if isinstance(x, torch.SymInt):
+        h = x.node.hint
+        return int(h) if h is not None else -1
+    return int(x)
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements (``numel × element size``)."""
+    return hint(t.numel()) * t.element_size()
+
+
+def tensors_of(val: Any) -> list[torch.Tensor]:
+    """Tensor leaves of a node value (a tensor, or a tuple/list of them)."""
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def storage_id(t: Any) -> int | None:
+    """An identity of ``t``'s storage, shared by its views and ``.data`` (None if it has none)."""
+    try:
+        return t.untyped_storage()._cdata
+    except Exception:  # sparse, nested or otherwise storage-less values
+        return None
+
+
+def node_flops(node: fx.Node) -> int:
+    """FLOPs of one ATen node from the flop-counter registry (0 if unregistered)."""
+    if not is_op(node):
+        return 0
+    fn = flop_registry.get(node.target.overloadpacket)
+    if fn is None:
+        return 0
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    try:
+        return hint(fn(*args, **kwargs, out_val=node.meta.get("val")))
+    except Exception:  # a formula that cannot handle these shapes
+        return 0
+
+
+# -- the pass -------------------------------------------------------------------
+def ensure_analyzed(gm: fx.GraphModule) -> None:
+    """Add cost and storage keys to every node's jointlab meta (idempotent).
+
+    Args:
+        gm: A traced joint graph whose nodes carry fake ``meta["val"]``.
+    """
+    graph = gm.graph
+    stamp = graph_fingerprint(graph)
+    if getattr(gm, _STAMP, None) == stamp:
+        return
+    owner: dict[int, str] = {}
+    for node in graph.nodes:
+        meta = node.meta.setdefault(KEY, {})
+        _analyze_node(node, meta, owner)
+    setattr(gm, _STAMP, stamp)
+
+
+def mark_analyzed(gm: fx.GraphModule) -> None:
+    """Declare the analysis keys already on ``gm``'s nodes current (e.g. loaded from disk).
+
+    Args:
+        gm: The graph module.
+    """
+    setattr(gm, _STAMP, graph_fingerprint(gm.graph))
+
+
+def graph_fingerprint(graph: fx.Graph) -> tuple[int, int]:
+    """A cheap fingerprint of a graph's structure; any edit changes it.
+
+    Covers node identity and order, targets and argument tuples, so inserting,
+    erasing or re-targeting a node, or rewiring its inputs, all change it.
+
+    Args:
+        graph: The graph.
+
+    Returns:
+        ``(id(graph), hash of the per-node signature)``.
+    """
+    sig = tuple((id(n), n.target, id(n._args), id(n._kwargs)) for n in graph.nodes)
+    return (id(graph), hash(sig))
+
+
+def forget_analysis(gm: fx.GraphModule) -> None:
+    """Make the next :func:`ensure_analyzed` recompute (e.g. after editing node meta).
+
+    Args:
+        gm: The graph module.
+    """
+    if hasattr(gm, _STAMP):
+        delattr(gm, _STAMP)
+
+
+_FACTS: dict[tuple[str, Any], tuple[str, str, bool]] = {}
+
+
+def _target_facts(node: fx.Node) -> tuple[str, str, bool]:
+    """``(target name, category, inplace)``: they depend only on op and target, so memoize."""
+    key = (node.op, node.target)
+    try:
+        return _FACTS[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable target
+        facts = (target_name(node), category(node), is_inplace(node))
+    try:
+        _FACTS[key] = facts
+    except TypeError:
+        pass
+    return facts
+
+
+def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) -> None:
+    val = node.meta.get("val")
+    tensors = tensors_of(val)
+    first = tensors[0] if tensors else None
+    meta["target"], meta["category"], meta["inplace"] = _target_facts(node)
+    meta["shape"] = tuple(hint(s) for s in first.shape) if first is not None else None
+    meta["dtype"] = str(first.dtype).removeprefix("torch.") if first is not None else ""
+    meta["numel"] = hint(first.numel()) if first is not None else 0
+    meta["out_bytes"] = sum(tensor_bytes(t) for t in tensors)
+    meta["flops"] = node_flops(node)
+    meta["saved_for_backward"] = meta.get("phase") == "forward" and any(
+        u.meta.get(KEY, {}).get("phase") == "backward" for u in node.users)
+    meta["storage"], meta["alias_of"], meta["is_view"], meta["bytes"] = node.name, None, False, 0
+    if isinstance(val, (list, tuple)) and not isinstance(val, torch.Tensor):
+        return  # a multi-output node: each getitem owns its output
+    if first is None:
+        return
+    sid = storage_id(first)
+    root = owner.get(sid) if sid is not None else None
+    # Placeholders follow the same rule: AOT mode gives tied weights one
+    # placeholder per name, all on one storage, and only the first allocates.
+    if root is None:
+        if sid is not None:
+            owner.setdefault(sid, node.name)
+        meta["bytes"] = meta["out_bytes"]
+        return
+    meta["storage"], meta["is_view"] = root, True
+    src = next((a for a in node.all_input_nodes
+                if a.meta.get(KEY, {}).get("storage") == root), None)
+    meta["alias_of"] = src.name if src is not None else root

@@ -1,0 +1,427 @@
+"""Trace-time annotation: phase, module attribution and source of every node.
+
+Runs once after tracing and writes into ``node.meta["jointlab"]`` (see
+:mod:`jointlab.meta`). Node kinds are told apart by the small predicates
+below. Everything is one or two linear passes over the graph.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from jointlab.meta import KEY, RECOMPUTE_TAG, TRAIN_FN
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_JOINTLAB_DIR = os.path.dirname(__file__) + os.sep
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_COPIED_META = ("nn_module_stack", "stack_trace", "custom")
+
+
+# -- predicates ---------------------------------------------------------------
+def is_placeholder(node: fx.Node) -> bool:
+    """True for a graph input."""
+    return node.op == "placeholder"
+
+
+def is_output(node: fx.Node) -> bool:
+    """True for the graph's output node."""
+    return node.op == "output"
+
+
+def is_compute(node: fx.Node) -> bool:
+    """True for nodes that compute something (calls and attribute reads)."""
+    return node.op in ("call_function", "call_method", "call_module", "get_attr")
+
+
+def is_engine_backward(node: fx.Node) -> bool:
+    """True when the autograd engine tagged the node as part of backward."""
+    return bool(node.meta.get("autograd_backward"))
+
+
+def is_checkpoint_recompute(node: fx.Node) -> bool:
+    """True when the tracer tagged the node as created by a checkpoint recompute."""
+    return bool(node.meta.get(RECOMPUTE_TAG))
+
+
+def is_gradient_acc(node: fx.Node) -> bool:
+    """True for the engine's gradient-accumulation add (its ``seq_nr`` is stale)."""
+    return bool(node.meta.get("is_gradient_acc"))
+
+
+def has_module_stack(node: fx.Node) -> bool:
+    """True when make_fx recorded the module whose forward created the node."""
+    return bool(node.meta.get("nn_module_stack"))
+
+
+def is_user_frame(path: str) -> bool:
+    """True for a source file outside torch and jointlab's private modules.
+
+    jointlab's public modules (e.g. the demo models) count as user code.
+    """
+    if path.startswith(_TORCH_DIR):
+        return False
+    return not (path.startswith(_JOINTLAB_DIR) and os.path.basename(path).startswith("_"))
+
+
+def innermost_user_frame(frames: Sequence[traceback.FrameSummary],
+                         also_skip: Callable[[str], bool] | None = None
+                         ) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's own code, or None.
+
+    Args:
+        frames: Frames outermost first (``traceback.extract_tb`` / ``extract_stack``).
+        also_skip: Files that do not count as the user's either (e.g. transformers).
+
+    Returns:
+        The last frame for which :func:`is_user_frame` holds and ``also_skip`` does not.
+    """
+    for f in reversed(frames):
+        if is_user_frame(f.filename) and not (also_skip and also_skip(f.filename)):
+            return f
+    return None
+
+
+def frame_text(frame: traceback.FrameSummary) -> str:
+    """``file:line: code`` of a frame (``file:line`` when its source is unknown)."""
+    code = (frame.line or "").strip()
+    return f"{frame.filename}:{frame.lineno}: {code}" if code else (
+        f"{frame.filename}:{frame.lineno}")
+
+
+# -- helpers ------------------------------------------------------------------
+def node_inputs(node: fx.Node) -> Iterable[fx.Node]:
+    """Nodes read by ``node`` (deduplicated, in argument order)."""
+    return node.all_input_nodes
+
+
+def user_source(stack_trace: str | None) -> str:
+    """Return ``file.py:line`` of the innermost user frame in a stack trace."""
+    if not stack_trace:
+        return ""
+    frames = _FRAME.findall(stack_trace)
+    for path, line, _fn in reversed(frames):
+        if is_user_frame(path):
+            return f"{os.path.basename(path)}:{line}"
+    if frames:
+        path, line, _fn = frames[-1]
+        return f"{os.path.basename(path)}:{line}"
+    return ""
+
+
+def stack_module(node: fx.Node) -> tuple[str, str]:
+    """Module FQN and class name from ``nn_module_stack`` (``<train_fn>`` when empty)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return TRAIN_FN, ""
+    path, mtype = next(reversed(stack.values()))
+    name = mtype if isinstance(mtype, str) else getattr(mtype, "__qualname__", str(mtype))
+    return str(path), name.rsplit(".", 1)[-1]
+
+
+def _forward_ancestors(roots: Sequence[Any]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    todo = [r for r in roots if isinstance(r, fx.Node) and is_compute(r)]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        todo.extend(a for a in node_inputs(n) if is_compute(a) and a not in seen)
+    return seen
+
+
+# -- the pass -----------------------------------------------------------------
+def annotate(
+    gm: fx.GraphModule,
+    placeholder_info: Sequence[dict[str, Any]],
+    grad_fqns: Sequence[str],
+    zero_grad_fqns: Iterable[str] = (),
+    num_loss_dict: int = 0,
+) -> None:
+    """Write phase, module, type and source for every node of a make_fx joint graph.
+
+    Args:
+        gm: The joint graph, outputs laid out as ``[loss, *grads, *loss_dict]``.
+        placeholder_info: Per placeholder, a dict with ``phase`` and ``fqn`` or
+            ``input_path`` (and ``module`` for state placeholders).
+        grad_fqns: The parameter FQN of each gradient output.
+        zero_grad_fqns: Parameters whose gradient output is only zeros.
+        num_loss_dict: How many ``loss_dict`` values follow the gradients.
+    """
+    graph = gm.graph
+    out_node = graph.output_node()
+    outs = list(out_node.args[0])
+    fwd_roots = [outs[0], *outs[len(outs) - num_loss_dict :]]
+    ancestors = _forward_ancestors(fwd_roots)
+    # Untagged nodes created before the loss (saved-tensor detaches, unused
+    # outputs of multi-output ops) are forward; after it, untagged nodes
+    # outside any module (the gradient seed, zeros for unused parameters)
+    # belong to the backward.
+    loss = outs[0] if isinstance(outs[0], fx.Node) else None
+    after_loss = False
+
+    placeholders = iter(placeholder_info)
+    by_seq: dict[int, fx.Node] = {}
+    pending: list[fx.Node] = []
+    for node in graph.nodes:
+        if is_placeholder(node):
+            meta = dict(next(placeholders))
+            meta.setdefault("module", "")
+            meta.setdefault("module_type", "")
+            meta["source"] = ""
+            node.meta[KEY] = meta
+            continue
+        if is_output(node):
+            node.meta[KEY] = {"phase": "output", "module": "", "module_type": "", "source": ""}
+            continue
+        backward = is_engine_backward(node) or (
+            after_loss and not (has_module_stack(node) or node in ancestors)
+        )
+        after_loss = after_loss or node is loss
+        if backward:
+            pending.append(node)
+            continue
+        mod, mtype = stack_module(node)
+        node.meta[KEY] = {
+            "phase": "forward",
+            "module": mod,
+            "module_type": mtype,
+            "source": user_source(node.meta.get("stack_trace")),
+        }
+        seq = node.meta.get("seq_nr")
+        if seq is not None and seq >= 0:
+            by_seq.setdefault(seq, node)
+    zero = set(zero_grad_fqns)
+    _own_zero_grads(outs, grad_fqns, zero, placeholder_info)
+    attribute_backward(pending, by_seq)
+    _mark_gradients(outs, grad_fqns, zero)
+    _copy_into_subgraphs(gm, by_seq)
+    mark_recompute(graph)
+
+
+def mark_recompute(graph: fx.Graph) -> None:
+    """Write the ``recompute`` flag on every annotated node of ``graph``."""
+    for node in graph.nodes:
+        meta = node.meta.get(KEY)
+        if meta is not None:
+            meta["recompute"] = meta["phase"] == "backward" and is_checkpoint_recompute(node)
+
+
+def _copy_into_subgraphs(gm: fx.GraphModule, by_seq: dict[int, fx.Node]) -> None:
+    # Higher-order ops (e.g. checkpointed regions) keep their own subgraphs;
+    # their backward nodes get the module metadata of their forward twin too.
+    for sub in gm.modules():
+        if sub is gm or not isinstance(sub, fx.GraphModule):
+            continue
+        for node in sub.graph.nodes:
+            twin = by_seq.get(node.meta.get("seq_nr", -1))
+            if twin is not None and is_engine_backward(node):
+                for key in _COPIED_META:
+                    if twin.meta.get(key) is not None:
+                        node.meta[key] = twin.meta[key]
+
+
+def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None:
+    """Give backward nodes the module, stack and source of their forward twin.
+
+    Args:
+        nodes: Backward nodes, in graph order.
+        by_seq: The first forward node of each ``seq_nr``.
+    """
+    unresolved, twins = [], {}
+    for node in nodes:
+        if KEY in node.meta:  # already attributed (zeros for unused parameters)
+            continue
+        if is_checkpoint_recompute(node) and has_module_stack(node):
+            _own_module(node, by_seq)  # a recomputed forward op: the module running it again
+            continue
+        # Only the engine's own backward ops carry the seq_nr of the forward op they
+        # differentiate. A gradient-accumulation add, and an untagged node (the
+        # ones_like seed), carry whatever seq_nr was current: resolve them below.
+        twin = (by_seq.get(node.meta.get("seq_nr", -1))
+                if is_engine_backward(node) and not is_gradient_acc(node) else None)
+        meta = {"phase": "backward", "module": "", "module_type": "", "source": ""}
+        node.meta[KEY] = meta
+        if twin is None:
+            unresolved.append(node)
+            continue
+        for key in _COPIED_META:
+            if key in twin.meta and twin.meta[key] is not None:
+                node.meta[key] = twin.meta[key]
+        twins[node] = twin
+        tmeta = twin.meta[KEY]
+        meta.update(module=tmeta["module"], module_type=tmeta["module_type"],
+                    source=tmeta["source"], fwd_twin=twin.name)
+    # Nodes without a forward twin (gradient seeds, accumulation, zeros for
+    # unused parameters) take the module of their nearest attributed neighbour:
+    # first a producer, then (walking back) a consumer.
+    for node in unresolved:
+        if is_gradient_acc(node) and _attribute_accumulation(node, twins):
+            continue
+        _inherit(node, node_inputs(node))
+    for node in reversed(unresolved):
+        if not node.meta[KEY]["module"]:
+            _inherit(node, node.users)
+    for node in unresolved:
+        if not node.meta[KEY]["module"]:
+            node.meta[KEY]["module"] = TRAIN_FN
+
+
+def _own_module(node: fx.Node, by_seq: dict[int, fx.Node]) -> None:
+    # The recompute's stack starts in the engine: without a user frame of its
+    # own, its source is that of the checkpointed forward op whose backward ran it.
+    mod, mtype = stack_module(node)
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    source = user_source(node.meta.get("stack_trace"))
+    if not any(is_user_frame(path) for path, _, _ in frames):
+        twin = by_seq.get(node.meta.get("seq_nr", -1))
+        source = twin.meta[KEY]["source"] if twin is not None else ""
+    node.meta[KEY] = {"phase": "backward", "module": mod, "module_type": mtype,
+                      "source": source}
+
+
+# Forward ops whose backward passes the incoming gradient through unchanged, so
+# no backward node of theirs appears between two accumulated contributions.
+_PASSTHROUGH = ("add.Tensor", "sub.Tensor", "add_.Tensor")
+
+
+def _same_meta(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.shape == b.shape and a.dtype == b.dtype)
+
+
+def _contributions(acc: fx.Node) -> list[fx.Node]:
+    """The gradient terms an accumulation add sums (through chains of accumulations)."""
+    out, todo = [], list(node_inputs(acc))
+    while todo:
+        n = todo.pop()
+        (todo.extend(node_inputs(n)) if is_gradient_acc(n) else out.append(n))
+    return out
+
+
+def _candidates(twin: fx.Node, like: Any) -> dict[fx.Node, fx.Node]:
+    """Forward inputs of ``twin`` shaped like the gradient, through pass-through adds.
+
+    Returns each candidate with the forward node that reads it directly (``twin``,
+    or the pass-through add it flows through).
+    """
+    found: dict[fx.Node, fx.Node] = {}
+    todo = [(a, twin) for a in node_inputs(twin) if _same_meta(a.meta.get("val"), like)]
+    while todo:
+        n, reader = todo.pop()
+        if n in found:
+            continue
+        found[n] = reader
+        if n.op == "call_function" and str(n.target).endswith(_PASSTHROUGH):
+            todo.extend((a, n) for a in node_inputs(n) if _same_meta(a.meta.get("val"), like))
+    return found
+
+
+def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node]
+                      ) -> tuple[fx.Node | None, list[fx.Node]]:
+    """The forward value whose gradient a gradient-accumulation add sums, and its consumers.
+
+    Each summed term comes from the backward of one consumer of that value (its
+    forward twin); the value is the forward input, shaped like the gradient,
+    that all those consumers share (looking through pass-through adds, whose
+    backward adds no node of its own).
+
+    Args:
+        acc: A node with ``meta["is_gradient_acc"]``.
+        twins: The forward twin of each backward node that has one.
+
+    Returns:
+        ``(value, consumers)``; value is None when no consumer shares one.
+    """
+    like = acc.meta.get("val")
+    per_term = [_candidates(t, like) for t in (twins.get(c) for c in _contributions(acc))
+                if t is not None]
+    common = set.intersection(*(set(c) for c in per_term)) if per_term else set()
+    if not common:
+        return None, []
+    # Pass-through expansion also admits the inputs of the value's own producing
+    # add; the value itself is the latest common candidate in graph order.
+    order = {n: i for i, n in enumerate(acc.graph.nodes)}
+    value = max(common, key=order.__getitem__)
+    return value, [c[value] for c in per_term]
+
+
+def _common_module(consumers: list[fx.Node]) -> tuple[str, str, str] | None:
+    """Deepest module holding every consumer: ``(fqn, type, source)``, or None."""
+    paths = [c.meta[KEY]["module"] for c in consumers]
+    if TRAIN_FN in paths:
+        return (TRAIN_FN, "", consumers[paths.index(TRAIN_FN)].meta[KEY]["source"]) \
+            if set(paths) == {TRAIN_FN} else None
+    parts = [p.split(".") if p else [] for p in paths]
+    prefix = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        prefix.append(level[0])
+    fqn = ".".join(prefix)
+    for c in consumers:
+        for path, mtype in (c.meta.get("nn_module_stack") or {}).values():
+            if str(path) == fqn:
+                name = mtype if isinstance(mtype, str) else getattr(mtype, "__qualname__", "")
+                src = next((d.meta[KEY]["source"] for d in consumers
+                            if d.meta[KEY]["module"] == fqn), c.meta[KEY]["source"])
+                return fqn, name.rsplit(".", 1)[-1], src
+    return None
+
+
+def _attribute_accumulation(acc: fx.Node, twins: dict[fx.Node, fx.Node]) -> bool:
+    """Give an accumulation add the module where its value is used; False if unknown.
+
+    A parameter or buffer's accumulation belongs to the module owning it (a
+    tied weight is used in two modules); a computed value's to the deepest
+    module holding all of its consumers (e.g. a block for its residual input).
+    """
+    value, consumers = accumulated_value(acc, twins)
+    if value is None:
+        return False
+    vmeta = value.meta[KEY]
+    if vmeta["phase"] in ("param", "buffer"):
+        where = (vmeta["module"], vmeta["module_type"], "")
+    else:
+        where = _common_module(consumers)
+    if where is None:
+        return False
+    acc.meta[KEY].update(module=where[0], module_type=where[1], source=where[2],
+                         grad_acc_of=value.name)
+    return True
+
+
+def _inherit(node: fx.Node, neighbours: Iterable[fx.Node]) -> None:
+    for other in neighbours:
+        ometa = other.meta.get(KEY)
+        if ometa and ometa["phase"] in ("forward", "backward") and ometa["module"]:
+            node.meta[KEY].update(module=ometa["module"], module_type=ometa["module_type"],
+                                  source=ometa["source"])
+            return
+
+
+def _own_zero_grads(outs: list[Any], grad_fqns: Sequence[str], zero: set[str],
+                    placeholder_info: Sequence[dict[str, Any]]) -> None:
+    # Zeros emitted for a parameter without a gradient belong to the module
+    # that owns the parameter.
+    owners = {p.get("fqn"): p for p in placeholder_info}
+    for fqn, node in zip(grad_fqns, outs[1 : 1 + len(grad_fqns)]):
+        if fqn in zero and isinstance(node, fx.Node) and KEY not in node.meta:
+            p = owners.get(fqn, {})
+            node.meta[KEY] = {"phase": "backward", "module": p.get("module", ""),
+                              "module_type": p.get("module_type", ""), "source": ""}
+
+
+def _mark_gradients(outs: list[Any], grad_fqns: Sequence[str], zero: set[str]) -> None:
+    for fqn, node in zip(grad_fqns, outs[1 : 1 + len(grad_fqns)]):
+        if isinstance(node, fx.Node) and KEY in node.meta:
+            node.meta[KEY]["grad_of"] = fqn
+            if fqn in zero:
+                node.meta[KEY]["zero_grad"] = True

@@ -1,0 +1,510 @@
+"""Second tracing mode: PyTorch's AOT joint export with descriptors.
+
+``aot_export_joint_with_descriptors`` gives the functional joint graph that
+PyTorch's own compiler stack partitions and lowers. Its placeholders and
+outputs carry descriptors (``ParamAOTInput``, ``GradAOTOutput``,
+``InputMutationAOTOutput``, ...) instead of a fixed layout, so this module
+reads those descriptors once at trace time and builds:
+
+- the same ``node.meta["jointlab"]`` annotations as the default mode, and
+- an :class:`AotRuntime` that maps jointlab's flat call layout onto the
+  graph's arguments (tied aliases, the loss tangent) and maps its outputs back
+  (buffer mutations copied into the live model, alias gradients summed).
+
+The export runs inside an ``ExitStack`` that holds a fake mode; the graph is
+taken out and the stack closed before anything touches real tensors again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.fx import traceback as fx_tb
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from jointlab.errors import TraceError
+from jointlab.graph import JointGraph
+from jointlab.guards import fakeify, symbolic_fake_mode
+from jointlab.inputs import state_on_meta
+from jointlab.meta import KEY, TRAIN_FN
+from jointlab.passes.annotate import (
+    attribute_backward,
+    is_user_frame,
+    mark_recompute,
+    stack_module,
+    user_source,
+)
+from jointlab.torch_compat import torch_attr, torch_module
+from jointlab.trace.checkpoint import checkpoint_tracing
+from jointlab.trace.checkpoint import (
+    warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
+)
+from jointlab.trace.hf_compat import hf_tracing_compat
+from jointlab.trace.probes import module_probes
+from jointlab.trace.refusals import in_train_fn
+from jointlab.trace.snapshot import ModelSnapshot
+from jointlab.trace.tracer import (
+    TraceRequest,
+    check_loss,
+    split_loss,
+    state_placeholder_info,
+    user_errors,
+)
+
+D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
+aot_export_joint_with_descriptors = torch_attr(
+    "torch._functorch.aot_autograd", "aot_export_joint_with_descriptors",
+    "export the joint graph in mode='aot'")
+
+_PREFIX = "model."  # the wrapper holds the model as ``self.model``
+
+
+def strip_prefix(target: str) -> str:
+    """Return a parameter/buffer FQN as the user's model names it."""
+    return target[len(_PREFIX):] if target.startswith(_PREFIX) else target
+
+
+# -- the module AOT traces ----------------------------------------------------
+class _TrainStep(nn.Module):
+    """``train_fn(model, **inputs)`` as a module: tensor leaves in, tensors out.
+
+    Returns ``(loss, *tensor loss_dict values)``. The values are detached so
+    the loss is the only differentiable output (one tangent). Non-tensor
+    loss_dict values are recorded in ``box`` and returned by the runtime.
+    """
+
+    def __init__(self, model: nn.Module, train_fn: Callable[..., Any],
+                 leaves: list[tuple[str, Any]], treespec: pytree.TreeSpec) -> None:
+        super().__init__()
+        self.model = model
+        self._train_fn = train_fn
+        self._leaves = [None if isinstance(v, torch.Tensor) else v for _, v in leaves]
+        self._tensor_mask = [isinstance(v, torch.Tensor) for _, v in leaves]
+        self._treespec = treespec
+        self.box: dict[str, Any] = {"keys": [], "consts": {}}
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        it = iter(tensors)
+        values = [next(it) if is_tensor else v
+                  for v, is_tensor in zip(self._leaves, self._tensor_mask)]
+        kwargs = pytree.tree_unflatten(values, self._treespec)
+        with _source_recorder(), in_train_fn(self.model):
+            loss, loss_dict = split_loss(self._train_fn(self.model, **kwargs))
+        check_loss(loss)
+        self.box["keys"] = list(loss_dict)
+        self.box["consts"] = {k: v for k, v in loss_dict.items()
+                              if not isinstance(v, torch.Tensor)}
+        vals = [v.detach() for v in loss_dict.values() if isinstance(v, torch.Tensor)]
+        return (loss, *vals)
+
+
+class _SourceMode(TorchFunctionMode):
+    """Publish the user's ``file:line`` of each torch call as the node's stack trace.
+
+    AOT's inner make_fx does not record stack traces, but it copies
+    ``stack_trace`` from the preserved node meta onto every node it creates.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        meta = fx_tb.get_current_meta()
+        prev = meta.get("stack_trace")
+        frame = sys._getframe(1)
+        while frame is not None and not is_user_frame(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None:
+            meta["stack_trace"] = (
+                f'File "{frame.f_code.co_filename}", line {frame.f_lineno}, '
+                f"in {frame.f_code.co_name}"
+            )
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            if prev is None:
+                meta.pop("stack_trace", None)
+            else:
+                meta["stack_trace"] = prev
+
+
+@contextlib.contextmanager
+def _source_recorder() -> Iterator[None]:
+    if not fx_tb.has_preserved_node_meta():
+        yield
+        return
+    with _SourceMode():
+        yield
+
+
+@contextlib.contextmanager
+def module_stack_hooks(model: nn.Module) -> Iterator[None]:
+    """Publish ``nn_module_stack`` in the preserved node meta while ``model`` runs.
+
+    AOT copies that field onto every node it creates, so forward nodes learn
+    their module. Hooks are removed on exit, whatever happens.
+
+    Args:
+        model: The user's model; module names are its ``named_modules()`` FQNs.
+
+    Yields:
+        Nothing; the hooks are active inside the block.
+    """
+    stack: list[tuple[str, str]] = []
+
+    def publish() -> None:
+        meta = fx_tb.get_current_meta()
+        if stack:
+            meta["nn_module_stack"] = {f"L__{f or 'self'}": (f, t) for f, t in stack}
+        else:
+            meta.pop("nn_module_stack", None)
+
+    def pre(name: str) -> Callable[..., None]:
+        def hook(mod: nn.Module, args: Any) -> None:
+            stack.append((name, type(mod).__qualname__))
+            publish()
+        return hook
+
+    def post(mod: nn.Module, args: Any, out: Any) -> None:
+        if stack:
+            stack.pop()
+        publish()
+
+    handles = []
+    try:
+        for name, mod in model.named_modules():
+            handles.append(mod.register_forward_pre_hook(pre(name)))
+            handles.append(mod.register_forward_hook(post, always_call=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# -- the runtime --------------------------------------------------------------
+@dataclass
+class AotRuntime:
+    """Maps jointlab's flat layout onto the AOT graph and back.
+
+    Attributes:
+        arg_plan: Per placeholder, an index into the flat args, or None for the
+            loss tangent (fed ones of ``tangent_shape``).
+        out_plan: Per output, ``(kind, index)``: ``("loss", 0)``, ``("ld", j)``
+            for the j-th tensor loss_dict value, ``("grad", k)`` for
+            ``param_names[k]``, ``("mut", i)`` to copy into flat arg ``i``,
+            or ``("skip", 0)``.
+        param_flat: Flat index of each trainable parameter (for zero grads).
+        ld_consts: Non-tensor loss_dict values by key.
+    """
+
+    arg_plan: list[int | None]
+    out_plan: list[tuple[str, int]]
+    param_flat: list[int]
+    loss_dict_keys: list[str]
+    ld_consts: dict[str, Any] = field(default_factory=dict)
+    tangent_shape: tuple[int, ...] = ()
+    tangent_dtype: torch.dtype = torch.float32
+
+    def prepare(self, joint: JointGraph, flat: list[torch.Tensor]) -> list[Any]:
+        """Return the graph's args: aliases repeated, ones for the loss tangent."""
+        device = flat[0].device if flat else None
+        return [
+            torch.ones(self.tangent_shape, dtype=self.tangent_dtype, device=device)
+            if i is None else flat[i]
+            for i in self.arg_plan
+        ]
+
+    def finish(self, joint: JointGraph, outputs: list[Any], flat: list[torch.Tensor]
+               ) -> tuple[Any, list[torch.Tensor], list[Any]]:
+        """Apply input mutations, merge alias gradients, return the plain layout."""
+        loss: Any = None
+        grads: list[torch.Tensor | None] = [None] * len(self.param_flat)
+        ld: dict[int, Any] = {}
+        for out, (kind, i) in zip(outputs, self.out_plan):
+            if kind == "loss":
+                loss = out
+            elif kind == "ld":
+                ld[i] = out
+            elif kind == "grad" and out is not None:
+                grads[i] = out if grads[i] is None else grads[i] + out
+            elif kind == "mut":
+                flat[i].copy_(out)
+        full = [torch.zeros_like(flat[self.param_flat[k]]) if g is None else g
+                for k, g in enumerate(grads)]
+        tensor_vals = iter(ld[j] for j in sorted(ld))
+        values = [self.ld_consts[k] if k in self.ld_consts else next(tensor_vals)
+                  for k in self.loss_dict_keys]
+        return loss, full, values
+
+
+# -- tracing ------------------------------------------------------------------
+def trace_aot(
+    model: nn.Module,
+    train_fn: Callable[..., Any],
+    inputs: dict[str, Any],
+    *,
+    dynamic: bool,
+    dynamic_arg_dims: dict[str, int | list[int]] | None,
+) -> JointGraph:
+    """Trace ``train_fn(model, **inputs)`` with the AOT joint export.
+
+    Args:
+        model: The model; left bitwise unchanged, also when tracing fails.
+        train_fn: Returns a scalar loss, or ``(loss, loss_dict)``.
+        inputs: Keyword inputs for ``train_fn`` (tensors and constants).
+        dynamic: Make every dim of every tensor input symbolic.
+        dynamic_arg_dims: Dotted input path to dims to make symbolic.
+
+    Returns:
+        A :class:`JointGraph` with ``mode="aot"`` and an :class:`AotRuntime`.
+    """
+    req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
+    tensors, dyn_dims = req.tensors, req.dyn_dims
+    state_spec, param_names = req.state_spec, req.param_names
+
+    snapshot = ModelSnapshot.take(model)
+    try:
+        with module_probes(model) as probes:
+            gm, box, fake_user, shape_env = _export(model, train_fn, req.leaves, req.treespec,
+                                                    tensors, dyn_dims)
+        guards = req.guards(shape_env, fake_user)
+    finally:
+        snapshot.restore()
+
+    canon = _canonical_names(model)
+    sum_alias_grads_like_eager(gm, canon)
+    runtime = _build_runtime(gm, state_spec.fqns, param_names, canon, len(tensors), box)
+    annotate_aot(gm, model, [p for p, _ in tensors], param_names, canon)
+    probes.write(gm)
+    return req.joint_graph(gm, "aot", box["keys"], guards, runtime)
+
+
+def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
+    wrapper = _TrainStep(model, train_fn, leaves, treespec)
+    on_meta = state_on_meta(model)
+    args = [t.detach().to("meta") if on_meta else t.detach() for _, t in tensors]
+    fake_user: list[tuple[str, torch.Tensor]] = []
+    shape_env = None
+    if dyn_dims:
+        mode = symbolic_fake_mode()
+        shape_env = mode.shape_env
+        args = [fakeify(mode, a, dyn_dims.get(p)) for (p, _), a in zip(tensors, args)]
+        fake_user = [(p, a) for (p, _), a in zip(tensors, args)]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(user_errors())
+        stack.enter_context(module_stack_hooks(model))
+        ckpt = stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant
+        stack.enter_context(hf_tracing_compat())  # transformers: FunctionalTensor is tracing
+        joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
+        gm = joint.graph_module
+    if ckpt.get("non_reentrant"):
+        warn_checkpoint_not_recomputed(ckpt["non_reentrant"])
+    # The stack is closed: the export's fake mode is gone before real tensors run.
+    _drop_unrequested_input_grads(gm, [t.requires_grad for _, t in tensors])
+    gm.graph._codegen = fx.graph.CodeGen()
+    gm.recompile()
+    return gm, wrapper.box, fake_user, shape_env
+
+
+def _drop_unrequested_input_grads(gm: fx.GraphModule, requires_grad: list[bool]) -> None:
+    """Drop gradients the export computes for inputs that do not require grad.
+
+    With meta-device weights the export differentiates plain inputs too (a
+    second ``mse_loss_backward`` for the target); nothing reads that output.
+    """
+    out = gm.graph.output_node()
+    values = list(out.args[0])
+    for k, desc in enumerate(out.meta["desc"]):
+        src = getattr(desc, "grad_of", None)
+        if isinstance(src, D.PlainAOTInput) and not requires_grad[src.idx] \
+                and isinstance(values[k], fx.Node):
+            dead, values[k] = values[k], None
+            out.args = (values, *out.args[1:])
+            _erase_unused(gm.graph, dead)
+
+
+def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n.users or n.op != "call_function":
+            continue
+        inputs = n.all_input_nodes
+        graph.erase_node(n)
+        todo.extend(inputs)
+
+
+def _canonical_names(model: nn.Module) -> dict[str, str]:
+    """Map every alias FQN (params and buffers) to the name ``named_*()`` reports."""
+    out: dict[str, str] = {}
+    for named in (model.named_parameters, model.named_buffers):
+        first = {id(t): n for n, t in named()}
+        out.update({n: first[id(t)] for n, t in named(remove_duplicate=False)})
+    return out
+
+
+def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> None:
+    """Order each tied weight's alias gradients so the runtime sums them as eager does.
+
+    AOT gives every alias of a tied weight its own gradient output, and
+    :meth:`AotRuntime.finish` adds them in output order. Eager's engine adds a
+    leaf's incoming gradients in backward order: the alias used last in the
+    forward first. With three or more terms the order changes the last bit, so
+    each group is put in reverse order of first forward use.
+
+    Args:
+        gm: The AOT joint graph (its output node is edited in place).
+        canon: Alias FQN to the FQN ``named_parameters()`` reports.
+    """
+    out = gm.graph.output_node()
+    values, descs = list(out.args[0]), list(out.meta["desc"])
+    step = {n: i for i, n in enumerate(gm.graph.nodes)}
+    inputs = {strip_prefix(n.meta["desc"].target): n for n in gm.graph.find_nodes(op="placeholder")
+              if isinstance(n.meta.get("desc"), D.ParamAOTInput)}
+    groups: dict[str, list[int]] = {}
+    for j, (v, d) in enumerate(zip(values, descs)):
+        if (isinstance(v, fx.Node) and isinstance(d, D.GradAOTOutput)
+                and isinstance(d.grad_of, D.ParamAOTInput)):
+            groups.setdefault(canon[strip_prefix(d.grad_of.target)], []).append(j)
+
+    def first_use(j: int) -> int:
+        ph = inputs.get(strip_prefix(descs[j].grad_of.target))
+        return min((step[u] for u in ph.users), default=0) if ph is not None else 0
+
+    for slots in (s for s in groups.values() if len(s) > 2):
+        order = sorted(slots, key=first_use, reverse=True)
+        moved = [(values[j], descs[j]) for j in order]
+        for j, (v, d) in zip(slots, moved):
+            values[j], descs[j] = v, d
+    out.args = (type(out.args[0])(values),)
+    out.meta["desc"] = descs
+    gm.recompile()
+
+
+def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
+                n_state: int) -> int:
+    if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
+        return state_index[canon[strip_prefix(desc.target)]]
+    if isinstance(desc, D.PlainAOTInput):
+        return n_state + desc.idx
+    raise TraceError(
+        f"the AOT export produced an input jointlab cannot feed ({desc!r}). This happens "
+        "when inputs alias each other and one is mutated in place; pass separate "
+        "tensors or avoid the in-place update, or use mode='make_fx'."
+    )
+
+
+def _build_runtime(gm, state_fqns, param_names, canon, n_inputs, box) -> AotRuntime:
+    state_index = {f: i for i, f in enumerate(state_fqns)}
+    arg_plan: list[int | None] = []
+    tangent: torch.Tensor | None = None
+    for node in gm.graph.find_nodes(op="placeholder"):
+        desc = node.meta.get("desc")
+        if isinstance(desc, D.TangentAOTInput):
+            if not (isinstance(desc.output, D.PlainAOTOutput) and desc.output.idx == 0):
+                raise TraceError(f"unexpected tangent {desc!r}: only the loss has one")
+            arg_plan.append(None)
+            tangent = node.meta["val"]
+        else:
+            arg_plan.append(_flat_index(desc, state_index, canon, len(state_fqns)))
+    pos = {n: k for k, n in enumerate(param_names)}
+    out_plan: list[tuple[str, int]] = []
+    for desc in gm.graph.output_node().meta["desc"]:
+        out_plan.append(_out_step(desc, pos, state_index, canon, len(state_fqns)))
+    rt = AotRuntime(arg_plan, out_plan, [state_index[n] for n in param_names],
+                    list(box["keys"]), dict(box["consts"]))
+    if tangent is not None:
+        rt.tangent_shape, rt.tangent_dtype = tuple(tangent.shape), tangent.dtype
+    return rt
+
+
+def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
+    if isinstance(desc, D.PlainAOTOutput):
+        return ("loss", 0) if desc.idx == 0 else ("ld", desc.idx - 1)
+    if isinstance(desc, D.GradAOTOutput):
+        src = desc.grad_of
+        if isinstance(src, D.ParamAOTInput):
+            name = canon[strip_prefix(src.target)]
+            if name in pos:
+                return ("grad", pos[name])
+        return ("skip", 0)
+    if isinstance(desc, D.InputMutationAOTOutput):
+        return ("mut", _flat_index(desc.mutated_input, state_index, canon, n_state))
+    if desc is None:
+        return ("skip", 0)
+    raise TraceError(
+        f"the AOT export produced an output jointlab cannot return ({desc!r}); "
+        "use mode='make_fx' for this model."
+    )
+
+
+# -- annotation ---------------------------------------------------------------
+def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str]) -> dict[str, Any]:
+    base = {"module": "", "module_type": "", "source": ""}
+    if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
+        is_param = isinstance(desc, D.ParamAOTInput)
+        return {**base, **state_placeholder_info(model, strip_prefix(desc.target), is_param)}
+    if isinstance(desc, D.PlainAOTInput):
+        return {**base, "phase": "input", "input_path": paths[desc.idx]}
+    # The loss tangent seeds the backward, like make_fx's ones_like node.
+    return {**base, "phase": "backward", "module": TRAIN_FN}
+
+
+def _is_backward(node: fx.Node, tangent_reach: set[fx.Node]) -> bool:
+    tag = node.meta.get("partitioner_tag")
+    if tag in ("is_forward", "is_backward"):
+        return tag == "is_backward"
+    if "autograd_backward" in node.meta:
+        return bool(node.meta["autograd_backward"])
+    return node in tangent_reach
+
+
+def annotate_aot(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
+                 param_names: list[str], canon: dict[str, str]) -> None:
+    """Write the default mode's ``node.meta["jointlab"]`` keys from AOT descriptors.
+
+    Args:
+        gm: The flattened AOT joint graph.
+        model: The traced model (module types of parameter and buffer owners).
+        input_paths: Dotted path of each tensor input, in ``PlainAOTInput`` order.
+        param_names: Trainable parameter FQNs (``grad_of`` is only set for them).
+        canon: Alias FQN to the FQN ``named_parameters()`` reports.
+    """
+    reach: set[fx.Node] = set()
+    by_seq: dict[int, fx.Node] = {}
+    pending: list[fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            desc = node.meta.get("desc")
+            node.meta[KEY] = _placeholder_meta(desc, model, input_paths)
+            if isinstance(desc, D.TangentAOTInput):
+                reach.add(node)
+            continue
+        if node.op == "output":
+            node.meta[KEY] = {"phase": "output", "module": "", "module_type": "", "source": ""}
+            continue
+        if any(a in reach for a in node.all_input_nodes):
+            reach.add(node)
+        if _is_backward(node, reach):
+            pending.append(node)
+            continue
+        mod, mtype = stack_module(node)
+        node.meta[KEY] = {"phase": "forward", "module": mod, "module_type": mtype,
+                          "source": user_source(node.meta.get("stack_trace"))}
+        seq = node.meta.get("seq_nr")
+        if seq is not None and seq >= 0:
+            by_seq.setdefault(seq, node)
+    attribute_backward(pending, by_seq)
+    mark_recompute(gm.graph)
+    trainable = set(param_names)
+    out = gm.graph.output_node()
+    for value, desc in zip(out.args[0], out.meta["desc"]):
+        if isinstance(desc, D.GradAOTOutput) and isinstance(value, fx.Node):
+            name = canon.get(strip_prefix(getattr(desc.grad_of, "target", "")), "")
+            if name in trainable and KEY in value.meta:
+                value.meta[KEY]["grad_of"] = name

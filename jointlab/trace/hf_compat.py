@@ -1,0 +1,192 @@
+"""Compatibility shim: let transformers see that the AOT export is tracing.
+
+transformers guards its data-dependent shortcuts (``masking_utils``: "skip
+the mask when nothing is padded", "no packed sequences") with
+``transformers.utils.import_utils.is_tracing(tensor)``, which recognises a
+``FakeTensor`` (what make_fx mode hands the model) but not the
+``FunctionalTensor`` that the AOT export wraps around it. In mode="aot" those
+branches then read tensor values and the export fails with a data-dependent
+error.
+
+:func:`hf_tracing_compat` fixes only that recognition, and only while the AOT
+export runs: every ``is_fake_tensor`` function that transformers' loaded
+modules hold (``is_tracing`` looks it up in ``import_utils`` at call time) is
+replaced by one that also accepts a ``FunctionalTensor`` whose inner tensor is
+a ``FakeTensor``. The originals are put back when the block exits, whatever
+happens. This makes transformers take the same branch as in make_fx mode (the
+one it takes under ``torch.compile``), whose result equals eager's.
+
+transformers is never imported here: if the user has not imported it, the
+shim does nothing, so ``import jointlab`` stays light and other models are
+untouched.
+
+:func:`hf_refusals` turns the two ways HF's mixture-of-experts layers fail to
+trace into refusals that name the implementation that traces
+(``experts_implementation="batched_mm"``) and the user's source line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from jointlab.errors import DataDependentError, JointlabError, TraceError
+from jointlab.passes.annotate import frame_text, innermost_user_frame
+
+_IMPORT_UTILS = "transformers.utils.import_utils"
+_NAME = "is_fake_tensor"
+
+
+def _functional_tensor_type() -> type | None:
+    try:
+        from torch._subclasses.functional_tensor import FunctionalTensor
+    except ImportError:  # pragma: no cover - a torch without the AOT functional tensor
+        return None
+    return FunctionalTensor
+
+
+def is_functional_fake(x: Any) -> bool:
+    """True when ``x`` is a ``FunctionalTensor`` wrapping a ``FakeTensor`` (AOT tracing).
+
+    Args:
+        x: Any value.
+
+    Returns:
+        Whether ``x`` is one of the AOT export's tracing tensors.
+    """
+    functional = _functional_tensor_type()
+    unwrap = getattr(torch, "_from_functional_tensor", None)
+    if functional is None or unwrap is None or not isinstance(x, functional):
+        return False
+    inner = unwrap(x.elem)
+    return isinstance(inner, torch._subclasses.FakeTensor)
+
+
+def _holders(original: Callable[..., Any]) -> list[Any]:
+    """transformers' loaded modules that hold ``original`` under its own name."""
+    return [mod for name, mod in list(sys.modules.items())
+            if (name == "transformers" or name.startswith("transformers."))
+            and mod is not None and mod.__dict__.get(_NAME) is original]
+
+
+@contextlib.contextmanager
+def hf_tracing_compat() -> Iterator[None]:
+    """Make transformers' ``is_tracing`` recognise the AOT export's tensors in this block.
+
+    Does nothing unless transformers is already imported and has the function.
+
+    Yields:
+        Nothing; the patch is active inside the block and removed on exit.
+    """
+    utils = sys.modules.get(_IMPORT_UTILS)
+    original = getattr(utils, _NAME, None) if utils is not None else None
+    if not callable(original):
+        yield
+        return
+
+    def is_fake_tensor(x: Any) -> bool:
+        return bool(original(x)) or is_functional_fake(x)
+
+    is_fake_tensor.__wrapped__ = original  # type: ignore[attr-defined]
+    holders = _holders(original)
+    try:
+        for mod in holders:
+            setattr(mod, _NAME, is_fake_tensor)
+        yield
+    finally:
+        for mod in holders:
+            setattr(mod, _NAME, original)
+
+
+# -- mixture-of-experts refusals ----------------------------------------------------------
+_MOE_DISPATCH = os.path.join("transformers", "integrations", "moe.py")
+_WORKS = "batched_mm"
+_HOW = (
+    f'Build the model with experts_implementation="{_WORKS}", which traces: '
+    f'AutoModelForCausalLM.from_config(config, experts_implementation="{_WORKS}") '
+    f'(or from_pretrained(..., experts_implementation="{_WORKS}")), or pass '
+    f'experts_implementation="{_WORKS}" to the model\'s config.'
+)
+
+
+def experts_implementation(model: nn.Module) -> str | None:
+    """The HF experts implementation ``model`` dispatches to, or None if it has none."""
+    for mod in model.modules():
+        impl = getattr(getattr(mod, "config", None), "_experts_implementation", None)
+        if isinstance(impl, str):
+            return impl
+    return None
+
+
+def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """Frames of ``exc`` and of the exceptions it was raised from, outermost first."""
+    out: list[traceback.FrameSummary] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        out.extend(traceback.extract_tb(exc.__traceback__))
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def _is_hf_file(path: str) -> bool:
+    return f"{os.sep}transformers{os.sep}" in path
+
+
+def _through_experts(frames: list[traceback.FrameSummary]) -> bool:
+    return any(f.filename.endswith(_MOE_DISPATCH) for f in frames)
+
+
+def _user_line(frames: list[traceback.FrameSummary]) -> str:
+    """`` at file:line: code`` of the innermost frame of the user's own code."""
+    frame = innermost_user_frame(frames, also_skip=_is_hf_file)
+    return f" (called at {frame_text(frame)})" if frame is not None else ""
+
+
+def _hf_line(frames: list[traceback.FrameSummary]) -> str:
+    """`` in file:line`` of the innermost transformers frame."""
+    hf = [f for f in frames if _is_hf_file(f.filename)]
+    return f" in {hf[-1].filename}:{hf[-1].lineno}" if hf else ""
+
+
+@contextlib.contextmanager
+def hf_refusals(model: nn.Module) -> Iterator[None]:
+    """Re-raise HF mixture-of-experts tracing failures with what to do instead.
+
+    Args:
+        model: The model being traced.
+
+    Yields:
+        Nothing; failures inside the block are translated.
+
+    Raises:
+        TraceError: ``grouped_mm`` experts: torch's shape inference rejects the op.
+        DataDependentError: ``eager`` experts: the loop over experts reads data.
+    """
+    try:
+        yield
+    except DataDependentError as exc:
+        frames = _frames(exc)
+        if experts_implementation(model) != "eager" or not _through_experts(frames):
+            raise
+        raise DataDependentError(
+            f"{exc} The model uses HF's eager experts loop (experts_implementation="
+            f'"eager"), which picks the experts to run from the routing values'
+            f"{_user_line(frames)}. {_HOW}") from exc
+    except RuntimeError as exc:
+        impl = experts_implementation(model)
+        frames = _frames(exc)
+        if isinstance(exc, JointlabError) or impl in (None, _WORKS) or not _through_experts(frames):
+            raise
+        raise TraceError(
+            f'the experts layer (experts_implementation="{impl}") cannot be traced: '
+            f"torch's shape inference for it failed{_hf_line(frames)} with: {exc}"
+            f"{_user_line(frames)}. {_HOW}"
+        ) from exc

@@ -1,0 +1,153 @@
+"""Trace-time probes: which graph node *is* each module call's output and its gradient.
+
+While a training step is traced, forward hooks on every module look up the
+graph node that produced each tensor the module returns, and a tensor hook on
+each such output looks up the node that produced the gradient reaching it.
+These are identities recorded by the tracer itself, not guesses from shapes
+or graph structure, so ``compare`` can pair a graph value with the eager value
+recorded at the same point (same module, same call, same output leaf).
+
+The pass writes, on the graph nodes it found (see :mod:`jointlab.meta`):
+
+- ``probe_out``: list of ``[fqn, call, leaf]``: this node is output ``leaf``
+  of call number ``call`` (0-based, per module, in execution order) of module ``fqn``;
+- ``probe_grad``: list of ``[fqn, call, leaf]``: this node is the gradient of
+  the loss with respect to that output.
+
+Hooks are removed on exit, whatever happens; the model is never changed.
+The lookups use private torch APIs (``get_innermost_proxy_mode``,
+``get_proxy_slot``, functional-tensor unwrapping). When they are missing,
+:data:`AVAILABLE` is False, nothing is recorded, and ``compare`` reports that
+it cannot localise a divergence instead of guessing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from jointlab.meta import KEY
+
+try:  # private torch APIs, present in torch 2.13 and 2.14
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    from torch.fx.experimental.proxy_tensor import get_innermost_proxy_mode, get_proxy_slot
+
+    AVAILABLE = hasattr(torch, "_from_functional_tensor") and hasattr(torch, "_sync")
+except ImportError:  # pragma: no cover - a torch without these internals
+    AVAILABLE = False
+
+Key = tuple[str, int, int]  # (module fqn, call index, output leaf)
+
+
+def tensor_leaves(out: Any) -> list[torch.Tensor]:
+    """The tensor leaves of a module's output, in pytree order (both sides use this)."""
+    return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
+
+
+def _traced_node(t: torch.Tensor) -> fx.Node | None:
+    """The graph node that produced ``t`` in the trace now running, or None."""
+    mode = get_innermost_proxy_mode()
+    if mode is None:
+        return None
+    inner = t
+    if isinstance(inner, FunctionalTensor):  # AOT mode: the fake value under the wrapper
+        torch._sync(inner)
+        inner = torch._from_functional_tensor(inner.elem)
+    slot = get_proxy_slot(inner, mode.tracer, None)
+    return None if slot is None else slot.proxy.node
+
+
+@dataclass
+class ProbeRecorder:
+    """What the hooks saw during one trace: node identities per (module, call, leaf)."""
+
+    outputs: dict[Key, fx.Node] = field(default_factory=dict)
+    grads: dict[Key, fx.Node] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        """Forget everything (a new tracing pass starts)."""
+        self.outputs.clear()
+        self.grads.clear()
+        self.calls.clear()
+
+    def write(self, gm: fx.GraphModule) -> None:
+        """Write ``probe_out`` / ``probe_grad`` on the nodes of ``gm`` that were recorded."""
+        by_name = {n.name: n for n in gm.graph.nodes}
+        for key_name, found in (("probe_out", self.outputs), ("probe_grad", self.grads)):
+            for key, node in found.items():
+                same = _same_node(by_name.get(node.name), node)
+                if same is not None:
+                    same.meta.setdefault(KEY, {}).setdefault(key_name, []).append(list(key))
+
+
+def _same_node(candidate: fx.Node | None, recorded: fx.Node) -> fx.Node | None:
+    """``candidate`` when it is the recorded node, or its copy in a copied graph."""
+    if candidate is None or candidate.op == "output":
+        return None
+    if candidate is recorded or (candidate.op, candidate.target) == (recorded.op,
+                                                                    recorded.target):
+        return candidate
+    return None
+
+
+def _grad_hook(rec: ProbeRecorder, key: Key):
+    def hook(grad: torch.Tensor) -> None:
+        node = _traced_node(grad)
+        if node is not None:
+            rec.grads[key] = node
+    return hook
+
+
+def _output_hook(rec: ProbeRecorder, fqn: str):
+    def hook(_mod: nn.Module, _args: Any, out: Any) -> None:
+        if get_innermost_proxy_mode() is None:  # AOT's metadata pass: not the graph
+            return
+        call = rec.calls.get(fqn, 0)
+        rec.calls[fqn] = call + 1
+        for leaf, t in enumerate(tensor_leaves(out)):
+            node = _traced_node(t)
+            if node is None:
+                continue
+            rec.outputs[(fqn, call, leaf)] = node
+            if t.requires_grad:
+                t.register_hook(_grad_hook(rec, (fqn, call, leaf)))
+    return hook
+
+
+def _root_pre_hook(rec: ProbeRecorder):
+    def hook(_mod: nn.Module, _args: Any) -> None:
+        if get_innermost_proxy_mode() is not None:
+            rec.reset()  # each traced pass over the model starts from scratch
+    return hook
+
+
+@contextlib.contextmanager
+def module_probes(model: nn.Module) -> Iterator[ProbeRecorder]:
+    """Record, while tracing ``model``, the node of every module output and its gradient.
+
+    Args:
+        model: The model being traced (hooks are added and always removed).
+
+    Yields:
+        The :class:`ProbeRecorder`; call :meth:`ProbeRecorder.write` on the traced graph.
+    """
+    rec = ProbeRecorder()
+    if not AVAILABLE:
+        yield rec
+        return
+    handles = [model.register_forward_pre_hook(_root_pre_hook(rec))]
+    handles += [m.register_forward_hook(_output_hook(rec, fqn))
+                for fqn, m in model.named_modules()]
+    try:
+        yield rec
+    finally:
+        for h in handles:
+            h.remove()

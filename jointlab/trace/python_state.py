@@ -1,0 +1,245 @@
+"""Python state that a trace silently freezes, and tensor printing while tracing.
+
+A joint graph replays ops, not Python. A float read from ``train_fn``'s
+closure or its module globals, or a tensor captured from outside the model,
+becomes a literal of the graph: changing it later has no effect on
+:meth:`JointGraph.run`. :func:`warn_baked_constants` finds such values after a
+trace and warns once per trace with their names and values.
+
+Not every tensor constant of a graph is captured state. ``torch.tensor(data)``
+and ``x[i] = 3`` inside the traced code create *fresh literals*: a constant
+read only by ``lift_fresh_copy``. A one-element fresh literal is a Python
+number of the code, like any literal argument (T5 writes its
+``decoder_start_token_id`` so); it is checked against captured numbers like
+the other literals, not reported itself. An empty one holds no data and cannot
+change any value; HF's KV cache creates them (``cache_utils``) when a model is
+called with ``use_cache=True``, and that is reported with the fix
+(``use_cache=False``). Any other tensor constant, e.g. a captured tensor or a
+parameter baked into the graph, is reported as before.
+:func:`no_tensor_printing` turns ``print(tensor)`` in user code during a trace
+(which would only show a fake tensor) into a :class:`DataDependentError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from jointlab.errors import BakedConstantWarning, DataDependentError
+from jointlab.passes.annotate import is_user_frame
+
+_SCALARS = (int, float)
+
+
+def closure_values(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Free variables and referenced module globals of ``fn``, by name.
+
+    Args:
+        fn: A Python function (others, e.g. builtins, give an empty dict).
+
+    Returns:
+        ``{name: value}`` for closure cells and globals the code names.
+    """
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        with contextlib.suppress(ValueError):  # an empty cell
+            out[name] = cell.cell_contents
+    glb = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        if name in glb and name not in out:
+            out[name] = glb[name]
+    return out
+
+
+def _graph_literals(gm: fx.GraphModule) -> list[Any]:
+    found: list[Any] = []
+
+    def visit(a: Any) -> None:
+        if isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+        elif isinstance(a, dict):
+            for x in a.values():
+                visit(x)
+        elif isinstance(a, _SCALARS) and not isinstance(a, bool):
+            found.append(a)
+
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            visit(node.args)
+            visit(node.kwargs)
+        elif is_scalar_literal(gm, node):
+            found.append(_constant(gm, node).reshape(()))
+    return found
+
+
+def _matches(value: float, literal: Any) -> bool:
+    if isinstance(literal, torch.Tensor):  # a fresh scalar literal, in its own dtype
+        return bool(torch.tensor(value, dtype=literal.dtype) == literal)
+    return literal == value or (isinstance(literal, float)
+                                and math.isclose(literal, value, rel_tol=1e-12))
+
+
+def _appears(value: float, literals: list[Any]) -> bool:
+    return any(_matches(value, v) for v in literals)
+
+
+def baked_scalars(gm: fx.GraphModule, fns: dict[str, Callable[..., Any]]) -> list[str]:
+    """Captured Python numbers whose value appears as a literal in the graph.
+
+    Args:
+        gm: The traced graph.
+        fns: Functions whose closures and globals to inspect, by a display name.
+
+    Returns:
+        One description per captured number, e.g. ``"train_fn: scale = 0.5 (float)"``.
+    """
+    literals = _graph_literals(gm)
+    out = []
+    for where, fn in fns.items():
+        for name, value in closure_values(fn).items():
+            if (isinstance(value, _SCALARS) and not isinstance(value, bool) and value not in (0, 1)
+                    and _appears(value, literals)):
+                out.append(f"{where}: {name} = {value!r} ({type(value).__name__})")
+    return out
+
+
+def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
+    t = getattr(gm, str(node.target), None) if node.op == "get_attr" else None
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def is_fresh_literal(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """True for a constant made by ``torch.tensor(...)`` in the traced code.
+
+    Such a constant is read only through ``lift_fresh_copy``; a captured
+    tensor or a baked parameter is read by the ops themselves.
+    """
+    return (_constant(gm, node) is not None and bool(node.users)
+            and all(u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users))
+
+
+def is_scalar_literal(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """True for a fresh literal holding one Python number (e.g. from ``x[i] = 3``)."""
+    t = _constant(gm, node)
+    return is_fresh_literal(gm, node) and t.numel() == 1 and t.dim() <= 1
+
+
+def is_kv_cache_placeholder(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """True for an empty fresh literal created by HF's KV cache."""
+    t = _constant(gm, node)
+    return (is_fresh_literal(gm, node) and t.numel() == 0
+            and any(_from_hf_cache(u.meta.get("stack_trace") or "") for u in node.users))
+
+
+def _from_hf_cache(stack_trace: str) -> bool:
+    return "cache_utils.py" in stack_trace or "cache.update(" in stack_trace
+
+
+def _holds_no_user_state(gm: fx.GraphModule, node: fx.Node) -> bool:
+    t = _constant(gm, node)
+    return is_scalar_literal(gm, node) or (is_fresh_literal(gm, node) and t.numel() == 0)
+
+
+def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
+    t = _constant(gm, node)
+    return (f"{node.target}: tensor{list(t.shape)} {t.dtype} (used by "
+            f"{', '.join(u.name for u in node.users)})")
+
+
+def baked_tensors(gm: fx.GraphModule) -> list[str]:
+    """Tensors the trace lifted into the graph as constants that hold captured data.
+
+    Fresh one-element and empty literals (see the module docstring) are left out.
+    """
+    return [_describe(gm, node) for node in gm.graph.find_nodes(op="get_attr")
+            if _constant(gm, node) is not None and not _holds_no_user_state(gm, node)]
+
+
+def kv_cache_constants(gm: fx.GraphModule) -> list[str]:
+    """Empty constants that HF's KV cache put into the graph (``use_cache=True``)."""
+    return [_describe(gm, node) for node in gm.graph.find_nodes(op="get_attr")
+            if is_kv_cache_placeholder(gm, node)]
+
+
+def _forwards(model: nn.Module) -> dict[str, Callable[..., Any]]:
+    return {f"{name or type(model).__name__}.forward": type(m).forward
+            for name, m in model.named_modules()}
+
+
+def warn_baked_constants(gm: fx.GraphModule, train_fn: Callable[..., Any],
+                         model: nn.Module) -> list[str]:
+    """Warn about captured Python state that the trace froze into ``gm``.
+
+    Args:
+        gm: The traced joint graph.
+        train_fn: The user's training function.
+        model: The traced model (its modules' ``forward`` functions are inspected).
+
+    Returns:
+        The descriptions warned about (empty: no warning).
+    """
+    found = baked_scalars(gm, {"train_fn": train_fn, **_forwards(model)}) + baked_tensors(gm)
+    if found:
+        warnings.warn(
+            "values captured from Python were baked into the joint graph as constants: "
+            + "; ".join(found) + ". Changing them later does not change what run() computes. "
+            "Pass them to train_fn as inputs (tensors, to let them vary) or register them on "
+            "the model as buffers, then trace again.",
+            BakedConstantWarning, stacklevel=3)
+    cache = kv_cache_constants(gm)
+    if cache:
+        warnings.warn(
+            f"the model fills a KV cache during the traced step ({len(cache)} empty cache "
+            "tensors baked into the graph: " + "; ".join(cache[:2])
+            + ("; ..." if len(cache) > 2 else "") + "). A training step does not need it: "
+            "pass use_cache=False to the model call in train_fn, then trace again.",
+            BakedConstantWarning, stacklevel=3)
+    return found + cache
+
+
+@contextlib.contextmanager
+def no_tensor_printing() -> Iterator[None]:
+    """Raise :class:`DataDependentError` when user code prints a tensor while tracing."""
+    kinds = ("__repr__", "__str__", "__format__")
+    saved = {k: getattr(torch.Tensor, k) for k in kinds}
+    own = {k: torch.Tensor.__dict__[k] for k in kinds if k in torch.Tensor.__dict__}
+
+    def guard(kind: str) -> Callable[..., Any]:
+        orig = saved[kind]
+
+        def method(self: torch.Tensor, *args: Any) -> Any:
+            caller = sys._getframe(1)
+            if is_user_frame(caller.f_code.co_filename):
+                line = inspect.getframeinfo(caller).code_context or [""]
+                raise DataDependentError(
+                    "the training step prints or formats a tensor while tracing at "
+                    f"{caller.f_code.co_filename}:{caller.f_lineno}: {line[0].strip()}. "
+                    "A traced tensor has no value yet, so this would show a placeholder. "
+                    "Remove the print, or inspect values with jointlab.Stepper after tracing.")
+            return orig(self, *args)
+        return method
+
+    try:
+        for kind in saved:
+            setattr(torch.Tensor, kind, guard(kind))
+        yield
+    finally:
+        for kind in kinds:
+            if kind in own:
+                setattr(torch.Tensor, kind, own[kind])
+            else:
+                delattr(torch.Tensor, kind)

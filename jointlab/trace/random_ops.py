@@ -1,0 +1,109 @@
+"""Random ops in a joint graph: why they draw what eager draws, and what is refused.
+
+Both tracing modes record the ATen random op that eager dispatches (make_fx
+records ``bernoulli_``, ``normal``, ``rrelu_with_noise``, ``randperm``, ...
+as they are; AOT records their functional forms, which call the same
+kernels), and nothing decomposes them: jointlab passes no decomposition
+table. Running the graph therefore consumes the default generator in the same
+order and with the same kernels as eager, so every op tagged
+``torch.Tag.nondeterministic_seeded`` draws bit for bit the same numbers from
+the same seed (checked op by op in ``tests/test_random_ops.py``), and the
+Stepper runs exactly those nodes in its own stream
+(:func:`jointlab.analysis.step.breakpoints.draws_random`).
+
+Two things cannot be made exact, and are refused while tracing:
+
+* an explicit ``torch.Generator`` passed to an op (``torch.randn(...,
+  generator=g)``): the graph would hold that generator, shared with the user,
+  which neither ``Stepper(seed=...)`` nor ``jl.compare`` can seed or isolate;
+* ``Tensor.random_(from, to)``: its overload is named ``from``, a Python
+  keyword, and torch's FX code generator cannot emit it (a ``SyntaxError``
+  inside make_fx). ``torch.randint_like`` and ``random_(to)`` draw the same
+  numbers through other overloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from jointlab import meta as _meta
+from jointlab.errors import UnsupportedRandomOpError
+from jointlab.passes.annotate import user_source
+
+__all__ = ["draws_from_generator", "random_op_refusals", "refuse_explicit_generators"]
+
+_KEYWORD_OVERLOADS = ("random_.from", "random.from")
+
+
+def _generator_value(gm: fx.GraphModule, arg: Any) -> torch.Generator | None:
+    if isinstance(arg, torch.Generator):
+        return arg
+    if isinstance(arg, fx.Node) and arg.op == "get_attr":
+        value = getattr(gm, str(arg.target), None)
+        return value if isinstance(value, torch.Generator) else None
+    return None
+
+
+def draws_from_generator(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """True when ``node`` is passed an explicit ``torch.Generator`` (not the default one)."""
+    if node.op != "call_function":
+        return False
+    args = list(node.args) + list(node.kwargs.values())
+    return any(_generator_value(gm, a) is not None for a in args)
+
+
+def _where(node: fx.Node) -> str:
+    source = _meta.info(node).get("source") or user_source(node.meta.get("stack_trace"))
+    return f"at {source}" if source else "at an unknown source line"
+
+
+def refuse_explicit_generators(gm: fx.GraphModule) -> None:
+    """Raise when an op of the traced graph draws from a user-supplied generator.
+
+    Raises:
+        UnsupportedRandomOpError: Names the op and the user's source line.
+    """
+    for node in gm.graph.nodes:
+        if draws_from_generator(gm, node):
+            raise UnsupportedRandomOpError(
+                f"{node.target} {_where(node)} draws from an explicit torch.Generator "
+                "(generator=...). A joint graph would share that generator with your code, "
+                "and jl.Stepper(seed=...) and jl.compare can seed only the default one, so "
+                "their results would not be reproducible. Drop generator= and seed the "
+                "default generator with torch.manual_seed(seed) before the step.")
+
+
+def _keyword_overload_source(tb: types.TracebackType | None) -> str:
+    while tb is not None:  # make_fx's dispatch_trace holds the traced graph
+        graph = tb.tb_frame.f_locals.get("graph")
+        if isinstance(graph, fx.Graph):
+            for node in graph.nodes:
+                if str(node.target).endswith(_KEYWORD_OVERLOADS):
+                    return _where(node)
+        tb = tb.tb_next
+    return "at an unknown source line"
+
+
+@contextlib.contextmanager
+def random_op_refusals() -> Iterator[None]:
+    """Turn torch's code-generation failure on ``random_(from, to)`` into a clear refusal.
+
+    Raises:
+        UnsupportedRandomOpError: The traced code calls ``Tensor.random_(from, to)``.
+    """
+    try:
+        yield
+    except SyntaxError as exc:
+        if not any(f".{o.split('.')[1]}(" in (exc.text or "") for o in _KEYWORD_OVERLOADS):
+            raise
+        raise UnsupportedRandomOpError(
+            f"Tensor.random_(from, to) {_keyword_overload_source(exc.__traceback__)} cannot be "
+            "traced: its ATen overload is named 'from', a Python keyword, which torch's FX "
+            "code generator cannot emit. torch.randint_like(x, from, to) draws the same "
+            "numbers (x.random_(to) too, when from is 0); use one of those.") from exc

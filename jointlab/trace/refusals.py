@@ -1,0 +1,310 @@
+"""Refusals: misuse inside ``train_fn`` and raw torch errors become jointlab errors.
+
+Tracing runs the user's ``train_fn`` once. Some things it may do would make
+tracing change the model, or give a graph that hides an update:
+
+- an optimizer step (the optimizer holds the *real* parameters, so under a
+  fake mode that allows real inputs its in-place update writes them),
+- any in-place write to a parameter (``p.add_``, ``p.data.mul_``, ``out=p``),
+- its own ``loss.backward()`` or ``torch.autograd.grad`` (the joint graph
+  takes the gradients itself).
+
+:func:`tracing_guard` is active for the whole ``jl.trace`` call and
+:func:`in_train_fn` around each call of ``train_fn``; both refuse these
+before anything is written. :func:`refuse_compiled` refuses compiled
+submodules before any compilation starts, and :func:`torch_errors` turns any
+other exception that escapes into a :class:`~jointlab.errors.TraceError`
+(or a subclass of the user's own exception type) with the cause chained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import optimizer as torch_optimizer
+from torch.overrides import TorchFunctionMode
+
+from jointlab.errors import (
+    CompiledModuleError,
+    JointlabError,
+    TraceError,
+    TrainFnError,
+    TrainFnMisuseError,
+)
+from jointlab.passes.analyze import storage_id
+from jointlab.passes.annotate import frame_text, innermost_user_frame, is_user_frame
+
+try:  # private module; the class is the documented way to intercept aten ops
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:  # pragma: no cover - guarded private API
+    TorchDispatchMode = None  # type: ignore[assignment,misc]
+
+_RETURN_LOSS = ("jl.trace computes the gradients itself: return the loss from train_fn, "
+                "then use joint.run(model, inputs, accumulate=True) and step your optimizer "
+                "outside train_fn.")
+# Real parameter storages of the model being traced (a stack: traces may nest).
+_REAL: list[dict[Any, str]] = []
+
+
+_JOINTLAB_DIR = os.path.dirname(__file__) + os.sep
+
+
+# -- where in the user's code ---------------------------------------------------
+def _is_user_file(path: str) -> bool:
+    """A user source file: not torch, not jointlab's private modules, not FX's generated code."""
+    return is_user_frame(path) and not _generated(path)
+
+
+def _generated(path: str) -> bool:
+    return path.startswith("<eval_with_key")  # FX's generated graph code
+
+
+def user_line_of_frames(frames: list[traceback.FrameSummary]) -> str:
+    """``" at file:line: code"`` for the innermost user frame, or ``""``.
+
+    Args:
+        frames: Frames from outermost to innermost.
+
+    Returns:
+        The location text, empty when no frame is the user's.
+    """
+    frame = innermost_user_frame(frames, also_skip=_generated)
+    return f" at {frame_text(frame)}" if frame is not None else ""
+
+
+def _caller_line() -> str:
+    return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
+
+
+def _traceback_line(exc: BaseException) -> str:
+    return user_line_of_frames(traceback.extract_tb(exc.__traceback__))
+
+
+# -- storages -------------------------------------------------------------------
+def _param_storages(model: nn.Module) -> dict[Any, str]:
+    out: dict[Any, str] = {}
+    for name, p in model.named_parameters():
+        key = storage_id(p)
+        if key is not None:
+            out.setdefault(key, name)
+    return out
+
+
+# -- the guards -------------------------------------------------------------------
+def _refuse_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    raise TrainFnMisuseError(
+        f"train_fn called {type(optimizer).__name__}.step(){_caller_line()}. Tracing "
+        "never updates the model, and an optimizer step inside the traced step would "
+        f"write the real parameters. {_RETURN_LOSS}"
+    )
+
+
+@contextlib.contextmanager
+def tracing_guard(model: nn.Module) -> Iterator[None]:
+    """Refuse optimizer steps and record the real parameters for the whole trace.
+
+    Args:
+        model: The user's model, before any parameter is swapped out.
+
+    Yields:
+        Nothing; the guard is active inside the block.
+    """
+    # Without the hook, the parameter-write check below still refuses the step's update.
+    hook = getattr(torch_optimizer, "register_optimizer_step_pre_hook", None)
+    handle = hook(_refuse_step) if hook is not None else None
+    _REAL.append(_param_storages(model))
+    try:
+        yield
+    finally:
+        _REAL.pop()
+        if handle is not None:
+            handle.remove()
+
+
+class _NoBackward(TorchFunctionMode):
+    """Refuse ``backward()``, ``torch.autograd.backward`` and ``torch.autograd.grad``."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
+            name = "loss.backward()" if func is torch.Tensor.backward else (
+                f"torch.autograd.{func.__name__}()")
+            raise TrainFnMisuseError(f"train_fn called {name}{_caller_line()}. {_RETURN_LOSS}")
+        return func(*args, **(kwargs or {}))
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> Iterator[Any]:
+    """Tensors an aten op writes in place (``Tensor(a!)`` arguments, ``out=``)."""
+    schema = getattr(func, "_schema", None)
+    for i, arg in enumerate(getattr(schema, "arguments", ())):
+        info = arg.alias_info
+        if info is None or not info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        yield from value if isinstance(value, (list, tuple)) else (value,)
+
+
+def _param_write_mode(protected: dict[Any, str]) -> Any:
+    class _NoParamWrites(TorchDispatchMode):  # type: ignore[misc,valid-type]
+        """Refuse any aten op that writes in place into a parameter's storage."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            for t in _written(func, args, kwargs):
+                name = protected.get(storage_id(t))
+                if name is not None:
+                    raise TrainFnMisuseError(
+                        f"train_fn writes in place into parameter '{name}' ({func})"
+                        f"{_caller_line()}. Tracing must not change the model, and the graph "
+                        "would replay the write on every run. Move parameter updates "
+                        f"out of train_fn. {_RETURN_LOSS}"
+                    )
+            return func(*args, **kwargs)
+
+    return _NoParamWrites()
+
+
+@contextlib.contextmanager
+def in_train_fn(model: nn.Module) -> Iterator[None]:
+    """Refuse user backward calls and parameter writes while ``train_fn`` runs.
+
+    Args:
+        model: The model as ``train_fn`` sees it (parameters may be swapped
+            for fake placeholders); the real ones come from :func:`tracing_guard`.
+
+    Yields:
+        Nothing; the refusals are active inside the block.
+
+    Raises:
+        TraceError: This torch has no ``TorchDispatchMode`` to watch writes with.
+    """
+    if TorchDispatchMode is None:  # pragma: no cover - guarded private API
+        raise TraceError("this torch lacks torch.utils._python_dispatch.TorchDispatchMode, "
+                         "which jointlab needs to refuse parameter writes; use torch 2.13")
+    protected = {**(_REAL[-1] if _REAL else {}), **_param_storages(model)}
+    with _NoBackward(), _param_write_mode(protected):
+        yield
+
+
+# -- compiled submodules ----------------------------------------------------------
+def _is_compiled(mod: nn.Module) -> bool:
+    compiled_wrapper = type(mod).__name__ == "OptimizedModule" and hasattr(mod, "_orig_mod")
+    return compiled_wrapper or getattr(mod, "_compiled_call_impl", None) is not None
+
+
+def refuse_compiled(model: nn.Module) -> None:
+    """Refuse a model holding ``torch.compile``-d modules, before anything compiles.
+
+    Args:
+        model: The user's model.
+
+    Raises:
+        CompiledModuleError: ``model`` or a submodule is compiled.
+    """
+    names = [name or "<the model>" for name, mod in model.named_modules() if _is_compiled(mod)]
+    if names:
+        raise CompiledModuleError(
+            f"{', '.join(repr(n) for n in names)} is compiled with torch.compile; jl.trace "
+            "traces eager modules and cannot trace through a compiled one. Trace the model "
+            "before compiling it (or pass the original module, e.g. model.block._orig_mod "
+            "for model.block = torch.compile(model.block)); to compile the joint graph, "
+            "use joint.compile()."
+        )
+
+
+# -- raw errors -------------------------------------------------------------------
+_JOINTLAB_OWN = (TypeError, ValueError)  # jointlab's own argument checks raise these
+
+
+def _innermost_file(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    return tb[-1].filename if tb else ""
+
+
+def _is_users_own(exc: BaseException) -> bool:
+    path = _innermost_file(exc)
+    return bool(path) and _is_user_file(path)
+
+
+def _is_jointlab_check(exc: BaseException) -> bool:
+    path = _innermost_file(exc)
+    return type(exc) in _JOINTLAB_OWN and path.startswith(_JOINTLAB_DIR)
+
+
+@functools.cache
+def _train_fn_error_type(user_type: type[BaseException]) -> type[TrainFnError] | None:
+    try:
+        return type(f"TrainFnError[{user_type.__name__}]", (TrainFnError, user_type), {})
+    except TypeError:  # incompatible layout (e.g. OSError): keep the user's exception
+        return None
+
+
+_TRACE_HINT = ("This is a torch error jointlab has no specific check for. Simplify the code "
+               "at that line, or try the other tracing mode (mode='make_fx' or mode='aot')")
+
+
+def _graph_line(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename.startswith("<eval_with_key")]
+    return f" at graph node: {frames[-1].line.strip()}" if frames and frames[-1].line else ""
+
+
+def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = TraceError,
+                   hint: str = _TRACE_HINT) -> BaseException:
+    """The jointlab error to raise for ``exc`` escaping ``where`` (e.g. ``"jl.trace"``).
+
+    Args:
+        exc: An exception that is not a jointlab error.
+        where: The public entry point, for the message.
+        error: The class for an error raised inside torch.
+        hint: What to do about an error raised inside torch.
+
+    Returns:
+        The new exception (raise it ``from exc``), or ``exc`` itself when it
+        is jointlab's own argument check or its type cannot be combined with
+        :class:`~jointlab.errors.TrainFnError`.
+    """
+    if _is_jointlab_check(exc):
+        return exc
+    line = _traceback_line(exc)
+    if _is_users_own(exc):
+        cls = _train_fn_error_type(type(exc))
+        if cls is None:
+            return exc
+        return cls(f"train_fn raised {type(exc).__name__}: {exc}{line} (during {where}). This "
+                   "is your code's own exception, chained as __cause__; fix it there.")
+    return error(f"{where} failed inside torch{line}{_graph_line(exc)}: "
+                 f"{type(exc).__name__}: {exc}\n{hint}; torch's error is chained as __cause__.")
+
+
+@contextlib.contextmanager
+def torch_errors(where: str, error: type[JointlabError] = TraceError,
+                 hint: str = _TRACE_HINT) -> Iterator[None]:
+    """Re-raise any non-jointlab exception as a jointlab error, the original chained.
+
+    Also usable as a decorator.
+
+    Args:
+        where: The public entry point's name, e.g. ``"jl.trace"``.
+        error: The class for an error raised inside torch.
+        hint: What to do about an error raised inside torch.
+
+    Yields:
+        Nothing; exceptions escaping the block are translated.
+    """
+    try:
+        yield
+    except JointlabError:
+        raise
+    except Exception as exc:
+        new = wrap_exception(exc, where, error, hint)
+        if new is exc:
+            raise
+        raise new from exc
