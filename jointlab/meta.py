@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from jointlab.errors import NodeExecutionError
@@ -71,6 +72,65 @@ def is_backward(node: fx.Node) -> bool:
 def is_state_input(node: fx.Node) -> bool:
     """True for a parameter or buffer placeholder."""
     return phase(node) in ("param", "buffer")
+
+
+def in_module(module_fqn: str, prefix: str) -> bool:
+    """The one module-prefix predicate: ``module_fqn`` is ``prefix`` or one of its submodules.
+
+    ``""`` (the root module's own ops) and :data:`TRAIN_FN` match only
+    themselves: ``"h.1"`` matches ``"h.1"`` and ``"h.1.attn"``, never ``"h.10"``.
+
+    Args:
+        module_fqn: A node's ``module`` annotation.
+        prefix: The module FQN asked about.
+
+    Returns:
+        Whether the module lies at or below ``prefix``.
+    """
+    if module_fqn == prefix:
+        return True
+    if prefix in ("", TRAIN_FN):
+        return False
+    return module_fqn.startswith(prefix + ".")
+
+
+def is_aten_op(node: fx.Node) -> bool:
+    """True for a ``call_function`` node whose target is an operator overload."""
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+
+
+def op_name(node: fx.Node) -> str:
+    """The one op-name helper: the op without namespace or overload (``mm``, ``add_``).
+
+    Placeholders and the output node give their FX op; other callables their
+    ``__name__``.
+
+    Args:
+        node: A graph node.
+
+    Returns:
+        The short op name.
+    """
+    if is_aten_op(node):
+        return node.target._schema.name.split("::")[-1]
+    if node.op in ("placeholder", "output"):
+        return node.op
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def op_aliases(node: fx.Node) -> set[str]:
+    """Every spelling a user may give for the node's op: ``aten.mm.default``, ``aten.mm``, ``mm``.
+
+    Args:
+        node: A graph node.
+
+    Returns:
+        The accepted names.
+    """
+    names = {str(node.target), getattr(node.target, "__name__", ""), op_name(node)}
+    if is_aten_op(node):
+        names.add(f"{node.target.namespace}.{op_name(node)}")
+    return names - {""}
 
 
 def node_error(node: fx.Node, exc: BaseException, doing: str = "") -> NodeExecutionError:
