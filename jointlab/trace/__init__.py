@@ -1,1 +1,4 @@
-"""Tracing: turn a model and a training step into one joint forward+backward FX graph (make_fx and AOT modes)."""
+"""Tracing: one joint forward+backward FX graph from a model and a training step.
+
+Two modes share one request: make_fx and AOT export with descriptors.
+"""
