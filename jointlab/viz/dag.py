@@ -76,7 +76,7 @@ def graph_data(joint: Any) -> DagData:
     src: list[int] = []
     dst: list[int] = []
     for i, n in enumerate(nodes):
-        for a in n._input_nodes:
+        for a in n.all_input_nodes:
             src.append(index[a])
             dst.append(i)
     info = [_meta.info(n) for n in nodes]
