@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 import subprocess
 import sys
@@ -225,3 +226,84 @@ def test_private_torch_apis_are_used_only_in_torch_compat():
              for hit in _private_torch_uses(path, own)]
     assert not found, ("private torch API outside jointlab/torch_compat.py (add an accessor "
                        "there, guarded, and use it):\n" + "\n".join(found))
+
+
+def test_every_private_name_resolves_on_this_torch():
+    for name, (module, attr, _) in _torch_version.PRIVATE.items():
+        value = getattr(_torch_version, name)
+        expected = importlib.import_module(module)
+        assert value is (expected if attr is None else getattr(expected, attr)), name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _torch_version.no_such_name  # noqa: B018
+
+
+def test_missing_private_name_is_a_clear_jointlab_error(monkeypatch):
+    monkeypatch.setitem(_torch_version.PRIVATE, "Gone", ("torch._ops", "Gone", "do a thing"))
+    with pytest.raises(jl.errors.UnsupportedTorchError, match=r"no torch\._ops\.Gone.*do a thing"):
+        _torch_version.Gone  # noqa: B018
+
+
+class _StorageWithoutCdata:
+    def untyped_storage(self):
+        return object()
+
+
+def test_storage_id_follows_storage_sharing_and_refuses_without_cdata():
+    a = torch.zeros(4)
+    same = [a, a[1:], a.view(2, 2), a.data]
+    ids = {_torch_version.storage_id(t) for t in same}
+    ptrs = {t.untyped_storage().data_ptr() for t in same}
+    assert len(ids) == len(ptrs) == 1
+    assert _torch_version.storage_id(torch.zeros(4)) not in ids
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="UntypedStorage._cdata"):
+        _torch_version.storage_id(_StorageWithoutCdata())
+
+
+def test_op_schema_is_the_operators_own_and_none_for_other_callables():
+    schema = _torch_version.op_schema(torch.ops.aten.add_.Tensor)
+    assert str(schema).startswith("aten::add_.Tensor(Tensor(a!) self")
+    assert _torch_version.op_schema(torch.add) is None
+    assert _torch_version.op_parts(torch.ops.aten.add.Tensor) == ("aten", "add", "Tensor")
+
+
+def _relu_unused(x):
+    y = x * 2
+    torch.relu(y)  # a value nobody reads
+    return y + 1
+
+
+def test_free_unused_values_drops_a_value_without_users_at_once():
+    gm = torch.fx.symbolic_trace(_relu_unused)
+    seen = {}
+
+    class Recording(torch.fx.Interpreter):
+        def run_node(self, n):
+            seen[n.name] = set(k.name for k in self.env)
+            return super().run_node(n)
+
+    plain = Recording(gm)
+    plain.run(torch.ones(2))
+    assert "relu" in seen["add"]  # fx keeps it alive: no user frees it
+    freeing = Recording(gm)
+    _torch_version.free_unused_values(freeing)
+    freeing.run(torch.ones(2))
+    assert "relu" not in seen["add"]
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="user_to_last_uses"):
+        _torch_version.free_unused_values(torch.fx.Interpreter(gm, garbage_collect_values=False))
+
+
+def test_compiled_module_check_refuses_without_the_marker(monkeypatch):
+    lin = torch.nn.Linear(2, 2)
+    assert not _torch_version.is_compiled_module(lin)
+    monkeypatch.delattr(torch.nn.Module, "_compiled_call_impl")
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="_compiled_call_impl"):
+        _torch_version.is_compiled_module(lin)
+
+
+def test_trace_without_the_stack_trace_anchor_refuses(monkeypatch):
+    model, train_fn, inputs = _small_step()
+    before = deep_state(model)
+    monkeypatch.delattr(torch.fx.proxy, "_register_stack_trace_anchor")
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="_register_stack_trace_anchor"):
+        jl.trace(model, train_fn, inputs)
+    assert_unchanged(before, model)
