@@ -32,6 +32,7 @@ __all__ = [
     "ValueNotAvailableError",
     "CompareError",
     "WhatIfError",
+    "PlotArgumentError",
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
@@ -151,3 +152,7 @@ class CheckpointWarning(UserWarning):
 
 class UntestedTorchWarning(UserWarning):
     """The installed torch is outside the versions jointlab's test suite was run on."""
+
+
+class PlotArgumentError(JointlabError, ValueError):
+    """A plotting or explorer call got an argument it cannot use (``plot_dag``, ``explore``)."""

@@ -19,6 +19,7 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab import meta as _meta
+from jointlab._deprecation import warn_renamed
 from jointlab.errors import NodeExecutionError
 from jointlab.inputs import (
     InputSpec,
@@ -125,6 +126,11 @@ class JointGraph:
 
     @property
     def param_grads(self) -> dict[str, tuple[fx.Node, fx.Node | None]]:
+        """Deprecated spelling of :meth:`params_and_grads` (a method, like ``params()``)."""
+        warn_renamed("JointGraph.param_grads", "joint.params_and_grads()")
+        return self.params_and_grads()
+
+    def params_and_grads(self) -> dict[str, tuple[fx.Node, fx.Node | None]]:
         """Map each trainable parameter FQN to (its placeholder, its gradient node or None).
 
         The gradient node is None for a parameter the loss does not depend on.

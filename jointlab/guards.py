@@ -16,14 +16,10 @@ from typing import Any
 
 import sympy
 import torch
-from torch._subclasses import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import (
-    DimDynamic,
-    ShapeEnv,
-    StatelessSymbolicContext,
-)
 
-from jointlab.errors import GuardError, InputStructureError, TraceError
+from jointlab import torch_compat
+from jointlab.errors import GuardError, InputStructureError
+from jointlab.torch_compat import DimDynamic, FakeTensorMode, ShapeEnv, StatelessSymbolicContext
 
 
 def resolve_dynamic_dims(
@@ -84,18 +80,11 @@ def symbolic_dispatch(dynamic: bool) -> contextlib.AbstractContextManager[Any]:
         A context manager to hold around the trace.
 
     Raises:
-        TraceError: The trace is dynamic and this torch lacks the dispatcher.
+        UnsupportedTorchError: The trace is dynamic and this torch lacks the dispatcher.
     """
     if not dynamic:
         return contextlib.nullcontext()
-    try:
-        from torch._dispatch.python import enable_python_dispatcher
-    except ImportError as exc:  # pragma: no cover - a torch without it
-        raise TraceError(
-            "this PyTorch has no torch._dispatch.python.enable_python_dispatcher, which a "
-            "dynamic make_fx trace needs; trace with mode='aot' or without dynamic shapes."
-        ) from exc
-    return enable_python_dispatcher()
+    return torch_compat.enable_python_dispatcher()  # resolved (and checked) on first use
 
 
 def fakeify(mode: FakeTensorMode, t: torch.Tensor, dyn: set[int] | None) -> torch.Tensor:

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from jointlab.errors import (
     InputMismatchError,
@@ -23,6 +22,7 @@ from jointlab.errors import (
     MetaDeviceError,
     StateMismatchError,
 )
+from jointlab.torch_compat import pytree
 
 CONSTANT_TYPES = (int, float, bool, str, type(None))
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.fx as fx
 
 from jointlab.errors import NodeExecutionError
+from jointlab.torch_compat import is_op_overload, op_schema
 
 KEY = "jointlab"
 TRAIN_FN = "<train_fn>"
@@ -96,7 +96,7 @@ def in_module(module_fqn: str, prefix: str) -> bool:
 
 def is_aten_op(node: fx.Node) -> bool:
     """True for a ``call_function`` node whose target is an operator overload."""
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    return node.op == "call_function" and is_op_overload(node.target)
 
 
 def op_name(node: fx.Node) -> str:
@@ -112,7 +112,7 @@ def op_name(node: fx.Node) -> str:
         The short op name.
     """
     if is_aten_op(node):
-        return node.target._schema.name.split("::")[-1]
+        return op_schema(node.target).name.split("::")[-1]
     if node.op in ("placeholder", "output"):
         return node.op
     return getattr(node.target, "__name__", str(node.target))

@@ -1,4 +1,4 @@
-"""The torch versions jointlab is tested on, and what it says about the others.
+"""The one place jointlab touches private torch APIs, and its torch-version policy.
 
 jointlab declares ``torch>=2.13`` with no upper cap, so installing it (for
 example from a notebook's setup cell on Colab) never replaces the host's torch.
@@ -6,12 +6,17 @@ In exchange it says plainly what it does not know:
 
 * ``import jointlab`` warns once (:class:`~jointlab.errors.UntestedTorchWarning`)
   when torch is outside the tested versions;
-* every private torch API jointlab uses is reached through :func:`torch_module`,
-  :func:`torch_attr` or :func:`unsupported`, so a torch that lacks one raises
-  :class:`~jointlab.errors.UnsupportedTorchError` naming the API, the torch
-  version and the tested versions, instead of an ``ImportError`` from deep inside.
+* every private torch API jointlab uses is reached through this module: the
+  names in :data:`PRIVATE` (``from jointlab.torch_compat import FakeTensorMode``),
+  the accessors below (:func:`op_schema`, :func:`storage_id`, ...), or
+  :func:`torch_module` / :func:`torch_attr` / :func:`unsupported`. A torch that
+  lacks one raises :class:`~jointlab.errors.UnsupportedTorchError` naming the
+  API, the torch version and the tested versions, instead of an ``ImportError``
+  (or a silently different result) from deep inside. ``tests/test_torch_version.py``
+  fails on a private torch name used anywhere else in ``jointlab/``.
 
-This module imports nothing beyond torch, so ``import jointlab`` stays light.
+This module imports nothing beyond torch, and the names in :data:`PRIVATE` are
+imported on first use, so ``import jointlab`` stays light.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import importlib
 import re
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -148,3 +154,243 @@ def torch_attr(module: str, name: str, purpose: str) -> Any:
     if value is None:
         raise unsupported(f"{module}.{name}", purpose)
     return value
+
+
+# -- private names, imported on first use -----------------------------------------
+_PROXY = "torch.fx.experimental.proxy_tensor"
+_SHAPES = "torch.fx.experimental.symbolic_shapes"
+_FAKE = "trace with fake tensors"
+
+#: ``name: (torch module, attribute or None for the module itself, what for)``.
+PRIVATE: dict[str, tuple[str, str | None, str]] = {
+    "pytree": ("torch.utils._pytree", None, "flatten nested inputs and outputs"),
+    "sympy_functions": ("torch.utils._sympy.functions", None, "load symbolic shapes"),
+    "int_oo": ("torch.utils._sympy.numbers", "int_oo", "load symbolic shapes"),
+    "OpOverload": ("torch._ops", "OpOverload", "recognise ATen operators"),
+    "FakeTensor": ("torch._subclasses", "FakeTensor", _FAKE),
+    "FakeTensorMode": ("torch._subclasses", "FakeTensorMode", _FAKE),
+    "DataDependentOutputException": ("torch._subclasses.fake_tensor",
+                                     "DataDependentOutputException", _FAKE),
+    "DynamicOutputShapeException": ("torch._subclasses.fake_tensor",
+                                    "DynamicOutputShapeException", _FAKE),
+    "FunctionalTensor": ("torch._subclasses.functional_tensor", "FunctionalTensor",
+                         "see through AOT's functional tensors"),
+    "sync_functional": ("torch", "_sync", "see through AOT's functional tensors"),
+    "from_functional_tensor": ("torch", "_from_functional_tensor",
+                               "see through AOT's functional tensors"),
+    "TracingContext": ("torch._guards", "TracingContext", _FAKE),
+    "tracing": ("torch._guards", "tracing", _FAKE),
+    "TorchDispatchMode": ("torch.utils._python_dispatch", "TorchDispatchMode",
+                          "watch the aten ops train_fn runs"),
+    "enable_python_dispatcher": ("torch._dispatch.python", "enable_python_dispatcher",
+                                 "trace with dynamic shapes"),
+    "make_fx": (_PROXY, "make_fx", "trace a training step"),
+    "get_proxy_mode": (_PROXY, "get_proxy_mode", "trace a training step"),
+    "get_innermost_proxy_mode": (_PROXY, "get_innermost_proxy_mode", "probe module outputs"),
+    "get_proxy_slot": (_PROXY, "get_proxy_slot", "probe module outputs"),
+    "DimDynamic": (_SHAPES, "DimDynamic", "trace with dynamic shapes"),
+    "ShapeEnv": (_SHAPES, "ShapeEnv", "trace with dynamic shapes"),
+    "StatelessSymbolicContext": (_SHAPES, "StatelessSymbolicContext",
+                                 "trace with dynamic shapes"),
+    "GuardOnDataDependentSymNode": (_SHAPES, "GuardOnDataDependentSymNode",
+                                    "explain data-dependent branches"),
+    "reparametrize_module": ("torch.nn.utils.stateless", "_reparametrize_module",
+                             "trace with the parameters as graph inputs"),
+    "non_strict_tracing_context": ("torch.compiler", "_non_strict_tracing_context",
+                                   "trace a training step"),
+}
+
+
+def _resolve(name: str) -> Any:
+    value = globals().get(name)
+    return __getattr__(name) if value is None else value
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve a name of :data:`PRIVATE` on first use (``from jointlab.torch_compat import X``).
+
+    Raises:
+        AttributeError: ``name`` is not one of :data:`PRIVATE`.
+        UnsupportedTorchError: This torch lacks the module or attribute.
+    """
+    spec = PRIVATE.get(name)
+    if spec is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr, purpose = spec
+    value = torch_module(module, purpose) if attr is None else torch_attr(module, attr, purpose)
+    globals()[name] = value
+    return value
+
+
+def _required(obj: Any, attr: str, api: str, purpose: str) -> Any:
+    value = getattr(obj, attr, None)
+    if value is None:
+        raise unsupported(api, purpose)
+    return value
+
+
+# -- private attributes of public torch objects ----------------------------------------
+def is_op_overload(target: Any) -> bool:
+    """Whether ``target`` is an operator overload such as ``torch.ops.aten.add.Tensor``."""
+    return isinstance(target, _resolve("OpOverload"))
+
+
+def op_schema(target: Any) -> Any:
+    """The ``FunctionSchema`` of an operator overload, or None for anything else.
+
+    Raises:
+        UnsupportedTorchError: An ``OpOverload`` of this torch has no ``_schema``.
+    """
+    if not is_op_overload(target):
+        return None
+    return _required(target, "_schema", "OpOverload._schema", "read operator schemas")
+
+
+def op_parts(target: Any) -> tuple[str, str, str]:
+    """``(namespace, op, overload)`` of an operator overload: ``("aten", "add", "Tensor")``.
+
+    Raises:
+        UnsupportedTorchError: This torch's ``OpOverload`` lacks the private names.
+    """
+    purpose = "name operators in saved graphs"
+    return (target.namespace, _required(target, "_opname", "OpOverload._opname", purpose),
+            _required(target, "_overloadname", "OpOverload._overloadname", purpose))
+
+
+def storage_id(t: Any) -> int | None:
+    """An identity of ``t``'s storage, shared by its views and ``.data`` (None if it has none).
+
+    Raises:
+        UnsupportedTorchError: This torch's storages have no ``_cdata``.
+    """
+    try:
+        storage = t.untyped_storage()
+    except Exception:  # sparse, nested or otherwise storage-less values
+        return None
+    return _required(storage, "_cdata", "UntypedStorage._cdata",
+                     "tell which tensors share storage")
+
+
+def module_stores(mod: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The live ``_parameters`` and ``_buffers`` dicts of ``mod`` (to snapshot and restore)."""
+    purpose = "restore the model after tracing"
+    return (_required(mod, "_parameters", "Module._parameters", purpose),
+            _required(mod, "_buffers", "Module._buffers", purpose))
+
+
+def record_module_stack_of(fn: Callable[..., Any], model: torch.nn.Module) -> None:
+    """Make ``make_fx(fn, record_module_stack=True)`` record ``model``'s module stack.
+
+    make_fx looks for the module on the traced callable's ``_orig_mod`` attribute
+    (the convention of ``torch.compile``'s wrapper); without it nothing is recorded.
+    """
+    fn._orig_mod = model  # type: ignore[attr-defined]
+
+
+def kineto_event_tree(prof: torch.profiler.profile) -> list[Any]:
+    """The root events of a finished CPU profile (kineto's experimental event tree).
+
+    Raises:
+        UnsupportedTorchError: This torch's profiler has no event tree.
+    """
+    tree = getattr(getattr(prof.profiler, "kineto_results", None),
+                   "experimental_event_tree", None)
+    if tree is None:
+        raise unsupported("the profiler's kineto_results.experimental_event_tree",
+                          "measure allocations")
+    return tree()
+
+
+def allocation_event_tag() -> Any:
+    """The tag of allocation events in :func:`kineto_event_tree`."""
+    return torch_attr("torch._C._profiler", "_EventType", "measure allocations").Allocation
+
+
+def free_unused_values(interp: torch.fx.Interpreter) -> None:
+    """Have ``interp`` drop each value nobody reads right after its node runs.
+
+    ``fx.Interpreter(garbage_collect_values=True)`` frees a value after its last
+    user, so a value without users (an in-place op's result) stays alive to the
+    end; the generated code frees it at once. This adds those frees to the
+    Interpreter's undocumented ``user_to_last_uses`` table.
+
+    Raises:
+        UnsupportedTorchError: This torch's Interpreter has no such table.
+    """
+    table = getattr(interp, "user_to_last_uses", None)
+    if not isinstance(table, dict):
+        raise unsupported("torch.fx.Interpreter.user_to_last_uses", "free values like "
+                          "the generated code when measuring memory")
+    for node in interp.graph.nodes:
+        if not node.users and node.op not in ("placeholder", "output"):
+            table.setdefault(node, []).append(node)
+
+
+def engine_backward_patch() -> Callable[[], Any]:
+    """``torch.compiler._patch_engine_backward``: tags backward nodes while make_fx traces.
+
+    Raises:
+        UnsupportedTorchError: This torch has no such patch (phases guessed from
+            structure would put some forward nodes in the backward).
+    """
+    return _required(torch.compiler, "_patch_engine_backward",
+                     "torch.compiler._patch_engine_backward",
+                     "tell the backward nodes of a make_fx trace from the forward ones")
+
+
+def keep_stack_frames_of(fn: Callable[..., Any]) -> None:
+    """Keep ``fn``'s frame in make_fx stack traces (by default only ``forward`` frames).
+
+    Raises:
+        UnsupportedTorchError: This torch cannot register the frame, so the loss's
+            ops would have no source line.
+    """
+    _required(torch.fx.proxy, "_register_stack_trace_anchor",
+              "torch.fx.proxy._register_stack_trace_anchor",
+              "give the ops of train_fn a source line")(fn)
+
+
+def is_compiled_module(mod: torch.nn.Module) -> bool:
+    """Whether ``mod`` is ``torch.compile``'s wrapper or was compiled with ``mod.compile()``.
+
+    Raises:
+        UnsupportedTorchError: This torch's ``nn.Module`` has no ``_compiled_call_impl``,
+            so a ``mod.compile()``-d module could not be recognised.
+    """
+    if not hasattr(torch.nn.Module, "_compiled_call_impl"):
+        raise unsupported("torch.nn.Module._compiled_call_impl", "recognise compiled modules")
+    wrapper = type(mod).__name__ == "OptimizedModule" and hasattr(mod, "_orig_mod")
+    return wrapper or getattr(mod, "_compiled_call_impl", None) is not None
+
+
+def checkpoint_region_entry() -> str:
+    """The ``torch.utils.checkpoint`` function every non-reentrant region enters.
+
+    torch 2.14 has ``checkpoint()`` call ``..._generator_impl`` directly; 2.13 calls
+    ``..._generator``. Counting the wrong one would count no region at all.
+
+    Raises:
+        UnsupportedTorchError: This torch has neither.
+    """
+    ckpt = torch_module("torch.utils.checkpoint", "count checkpointed regions")
+    for name in ("_checkpoint_without_reentrant_generator_impl",
+                 "_checkpoint_without_reentrant_generator"):
+        if callable(getattr(ckpt, name, None)):
+            return name
+    raise unsupported("torch.utils.checkpoint._checkpoint_without_reentrant_generator",
+                      "count checkpointed regions")
+
+
+def checkpoint_internals() -> tuple[Callable[..., Any], type]:
+    """``torch.utils.checkpoint``'s recompute runner and reentrant ``CheckpointFunction``.
+
+    Raises:
+        UnsupportedTorchError: This torch lacks either.
+    """
+    ckpt = torch_module("torch.utils.checkpoint", "trace gradient checkpointing exactly")
+    run = getattr(ckpt, "_run_fn_with_dynamo_disabled", None)
+    func = getattr(ckpt, "CheckpointFunction", None)
+    if run is None or func is None:
+        raise unsupported("torch.utils.checkpoint._run_fn_with_dynamo_disabled or "
+                          "CheckpointFunction", "trace gradient checkpointing exactly")
+    return run, func

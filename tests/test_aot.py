@@ -56,8 +56,8 @@ def test_modes_agree(name):
     assert aot.param_names == mfx.param_names
     assert aot.state_fqns == mfx.state_fqns
     assert aot.loss_dict_keys == mfx.loss_dict_keys
-    with_grad = {k for k, (_, g) in mfx.param_grads.items() if g is not None}
-    assert {k for k, (_, g) in aot.param_grads.items() if g is not None} == with_grad
+    with_grad = {k for k, (_, g) in mfx.params_and_grads().items() if g is not None}
+    assert {k for k, (_, g) in aot.params_and_grads().items() if g is not None} == with_grad
     m1, m2 = f.make_model(), f.make_model()
     for step in range(2):
         torch.manual_seed(step)

@@ -232,7 +232,7 @@ def test_dag_marks_recomputed_nodes():
     assert len(marked) == len(flagged)
     assert sum(marked) == flagged.sum() > 0
     assert [w > 0 for w in widths] == marked
-    grouped = dag.plot_dag(joint, group_depth=1)
+    grouped = dag.plot_dag(joint, depth=1)
     gtexts = [t for tr in grouped.data if tr.text is not None for t in tr.text]
     assert any("recomputed (checkpoint)" in t for t in gtexts)
     # The ring is explained in the legend, and only where something is recomputed.

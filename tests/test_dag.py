@@ -123,13 +123,13 @@ def test_hover_escapes_hostile_module_names():
     assert not any("<script>" in t for t in texts)
     page = fig.to_html(include_plotlyjs=True, full_html=True)
     assert "<script>alert(1)" not in page and "</script><script>alert" not in page
-    grouped = dag.plot_dag(j, group_depth=1)
+    grouped = dag.plot_dag(j, depth=1)
     assert not any("<script>" in t for tr in grouped.data if tr.text is not None for t in tr.text)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_collapse_counts_sum_to_node_count(joint, depth):
-    fig = dag.plot_dag(joint, group_depth=depth)
+    fig = dag.plot_dag(joint, depth=depth)
     counts = {}
     for tr in fig.data:
         if tr.customdata is None:
@@ -155,7 +155,7 @@ def test_relations_saved_activations_and_param_grads(joint):
                   if phase[a] == "forward" and phase[n] == "backward")
     assert n_saved > 0
     assert len(by_name["saved activations"].x) == 4 * n_saved  # bent edges, 4 entries each
-    n_grads = sum(g is not None for _, g in joint.param_grads.values())
+    n_grads = sum(g is not None for _, g in joint.params_and_grads().values())
     gx = np.asarray(by_name["param → grad"].x, dtype=float)
     assert np.isnan(gx).sum() == n_grads
 
@@ -185,7 +185,8 @@ def test_color_modes_and_self_contained_html(joint, color_by):
 
 
 def test_bad_arguments(joint):
-    with pytest.raises(ValueError, match="color_by"):
+    with pytest.raises(jl.errors.PlotArgumentError, match="color_by"):
         dag.plot_dag(joint, color_by="rainbow")
-    with pytest.raises(ValueError, match="group_depth"):
-        dag.plot_dag(joint, group_depth=-1)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(jl.errors.PlotArgumentError, match="depth"):
+            dag.plot_dag(joint, depth=bad)

@@ -85,8 +85,9 @@ def test_annotations_and_names_survive(tmp_path):
         assert n1.meta["jointlab"] == n2.meta["jointlab"], n1.name
         assert n1.meta.get("nn_module_stack") == n2.meta.get("nn_module_stack")
         assert n1.meta.get("seq_nr") == n2.meta.get("seq_nr")
-    assert {k: (p.name, g.name if g else None) for k, (p, g) in joint.param_grads.items()} == {
-        k: (p.name, g.name if g else None) for k, (p, g) in loaded.param_grads.items()}
+    pairs, loaded_pairs = joint.params_and_grads(), loaded.params_and_grads()
+    assert {k: (p.name, g.name if g else None) for k, (p, g) in pairs.items()} == {
+        k: (p.name, g.name if g else None) for k, (p, g) in loaded_pairs.items()}
     # meta["val"] is rebuilt with the same shapes, dtypes and storage sharing
     for n1, n2 in zip(a, b):
         v1, v2 = n1.meta.get("val"), n2.meta.get("val")

@@ -210,7 +210,7 @@ def test_gradient_accumulation_adds_belong_where_their_value_is_used(gpt2_ppl):
     # Reference from the model itself: which module owns the tied wte weight.
     wte_owner = next(name for name, mod in model.named_modules()
                      if any(p is model.transformer.wte.weight for p in mod.parameters(False)))
-    grad_wte = joint.param_grads["transformer.wte.weight"][1]
+    grad_wte = joint.params_and_grads()["transformer.wte.weight"][1]
     tied = [a for a in accs if grad_wte in a.users or a is grad_wte]
     # make_fx sums the tied weight's two gradient terms in the graph; AOT returns one
     # gradient per alias and the runtime sums them, so its graph has no such add.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import pathlib
 import subprocess
 import sys
@@ -131,3 +133,177 @@ def test_measure_without_the_kineto_event_tree_refuses(monkeypatch):
     monkeypatch.delattr(torch._C._profiler, "_EventType")
     with pytest.raises(jl.errors.UnsupportedTorchError, match="_EventType"):
         joint.memory(model, inputs)
+
+
+# -- every private torch name goes through jointlab.torch_compat ------------------------
+PACKAGE = ROOT / "jointlab"
+COMPAT = PACKAGE / "torch_compat.py"
+#: Private torch names that must be reported even where jointlab has a name of its own
+#: spelled the same way.
+TORCH_PRIVATE = {
+    "_C", "_ops", "_guards", "_subclasses", "_dynamo", "_inductor", "_functorch", "_pytree",
+    "_sympy", "_python_dispatch", "_dispatch", "_profiler", "_EventType", "_schema",
+    "_opname", "_overloadname", "_cdata", "_codegen", "_input_nodes", "_args", "_kwargs",
+    "_parameters", "_buffers", "_modules", "_orig_mod", "_sync", "_from_functional_tensor",
+    "_non_strict_tracing_context", "_patch_engine_backward", "_reparametrize_module",
+}
+#: Private attributes that are not torch's, each with the reason it may stay.
+ALLOWED = {
+    "_getframe": "sys._getframe: CPython, not torch",
+    "_repr_html_": "IPython's display protocol, public by convention",
+    "_replace": "NamedTuple's public API (the underscore avoids field clashes)",
+    "_asdict": "NamedTuple's public API",
+    "_fields": "NamedTuple's public API",
+    "_jointlab_data": "an attribute jointlab itself sets on a plotly Figure, not torch",
+    "_experts_implementation": "a transformers config attribute, not torch",
+}
+
+
+def _is_operator(node: ast.Attribute) -> bool:
+    """``aten._foo`` or ``torch.ops.aten._foo``: an operator's name, not a private API."""
+    base = node.value
+    if isinstance(base, ast.Name):
+        return base.id in ("aten", "prims")
+    return (isinstance(base, ast.Attribute) and isinstance(base.value, ast.Attribute)
+            and base.value.attr == "ops")
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _jointlab_private_names() -> set[str]:
+    """Private names jointlab defines itself: functions, classes, assignments, modules."""
+    names = {p.stem for p in PACKAGE.rglob("*.py")} | {p.name for p in PACKAGE.rglob("*/")}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                names.add(node.attr)
+            elif isinstance(node, ast.alias) and node.asname:
+                names.add(node.asname)
+    return {n for n in names if _is_private(n)} - TORCH_PRIVATE
+
+
+def _private_torch_uses(path: pathlib.Path, own: set[str]) -> list[str]:
+    """``file:line: what`` for each private torch import or attribute in ``path``."""
+    found, rel = [], path.relative_to(ROOT)
+    for node in ast.walk(ast.parse(path.read_text())):
+        what = None
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            parts = node.module.split(".") + [a.name for a in node.names]
+            if any(_is_private(p) or p == "experimental" for p in parts):
+                what = f"from {node.module} import ..."
+        elif isinstance(node, ast.Import):
+            bad = [a.name for a in node.names if a.name.split(".")[0] == "torch"
+                   and any(_is_private(p) or p == "experimental" for p in a.name.split("."))]
+            what = f"import {bad[0]}" if bad else None
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr) and not _is_operator(node):
+            base = node.value
+            if not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
+                what = node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str) and _is_private(node.args[1].value)):
+            what = f'{node.func.id}(..., "{node.args[1].value}")'
+        if what is None:
+            continue
+        name = what.split('"')[1] if '"' in what else what
+        if name in own or name in ALLOWED:
+            continue
+        found.append(f"{rel}:{node.lineno}: {what}")
+    return found
+
+
+def test_private_torch_apis_are_used_only_in_torch_compat():
+    own = _jointlab_private_names()
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != COMPAT
+             for hit in _private_torch_uses(path, own)]
+    assert not found, ("private torch API outside jointlab/torch_compat.py (add an accessor "
+                       "there, guarded, and use it):\n" + "\n".join(found))
+
+
+def test_every_private_name_resolves_on_this_torch():
+    for name, (module, attr, _) in _torch_version.PRIVATE.items():
+        value = getattr(_torch_version, name)
+        expected = importlib.import_module(module)
+        assert value is (expected if attr is None else getattr(expected, attr)), name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _torch_version.no_such_name  # noqa: B018
+
+
+def test_missing_private_name_is_a_clear_jointlab_error(monkeypatch):
+    monkeypatch.setitem(_torch_version.PRIVATE, "Gone", ("torch._ops", "Gone", "do a thing"))
+    with pytest.raises(jl.errors.UnsupportedTorchError, match=r"no torch\._ops\.Gone.*do a thing"):
+        _torch_version.Gone  # noqa: B018
+
+
+class _StorageWithoutCdata:
+    def untyped_storage(self):
+        return object()
+
+
+def test_storage_id_follows_storage_sharing_and_refuses_without_cdata():
+    a = torch.zeros(4)
+    same = [a, a[1:], a.view(2, 2), a.data]
+    ids = {_torch_version.storage_id(t) for t in same}
+    ptrs = {t.untyped_storage().data_ptr() for t in same}
+    assert len(ids) == len(ptrs) == 1
+    assert _torch_version.storage_id(torch.zeros(4)) not in ids
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="UntypedStorage._cdata"):
+        _torch_version.storage_id(_StorageWithoutCdata())
+
+
+def test_op_schema_is_the_operators_own_and_none_for_other_callables():
+    schema = _torch_version.op_schema(torch.ops.aten.add_.Tensor)
+    assert str(schema).startswith("aten::add_.Tensor(Tensor(a!) self")
+    assert _torch_version.op_schema(torch.add) is None
+    assert _torch_version.op_parts(torch.ops.aten.add.Tensor) == ("aten", "add", "Tensor")
+
+
+def _relu_unused(x):
+    y = x * 2
+    torch.relu(y)  # a value nobody reads
+    return y + 1
+
+
+def test_free_unused_values_drops_a_value_without_users_at_once():
+    gm = torch.fx.symbolic_trace(_relu_unused)
+    seen = {}
+
+    class Recording(torch.fx.Interpreter):
+        def run_node(self, n):
+            seen[n.name] = set(k.name for k in self.env)
+            return super().run_node(n)
+
+    plain = Recording(gm)
+    plain.run(torch.ones(2))
+    assert "relu" in seen["add"]  # fx keeps it alive: no user frees it
+    freeing = Recording(gm)
+    _torch_version.free_unused_values(freeing)
+    freeing.run(torch.ones(2))
+    assert "relu" not in seen["add"]
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="user_to_last_uses"):
+        _torch_version.free_unused_values(torch.fx.Interpreter(gm, garbage_collect_values=False))
+
+
+def test_compiled_module_check_refuses_without_the_marker(monkeypatch):
+    lin = torch.nn.Linear(2, 2)
+    assert not _torch_version.is_compiled_module(lin)
+    monkeypatch.delattr(torch.nn.Module, "_compiled_call_impl")
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="_compiled_call_impl"):
+        _torch_version.is_compiled_module(lin)
+
+
+def test_trace_without_the_stack_trace_anchor_refuses(monkeypatch):
+    model, train_fn, inputs = _small_step()
+    before = deep_state(model)
+    monkeypatch.delattr(torch.fx.proxy, "_register_stack_trace_anchor")
+    with pytest.raises(jl.errors.UnsupportedTorchError, match="_register_stack_trace_anchor"):
+        jl.trace(model, train_fn, inputs)
+    assert_unchanged(before, model)

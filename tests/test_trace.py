@@ -52,7 +52,7 @@ def test_graph_layout_mlp():
     assert not [n for n in joint.graph.nodes if n.op == "get_attr"]
     out = list(joint.graph.output_node().args[0])
     assert len(out) == 1 + len(joint.param_names) + len(joint.loss_dict_keys)
-    for name, (p, g) in joint.param_grads.items():
+    for name, (p, g) in joint.params_and_grads().items():
         assert p.meta[KEY]["fqn"] == name and g is out[1 + joint.param_names.index(name)]
 
 
@@ -73,7 +73,7 @@ def test_unused_parameter_gets_zero_gradient_and_no_grad_node():
     assert unused
     for n in unused:
         assert torch.count_nonzero(grads[n]) == 0 and grads[n].shape == model.get_parameter(n).shape
-        assert joint.param_grads[n][1] is None
+        assert joint.params_and_grads()[n][1] is None
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     assert frozen and not set(frozen) & set(joint.param_names)
 

@@ -19,10 +19,10 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
-import torch.utils._sympy.functions as sym_fns
-from torch.utils._sympy.numbers import int_oo
 
 from jointlab.errors import PersistError
+from jointlab.torch_compat import int_oo, is_op_overload, op_parts
+from jointlab.torch_compat import sympy_functions as sym_fns
 from jointlab.trace.checkpoint import GET_STATE, SET_STATE
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -45,7 +45,7 @@ SAFE_FUNCTIONS.update({
     if hasattr(torch, n)
 })
 # Gradient checkpointing's generator-state replay (see jointlab.trace.checkpoint).
-SAFE_FUNCTIONS.update({f"torch.ops.jointlab.{op._opname}.default": op
+SAFE_FUNCTIONS.update({f"torch.ops.jointlab.{op_parts(op)[1]}.default": op
                        for op in (GET_STATE, SET_STATE)})
 _FUNCTION_NAMES = {id(fn): name for name, fn in SAFE_FUNCTIONS.items()}
 
@@ -67,8 +67,8 @@ def encode_target(node: fx.Node) -> Any:
 
 def encode_callable(fn: Any, where: str) -> str:
     """Qualified name of an op overload or allow-listed function."""
-    if isinstance(fn, torch._ops.OpOverload) and fn.namespace in OP_NAMESPACES:
-        return f"torch.ops.{fn.namespace}.{fn._opname}.{fn._overloadname}"
+    if is_op_overload(fn) and fn.namespace in OP_NAMESPACES:
+        return "torch.ops." + ".".join(op_parts(fn))
     name = _FUNCTION_NAMES.get(id(fn))
     if name is None:
         raise PersistError(f"{where} calls {fn!r}, which jointlab cannot save safely (only "
@@ -97,7 +97,7 @@ def decode_callable(name: Any) -> Callable[..., Any]:
         fn = getattr(getattr(getattr(torch.ops, ns), opname), overload)
     except (AttributeError, RuntimeError) as exc:
         raise PersistError(f"target {name!r} does not exist in this torch build") from exc
-    if not isinstance(fn, torch._ops.OpOverload):
+    if not is_op_overload(fn):
         raise PersistError(f"target {name!r} is not an operator overload")
     return fn
 
@@ -132,7 +132,7 @@ def encode_value(v: Any, where: str) -> Any:
         return {"t": "layout", "v": str(v).removeprefix("torch.")}
     if isinstance(v, slice):
         return {"t": "slice", "v": [encode_value(x, where) for x in (v.start, v.stop, v.step)]}
-    if isinstance(v, torch._ops.OpOverload):
+    if is_op_overload(v):
         return {"t": "op", "v": encode_callable(v, where)}
     raise PersistError(f"{where} holds a {type(v).__module__}.{type(v).__qualname__}, which "
                        "jointlab cannot save without pickle.")

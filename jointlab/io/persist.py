@@ -29,7 +29,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from torch.utils import _pytree as pytree
 
 from jointlab import meta as _meta
 from jointlab.errors import PersistError
@@ -48,6 +47,7 @@ from jointlab.io.codec import (
     encode_value,
 )
 from jointlab.passes.analyze import mark_analyzed
+from jointlab.torch_compat import FakeTensorMode, pytree
 
 FORMAT = "jointlab.joint-graph"
 VERSION = 1
@@ -388,7 +388,6 @@ def _rebuild_vals(joint: JointGraph) -> None:
     mark_analyzed(gm)
     if joint.dynamic_dims or any(s is None for s in specs):
         return  # symbolic values are not rebuilt; annotations were saved already
-    from torch._subclasses import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:

@@ -30,6 +30,7 @@ import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
 from jointlab.meta import KEY
+from jointlab.torch_compat import is_op_overload, op_schema, storage_id
 
 _STAMP = "_jointlab_analyzed"
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "dot", "mv"}
@@ -54,7 +55,7 @@ _REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "var", "std", "prod",
 # -- small predicates ----------------------------------------------------------
 def is_op(node: fx.Node) -> bool:
     """True for a call to an ATen operator overload."""
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    return node.op == "call_function" and is_op_overload(node.target)
 
 
 def is_getitem(node: fx.Node) -> bool:
@@ -65,7 +66,7 @@ def is_getitem(node: fx.Node) -> bool:
 def op_name(node: fx.Node) -> str:
     """Base name of the op without namespace or overload (``mm``, ``add_``)."""
     if is_op(node):
-        return node.target._schema.name.split("::")[-1]
+        return op_schema(node.target).name.split("::")[-1]
     return getattr(node.target, "__name__", str(node.target))
 
 
@@ -83,7 +84,7 @@ def is_inplace(node: fx.Node) -> bool:
     if not is_op(node):
         return False
     return any(a.alias_info is not None and a.alias_info.is_write
-               for a in node.target._schema.arguments)
+               for a in op_schema(node.target).arguments)
 
 
 def written_args(node: fx.Node) -> list[fx.Node]:
@@ -91,7 +92,7 @@ def written_args(node: fx.Node) -> list[fx.Node]:
     if not is_inplace(node):
         return []
     out = []
-    for i, a in enumerate(node.target._schema.arguments):
+    for i, a in enumerate(op_schema(node.target).arguments):
         if a.alias_info is None or not a.alias_info.is_write:
             continue
         arg = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
@@ -167,14 +168,6 @@ def tensors_of(val: Any) -> list[torch.Tensor]:
     return []
 
 
-def storage_id(t: Any) -> int | None:
-    """An identity of ``t``'s storage, shared by its views and ``.data`` (None if it has none)."""
-    try:
-        return t.untyped_storage()._cdata
-    except Exception:  # sparse, nested or otherwise storage-less values
-        return None
-
-
 def node_flops(node: fx.Node) -> int:
     """FLOPs of one ATen node from the flop-counter registry (0 if unregistered)."""
     if not is_op(node):
@@ -228,7 +221,7 @@ def graph_fingerprint(graph: fx.Graph) -> tuple[int, int]:
     Returns:
         ``(id(graph), hash of the per-node signature)``.
     """
-    sig = tuple((id(n), n.target, id(n._args), id(n._kwargs)) for n in graph.nodes)
+    sig = tuple((id(n), n.target, id(n.args), id(n.kwargs)) for n in graph.nodes)
     return (id(graph), hash(sig))
 
 

@@ -28,7 +28,6 @@ import torch.fx as fx
 from torch import nn
 from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
 
 from jointlab.errors import TraceError
 from jointlab.graph import JointGraph
@@ -42,7 +41,7 @@ from jointlab.passes.annotate import (
     stack_module,
     user_source,
 )
-from jointlab.torch_compat import torch_attr, torch_module
+from jointlab.torch_compat import pytree, torch_attr, torch_module
 from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
@@ -306,7 +305,7 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
         warn_checkpoint_not_recomputed(ckpt["non_reentrant"])
     # The stack is closed: the export's fake mode is gone before real tensors run.
     _drop_unrequested_input_grads(gm, [t.requires_grad for _, t in tensors])
-    gm.graph._codegen = fx.graph.CodeGen()
+    gm.graph.set_codegen(fx.graph.CodeGen())  # public; plain positional codegen
     gm.recompile()
     return gm, wrapper.box, fake_user, shape_env
 

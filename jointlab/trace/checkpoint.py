@@ -25,12 +25,15 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils.checkpoint as torch_checkpoint
-from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from jointlab.errors import CheckpointWarning, UnsupportedCheckpointError
 from jointlab.meta import RECOMPUTE_TAG
 from jointlab.passes.annotate import frame_text, innermost_user_frame
-from jointlab.torch_compat import unsupported
+from jointlab.torch_compat import (
+    checkpoint_internals,
+    checkpoint_region_entry,
+    get_proxy_mode,
+)
 
 _STATE_BYTES = {"cpu": torch.get_rng_state().numel()}
 _SEEDED = (torch.Tag.nondeterministic_seeded,)  # the Stepper runs these in its own stream
@@ -168,28 +171,9 @@ def _counting(original: Callable[..., Any], uses: dict[str, int]) -> Callable[..
 
 
 def _checkpoint_patches() -> list[tuple[Any, str, Any]]:
-    run = getattr(torch_checkpoint, "_run_fn_with_dynamo_disabled", None)
-    func = getattr(torch_checkpoint, "CheckpointFunction", None)
-    if run is None or func is None:
-        raise unsupported("torch.utils.checkpoint._run_fn_with_dynamo_disabled or "
-                          "CheckpointFunction", "trace gradient checkpointing exactly")
+    run, func = checkpoint_internals()
     return [(torch_checkpoint, "_run_fn_with_dynamo_disabled", _marking_recompute(run)),
             (func, "forward", _refusing_reentrant(func.__dict__["forward"]))]
-
-
-def _region_generator_name() -> str:
-    """The torch.utils.checkpoint function that every non-reentrant region enters.
-
-    torch 2.14 has ``checkpoint()`` call ``..._generator_impl`` directly; 2.13 calls
-    ``..._generator``. Counting the wrong one would count no region at all, so AOT
-    mode would silently drop its CheckpointWarning.
-    """
-    for name in ("_checkpoint_without_reentrant_generator_impl",
-                 "_checkpoint_without_reentrant_generator"):
-        if callable(getattr(torch_checkpoint, name, None)):
-            return name
-    raise unsupported("torch.utils.checkpoint._checkpoint_without_reentrant_generator",
-                      "count checkpointed regions")
 
 
 @contextlib.contextmanager
@@ -206,7 +190,7 @@ def checkpoint_tracing(replay_rng: bool = True) -> Iterator[dict[str, int]]:
     """
     uses: dict[str, int] = {}
     patches = _checkpoint_patches() + (_rng_patches() if replay_rng else [])
-    name = _region_generator_name()
+    name = checkpoint_region_entry()  # else AOT mode would drop its CheckpointWarning
     patches.append((torch_checkpoint, name, _counting(getattr(torch_checkpoint, name), uses)))
     saved = [(obj, name, obj.__dict__[name]) for obj, name, _ in patches]
     try:

@@ -34,22 +34,14 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 from torch import nn
 
+from jointlab import torch_compat
 from jointlab.errors import DataDependentError, JointlabError, TraceError
 from jointlab.passes.annotate import frame_text, innermost_user_frame
 
 _IMPORT_UTILS = "transformers.utils.import_utils"
 _NAME = "is_fake_tensor"
-
-
-def _functional_tensor_type() -> type | None:
-    try:
-        from torch._subclasses.functional_tensor import FunctionalTensor
-    except ImportError:  # pragma: no cover - a torch without the AOT functional tensor
-        return None
-    return FunctionalTensor
 
 
 def is_functional_fake(x: Any) -> bool:
@@ -61,12 +53,10 @@ def is_functional_fake(x: Any) -> bool:
     Returns:
         Whether ``x`` is one of the AOT export's tracing tensors.
     """
-    functional = _functional_tensor_type()
-    unwrap = getattr(torch, "_from_functional_tensor", None)
-    if functional is None or unwrap is None or not isinstance(x, functional):
+    if not isinstance(x, torch_compat.FunctionalTensor):
         return False
-    inner = unwrap(x.elem)
-    return isinstance(inner, torch._subclasses.FakeTensor)
+    inner = torch_compat.from_functional_tensor(x.elem)
+    return isinstance(inner, torch_compat.FakeTensor)
 
 
 def _holders(original: Callable[..., Any]) -> list[Any]:

@@ -31,16 +31,22 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from jointlab.errors import UnsupportedTorchError
 from jointlab.meta import KEY
+from jointlab.torch_compat import pytree
 
 try:  # private torch APIs, present in torch 2.13 and 2.14
-    from torch._subclasses.functional_tensor import FunctionalTensor
-    from torch.fx.experimental.proxy_tensor import get_innermost_proxy_mode, get_proxy_slot
+    from jointlab.torch_compat import (
+        FunctionalTensor,
+        from_functional_tensor,
+        get_innermost_proxy_mode,
+        get_proxy_slot,
+        sync_functional,
+    )
 
-    AVAILABLE = hasattr(torch, "_from_functional_tensor") and hasattr(torch, "_sync")
-except ImportError:  # pragma: no cover - a torch without these internals
+    AVAILABLE = True
+except UnsupportedTorchError:  # pragma: no cover - a torch without these internals
     AVAILABLE = False
 
 Key = tuple[str, int, int]  # (module fqn, call index, output leaf)
@@ -58,8 +64,8 @@ def _traced_node(t: torch.Tensor) -> fx.Node | None:
         return None
     inner = t
     if isinstance(inner, FunctionalTensor):  # AOT mode: the fake value under the wrapper
-        torch._sync(inner)
-        inner = torch._from_functional_tensor(inner.elem)
+        sync_functional(inner)
+        inner = from_functional_tensor(inner.elem)
     slot = get_proxy_slot(inner, mode.tracer, None)
     return None if slot is None else slot.proxy.node
 

@@ -31,6 +31,7 @@ from torch import nn
 from torch.optim import optimizer as torch_optimizer
 from torch.overrides import TorchFunctionMode
 
+from jointlab import torch_compat
 from jointlab.errors import (
     CompiledModuleError,
     JointlabError,
@@ -38,18 +39,13 @@ from jointlab.errors import (
     TrainFnError,
     TrainFnMisuseError,
 )
-from jointlab.passes.analyze import storage_id
 from jointlab.passes.annotate import (
     JOINTLAB_DIR,
     frame_text,
     innermost_user_frame,
     is_user_frame,
 )
-
-try:  # private module; the class is the documented way to intercept aten ops
-    from torch.utils._python_dispatch import TorchDispatchMode
-except ImportError:  # pragma: no cover - guarded private API
-    TorchDispatchMode = None  # type: ignore[assignment,misc]
+from jointlab.torch_compat import is_compiled_module, op_schema, storage_id
 
 _RETURN_LOSS = ("jl.trace computes the gradients itself: return the loss from train_fn, "
                 "then use joint.run(model, inputs, accumulate=True) and step your optimizer "
@@ -144,7 +140,7 @@ class _NoBackward(TorchFunctionMode):
 
 def _written(func: Any, args: tuple, kwargs: dict) -> Iterator[Any]:
     """Tensors an aten op writes in place (``Tensor(a!)`` arguments, ``out=``)."""
-    schema = getattr(func, "_schema", None)
+    schema = op_schema(func)
     for i, arg in enumerate(getattr(schema, "arguments", ())):
         info = arg.alias_info
         if info is None or not info.is_write:
@@ -154,7 +150,7 @@ def _written(func: Any, args: tuple, kwargs: dict) -> Iterator[Any]:
 
 
 def _param_write_mode(protected: dict[Any, str]) -> Any:
-    class _NoParamWrites(TorchDispatchMode):  # type: ignore[misc,valid-type]
+    class _NoParamWrites(torch_compat.TorchDispatchMode):  # type: ignore[misc,name-defined]
         """Refuse any aten op that writes in place into a parameter's storage."""
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -185,11 +181,8 @@ def in_train_fn(model: nn.Module) -> Iterator[None]:
         Nothing; the refusals are active inside the block.
 
     Raises:
-        TraceError: This torch has no ``TorchDispatchMode`` to watch writes with.
+        UnsupportedTorchError: This torch has no ``TorchDispatchMode`` to watch writes with.
     """
-    if TorchDispatchMode is None:  # pragma: no cover - guarded private API
-        raise TraceError("this torch lacks torch.utils._python_dispatch.TorchDispatchMode, "
-                         "which jointlab needs to refuse parameter writes; use torch 2.13")
     protected = {**(_REAL[-1] if _REAL else {}), **_param_storages(model)}
     with _NoBackward(), _param_write_mode(protected):
         yield
@@ -197,8 +190,7 @@ def in_train_fn(model: nn.Module) -> Iterator[None]:
 
 # -- compiled submodules ----------------------------------------------------------
 def _is_compiled(mod: nn.Module) -> bool:
-    compiled_wrapper = type(mod).__name__ == "OptimizedModule" and hasattr(mod, "_orig_mod")
-    return compiled_wrapper or getattr(mod, "_compiled_call_impl", None) is not None
+    return is_compiled_module(mod)
 
 
 def refuse_compiled(model: nn.Module) -> None:

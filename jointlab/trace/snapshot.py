@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from jointlab.torch_compat import module_stores
+
 
 @dataclass
 class ModelSnapshot:
@@ -37,8 +39,9 @@ class ModelSnapshot:
         snap = cls()
         seen: set[int] = set()
         for mod in model.modules():  # deduplicated; shared submodules once
-            snap.modules.append((mod, dict(mod._parameters), dict(mod._buffers), mod.training))
-            for t in (*mod._parameters.values(), *mod._buffers.values()):
+            params, buffers = module_stores(mod)
+            snap.modules.append((mod, dict(params), dict(buffers), mod.training))
+            for t in (*params.values(), *buffers.values()):
                 if t is not None and id(t) not in seen:
                     seen.add(id(t))
                     snap.tensors.append((t, t.grad, t.requires_grad))
@@ -50,7 +53,7 @@ class ModelSnapshot:
     def restore(self) -> None:
         """Put back every recorded tensor object, gradient, flag and RNG state."""
         for mod, params, buffers, training in self.modules:
-            for store, saved in ((mod._parameters, params), (mod._buffers, buffers)):
+            for store, saved in zip(module_stores(mod), (params, buffers)):
                 for name in [n for n in store if n not in saved]:
                     del store[name]
                 for name, obj in saved.items():

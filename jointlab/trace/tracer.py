@@ -19,13 +19,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch._guards import TracingContext, tracing
-from torch._subclasses import FakeTensorMode
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.fx.traceback import preserve_node_meta
-from torch.nn.utils import stateless
 
 from jointlab.errors import DataDependentError, LossError, NoTrainableParametersError, TraceError
 from jointlab.graph import JointGraph
@@ -47,7 +41,21 @@ from jointlab.inputs import (
 )
 from jointlab.passes.annotate import annotate, frame_text, innermost_user_frame
 from jointlab.passes.repair import repair_views
-from jointlab.torch_compat import unsupported
+from jointlab.torch_compat import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    GuardOnDataDependentSymNode,
+    TracingContext,
+    engine_backward_patch,
+    keep_stack_frames_of,
+    make_fx,
+    non_strict_tracing_context,
+    pytree,
+    record_module_stack_of,
+    reparametrize_module,
+    tracing,
+)
 from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.hf_compat import hf_refusals
 from jointlab.trace.probes import module_probes
@@ -233,15 +241,14 @@ def _trace_make_fx(model, train_fn, inputs, dynamic, dynamic_arg_dims) -> JointG
     try:
         fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims)
         fn, box = _joint_fn(model, train_fn, fqns, param_names, leaves, req.treespec)
-        fn._orig_mod = model  # type: ignore[attr-defined]  # enables nn_module_stack
+        record_module_stack_of(fn, model)
         _keep_stack_frames_of(train_fn)
         with contextlib.ExitStack() as stack:
             stack.enter_context(fake_mode)
             stack.enter_context(tracing(TracingContext(fake_mode)))
             stack.enter_context(preserve_node_meta())
             stack.enter_context(torch.autograd.set_multithreading_enabled(False))
-            if hasattr(torch.compiler, "_non_strict_tracing_context"):
-                stack.enter_context(torch.compiler._non_strict_tracing_context())
+            stack.enter_context(non_strict_tracing_context())
             stack.enter_context(checkpoint_tracing())  # exact RNG replay of recomputes
             stack.enter_context(user_errors())
             probes = stack.enter_context(module_probes(model))
@@ -278,8 +285,8 @@ def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec):
         state = dict(zip(fqns, args[:n_state]))
         tensor_args = iter(args[n_state:])
         values = [next(tensor_args) if isinstance(v, torch.Tensor) else v for _, v in leaves]
-        kwargs = torch.utils._pytree.tree_unflatten(values, treespec)
-        with stateless._reparametrize_module(model, state, tie_weights=True), _engine_backward():
+        kwargs = pytree.tree_unflatten(values, treespec)
+        with reparametrize_module(model, state, tie_weights=True), _engine_backward():
             with in_train_fn(model):
                 loss, loss_dict = split_loss(train_fn(model, **kwargs))
             check_loss(loss)
@@ -301,20 +308,14 @@ def _keep_stack_frames_of(train_fn: Callable[..., Any]) -> None:
     # With module-stack recording, make_fx keeps only frames named "forward"
     # in stack traces; registering train_fn as an anchor keeps its frame too,
     # so ops of the loss get a source line.
-    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
-    if register is not None:
-        register(train_fn)
+    keep_stack_frames_of(train_fn)
 
 
 @contextlib.contextmanager
 def _engine_backward() -> Iterator[None]:
     # Without the patch the engine tags no backward node, and phases guessed from
     # structure put some forward nodes in the backward: refuse instead.
-    patch = getattr(torch.compiler, "_patch_engine_backward", None)
-    if patch is None:
-        raise unsupported("torch.compiler._patch_engine_backward",
-                          "tell the backward nodes of a make_fx trace from the forward ones")
-    with patch():
+    with engine_backward_patch()():
         yield
 
 

@@ -18,6 +18,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from jointlab import meta as _meta
+from jointlab._deprecation import renamed_kwarg
+from jointlab.errors import PlotArgumentError
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.units import human_bytes, human_count
 from jointlab.viz import _layout
@@ -76,7 +78,7 @@ def graph_data(joint: Any) -> DagData:
     src: list[int] = []
     dst: list[int] = []
     for i, n in enumerate(nodes):
-        for a in n._input_nodes:
+        for a in n.all_input_nodes:
             src.append(index[a])
             dst.append(i)
     info = [_meta.info(n) for n in nodes]
@@ -284,7 +286,8 @@ def relation_edges(joint: Any, data: DagData) -> dict[str, tuple[np.ndarray, np.
     phase = np.asarray([m.get("phase", "") for m in data.info], dtype=object)
     saved = (phase[data.src] == "forward") & (phase[data.dst] == "backward")
     index = {n: i for i, n in enumerate(data.names)}
-    pairs = [(index[p.name], index[g.name]) for p, g in joint.param_grads.values() if g is not None]
+    pairs = [(index[p.name], index[g.name])
+             for p, g in joint.params_and_grads().values() if g is not None]
     gs = np.asarray([p for p, _ in pairs], dtype=np.int64)
     gd = np.asarray([g for _, g in pairs], dtype=np.int64)
     return {"saved": (data.src[saved], data.dst[saved]), "grads": (gs, gd)}
@@ -308,15 +311,16 @@ def highlight_indices(data: DagData, names: list[str]) -> np.ndarray:
     return np.asarray(sorted(want | fwd | extra), dtype=np.int64)
 
 
-def plot_dag(joint: Any, *, color_by: str = "phase", group_depth: int | None = None,
+def plot_dag(joint: Any, *, color_by: str = "phase", depth: int | None = None,
              highlight: str | list[str] | None = None, relations: bool = True,
-             sweeps: int = 4, height: int = 560, title: str | None = None) -> go.Figure:
+             sweeps: int = 4, height: int = 560, title: str | None = None,
+             group_depth: int | None = None) -> go.Figure:
     """Plot the joint graph: forward left-to-right on top, backward mirrored below.
 
     Args:
         joint: A :class:`jointlab.JointGraph`.
         color_by: ``"phase"``, ``"module"``, ``"category"`` or ``"bytes"``.
-        group_depth: Collapse nodes by module FQN prefix of this many components
+        depth: Collapse nodes by module FQN prefix of this many components
             (one node per module and side, with counts and sums in the hover).
         highlight: Node name(s) to ring, together with their forward/backward twins.
         relations: Draw saved-activation edges and parameter-to-gradient links
@@ -324,22 +328,26 @@ def plot_dag(joint: Any, *, color_by: str = "phase", group_depth: int | None = N
         sweeps: Barycentre sweeps for crossing reduction.
         height: Figure height in pixels.
         title: Figure title; a summary line by default.
+        group_depth: Deprecated spelling of ``depth``.
 
     Returns:
         A ``plotly.graph_objects.Figure``; ``fig.to_html(include_plotlyjs=True)``
         is self-contained.
 
     Raises:
-        ValueError: Unknown ``color_by`` or a negative ``group_depth``.
+        PlotArgumentError: Unknown ``color_by``, or ``depth`` is not an int >= 0.
     """
+    depth = renamed_kwarg("plot_dag", "depth", depth, "group_depth", group_depth,
+                          PlotArgumentError)
     if color_by not in COLOR_BY:
-        raise ValueError(f"color_by must be one of {COLOR_BY}, got {color_by!r}")
-    if group_depth is not None and group_depth < 0:
-        raise ValueError(f"group_depth must be >= 0, got {group_depth}")
+        raise PlotArgumentError(f"color_by must be one of {COLOR_BY}, got {color_by!r}")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
+                              or depth < 0):
+        raise PlotArgumentError(f"depth must be an int >= 0 or None, got {depth!r}")
     data = graph_data(joint)
     full = data
-    if group_depth is not None:
-        data = collapse(data, group_depth)
+    if depth is not None:
+        data = collapse(data, depth)
     lay = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, sweeps=sweeps)
     n = len(data.names)
     if data.members:
@@ -372,7 +380,7 @@ def plot_dag(joint: Any, *, color_by: str = "phase", group_depth: int | None = N
                                        "line": {"width": 2.5, "color": "#111"}}))
     if title is None:
         nf = sum(not b for b in data.is_bwd)
-        what = f"{n} module groups (depth {group_depth})" if data.members else f"{n} nodes"
+        what = f"{n} module groups (depth {depth})" if data.members else f"{n} nodes"
         title = (f"Joint graph: {what}. Forward ({nf}) left→right on top, "
                  f"backward ({n - nf}) mirrored below")
     fig = go.Figure(traces)

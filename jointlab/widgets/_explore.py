@@ -16,6 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from jointlab import meta as _meta
+from jointlab._deprecation import renamed_kwarg
+from jointlab.errors import PlotArgumentError
 from jointlab.viz import dag
 
 TABLE_ROWS = 50
@@ -70,7 +72,7 @@ class Explorer:
 
     # -- figure ---------------------------------------------------------------------
     def _rebuild(self) -> None:
-        src = dag.plot_dag(self.joint, group_depth=self.depth.value, height=self.height)
+        src = dag.plot_dag(self.joint, depth=self.depth.value, height=self.height)
         self.data: dag.DagData = src._jointlab_data
         with self.fig.batch_update():
             self.fig.data = ()
@@ -151,17 +153,24 @@ class Explorer:
             self.table.append_display_data(node_rows(self.joint, names[:TABLE_ROWS]))
 
 
-def explore(joint: Any, *, group_depth: int | None = None, height: int = 520) -> W.VBox:
+def explore(joint: Any, *, depth: int | None = None, height: int = 520,
+            group_depth: int | None = None) -> W.VBox:
     """Open an interactive explorer of a joint graph.
 
     Args:
         joint: A :class:`jointlab.JointGraph`.
-        group_depth: Initial module-collapse depth (None shows every node).
+        depth: Initial module-collapse depth (None shows every node).
         height: Height of the DAG in pixels.
+        group_depth: Deprecated spelling of ``depth``.
 
     Returns:
         The app's root widget; its ``explorer`` attribute holds the state and callbacks.
+
+    Raises:
+        PlotArgumentError: Both ``depth`` and ``group_depth`` were given.
     """
-    app = Explorer(joint, group_depth=group_depth, height=height)
+    depth = renamed_kwarg("explore", "depth", depth, "group_depth", group_depth,
+                          PlotArgumentError)
+    app = Explorer(joint, group_depth=depth, height=height)
     app.widget.explorer = app
     return app.widget

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from jointlab import meta as _meta
+from jointlab.torch_compat import pytree
 from jointlab.trace.probes import tensor_leaves
 from jointlab.trace.tracer import split_loss
 

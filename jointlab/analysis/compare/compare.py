@@ -354,7 +354,7 @@ def divergence_checks(joint: JointGraph, eager: EagerCapture,
     # sole one; tied aliases in AOT mode each carry a partial gradient.
     outs = [n for n in joint.graph.output_node().args[0] if isinstance(n, fx.Node)]
     grad_count = Counter(_meta.info(n).get("grad_of") for n in outs)
-    for name, (_ph, gnode) in joint.param_grads.items():
+    for name, (_ph, gnode) in joint.params_and_grads().items():
         want = eager.grads.get(name)
         if gnode is not None and want is not None and grad_count[name] == 1:
             checks.append((gnode, want, "parameter gradient", name.rpartition(".")[0]))

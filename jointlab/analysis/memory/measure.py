@@ -30,7 +30,7 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab.meta import node_error
-from jointlab.torch_compat import torch_attr, unsupported
+from jointlab.torch_compat import allocation_event_tag, free_unused_values, kineto_event_tree
 
 _SCOPE = "jl::step"
 
@@ -56,9 +56,7 @@ class StepInterpreter(fx.Interpreter):
         super().__init__(gm, garbage_collect_values=True)
         self.sampler = sampler
         self.step_of = {n: i for i, n in enumerate(gm.graph.nodes)}
-        for node in gm.graph.nodes:
-            if not node.users and node.op not in ("placeholder", "output"):
-                self.user_to_last_uses.setdefault(node, []).append(node)
+        free_unused_values(self)
 
     def run_node(self, node: fx.Node) -> Any:
         """Run one node between sampler calls; name the node in any error."""
@@ -142,18 +140,13 @@ class ProfilerSampler:
 
     def result(self, n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Walk the event tree and fold allocations into per-step peaks."""
-        event_type = torch_attr("torch._C._profiler", "_EventType", "measure allocations")
-        tree = getattr(getattr(self.prof.profiler, "kineto_results", None),
-                       "experimental_event_tree", None)
-        if tree is None:
-            raise unsupported("the profiler's kineto_results.experimental_event_tree",
-                              "measure allocations")
-        events = _walk(tree())
+        allocation = allocation_event_tag()
+        events = _walk(kineto_event_tree(self.prof))
         starts = np.full(n_steps, -1, dtype=np.int64)
         ends = np.full(n_steps, -1, dtype=np.int64)
         allocs = []
         for e in events:
-            if e.tag == event_type.Allocation:
+            if e.tag == allocation:
                 allocs.append(e)
             elif e.name.startswith(_SCOPE):
                 i = int(e.name[len(_SCOPE):])

@@ -41,6 +41,7 @@ from jointlab.analysis.memory.sizes import Sizes, sizes_for, traced_sizes
 from jointlab.inputs import flatten_inputs
 from jointlab.meta import KEY
 from jointlab.passes.analyze import ensure_analyzed, is_getitem, is_op, tensor_bytes
+from jointlab.torch_compat import op_schema
 from jointlab.units import human_bytes
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def round_alloc(nbytes: int, device: str) -> int:
 
 def reduction_arg(node: fx.Node) -> int:
     """The ``reduction`` argument of a loss op (1 = mean when not given)."""
-    names = [a.name for a in node.target._schema.arguments]
+    names = [a.name for a in op_schema(node.target).arguments]
     k = names.index("reduction")
     if "reduction" in node.kwargs:
         return int(node.kwargs["reduction"])
@@ -91,7 +92,7 @@ def reduction_arg(node: fx.Node) -> int:
 
 def reduces_into_full_buffer(node: fx.Node) -> bool:
     """True for a reducing loss op whose output storage is input-sized."""
-    return (is_op(node) and node.target._schema.name.split("::")[-1]
+    return (is_op(node) and op_schema(node.target).name.split("::")[-1]
             in _REDUCES_INTO_FULL_BUFFER and reduction_arg(node) != 0)
 
 
@@ -160,7 +161,7 @@ class _Storage:
 def _unread_outputs(node: fx.Node, sizes: Sizes | None = None) -> list[tuple[int, int]]:
     """(index, bytes) of fresh outputs of a multi-output op that no getitem reads."""
     read = {u.args[1] for u in node.users if is_getitem(u)}
-    returns = node.target._schema.returns if is_op(node) else None
+    returns = op_schema(node.target).returns if is_op(node) else None
     out = []
     for i, t in enumerate(node.meta["val"]):
         if i in read or not isinstance(t, torch.Tensor):

@@ -29,14 +29,13 @@ from typing import Any
 import pandas as pd
 import torch
 import torch.fx as fx
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from jointlab.analysis.descriptors import has_descriptors, outputs_and_tangents
 from jointlab.analysis.memory.predict import predict
 from jointlab.errors import WhatIfError
 from jointlab.meta import KEY
 from jointlab.passes.analyze import hint
-from jointlab.torch_compat import torch_attr, torch_module
+from jointlab.torch_compat import make_fx, torch_attr, torch_module
 
 D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
 

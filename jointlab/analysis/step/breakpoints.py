@@ -12,6 +12,7 @@ import torch.fx as fx
 from jointlab import meta as _meta
 from jointlab.passes.analyze import tensors_of
 from jointlab.passes.annotate import is_compute
+from jointlab.torch_compat import is_op_overload, op_schema
 
 
 # -- small predicates ----------------------------------------------------------
@@ -25,8 +26,8 @@ def op_names(node: fx.Node) -> set[str]:
     """Names an ``op=`` breakpoint may use: ``aten.mm.default``, ``aten.mm``, ``mm``."""
     target = node.target
     names = {str(target), getattr(target, "__name__", "")}
-    if isinstance(target, torch._ops.OpOverload):
-        base = target._schema.name.split("::")[-1]
+    if is_op_overload(target):
+        base = op_schema(target).name.split("::")[-1]
         names |= {f"{target.namespace}.{base}", base}
     return names - {""}
 

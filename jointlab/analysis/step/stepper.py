@@ -415,7 +415,7 @@ class Stepper(fx.Interpreter):
 
         df = pd.DataFrame.from_dict(self.timings, orient="index",
                                     columns=["step_s", "step_mem_delta", "step_mem_peak"])
-        df.index.name = "name"
+        df.index.name = "node"  # as joint.nodes (README "Naming")
         return df
 
     def widget(self, train_fn: Any = None, comparison: Any = None,
