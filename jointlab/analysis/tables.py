@@ -20,7 +20,7 @@ from jointlab.passes.analyze import ensure_analyzed
 from jointlab.units import human_bytes, human_count
 
 if TYPE_CHECKING:
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph
 
 __all__ = ["COLUMNS", "node_table", "select", "summary", "summary_card_html"]
 
@@ -37,7 +37,7 @@ _INT_COLUMNS = ("numel", "bytes", "flops", "num_users")
 
 
 # -- the node table -------------------------------------------------------------
-def node_table(joint: JointGraph) -> pd.DataFrame:
+def node_table(joint: TracedGraph) -> pd.DataFrame:
     """Build the node table of ``joint`` (uncached; use ``joint.nodes``).
 
     Args:
@@ -85,7 +85,7 @@ def node_table(joint: JointGraph) -> pd.DataFrame:
     return pd.DataFrame(data, index=pd.Index(names, name="node"), columns=list(COLUMNS))
 
 
-def _table(joint: JointGraph) -> pd.DataFrame:
+def _table(joint: TracedGraph) -> pd.DataFrame:
     return joint.cached("nodes", node_table)
 
 
@@ -128,7 +128,7 @@ def op_mask(targets: pd.Series, op: str) -> pd.Series:
     return (targets == op) | targets.str.endswith("." + op)
 
 
-def select(joint: JointGraph, module: str | None = None, phase: str | None = None,
+def select(joint: TracedGraph, module: str | None = None, phase: str | None = None,
            op: str | None = None) -> pd.DataFrame:
     """Filter the node table by module, phase and op (all given filters must hold).
 
@@ -196,7 +196,7 @@ def _side_by_side(df: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
     return out.fillna(0).astype("int64")
 
 
-def summary(joint: JointGraph, by: str = "module", depth: int | None = None) -> pd.DataFrame:
+def summary(joint: TracedGraph, by: str = "module", depth: int | None = None) -> pd.DataFrame:
     """Aggregate the node table by module, phase or op.
 
     Args:
@@ -243,7 +243,7 @@ def _by_phase(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- notebook card ------------------------------------------------------------------
-def card_facts(joint: JointGraph) -> dict[str, Any]:
+def card_facts(joint: TracedGraph) -> dict[str, Any]:
     """The numbers the summary card shows, from the cached node table.
 
     Args:
@@ -276,7 +276,7 @@ _CARD_STYLE = ("font-family:system-ui,sans-serif;font-size:12px;border:1px solid
                "border-radius:6px;padding:6px 10px;display:inline-block;line-height:1.5")
 
 
-def summary_card_html(joint: JointGraph) -> str:
+def summary_card_html(joint: TracedGraph) -> str:
     """A small, fixed-size HTML card for ``JointGraph._repr_html_``.
 
     Args:

@@ -1,1 +1,1 @@
-"""Memory analyses: predicted lifetimes, measured allocations, what-if partitions and dynamic sizes."""
+"""Memory analyses: predicted lifetimes, measured allocations, what-if partitions, sizes."""

@@ -46,7 +46,7 @@ from jointlab.units import human_bytes
 if TYPE_CHECKING:
     from torch import nn
 
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph
 
 CATEGORIES = ("param", "buffer", "input", "activation", "temporary", "gradient", "output")
 _CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block up to this
@@ -176,7 +176,7 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
     """Every storage of one run with its birth step, death step and size.
 
     Args:
-        joint_or_gm: A JointGraph or a GraphModule with fake ``meta["val"]``.
+        joint_or_gm: A traced joint graph or a GraphModule with fake ``meta["val"]``.
         device: Device whose allocator rounding to apply (``cuda`` rounds to 512 B).
         sizes: Sizes of a dynamic graph at a call's inputs (default: as traced).
 
@@ -391,7 +391,7 @@ def predict(joint_or_gm: Any, device: str = "cpu", name: str = "",
     """Predict the memory of one run of a joint graph from its annotations.
 
     Args:
-        joint_or_gm: A JointGraph (or a GraphModule with fake values).
+        joint_or_gm: A traced joint graph (or a GraphModule with fake values).
         device: Device whose allocator rounding to model.
         name: Label for the HTML card.
         sizes: For a dynamic graph, the sizes to predict at (default: the traced ones).
@@ -450,7 +450,7 @@ def attach_measurement(profile: MemoryProfile, measured: pd.DataFrame) -> Memory
     return profile
 
 
-def memory_profile(joint: JointGraph, model: nn.Module | None = None,
+def memory_profile(joint: TracedGraph, model: nn.Module | None = None,
                    inputs: dict[str, Any] | None = None, device: str | None = None
                    ) -> MemoryProfile:
     """Predict, and with ``model`` and ``inputs`` also measure, one run's memory.
@@ -483,7 +483,7 @@ def memory_profile(joint: JointGraph, model: nn.Module | None = None,
     return attach_measurement(prof, measure(joint, model, inputs, device=str(device)))
 
 
-def _call_sizes(joint: JointGraph, inputs: dict[str, Any] | None) -> Sizes | None:
+def _call_sizes(joint: TracedGraph, inputs: dict[str, Any] | None) -> Sizes | None:
     """Sizes of a dynamic graph at ``inputs`` (None: static, or no inputs)."""
     if inputs is None or getattr(joint, "guards", None) is None:
         return None

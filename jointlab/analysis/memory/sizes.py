@@ -21,7 +21,7 @@ from jointlab.passes.analyze import hint, tensors_of
 if TYPE_CHECKING:
     import torch.fx as fx
 
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Sizes:
         return tuple(self.int(s) for s in ts[0].shape) if ts else None
 
 
-def traced_sizes(joint: JointGraph) -> dict[str, tuple[int, ...]]:
+def traced_sizes(joint: TracedGraph) -> dict[str, tuple[int, ...]]:
     """Tensor input sizes at trace time, by dotted path (empty if unknown)."""
     guards = getattr(joint, "guards", None)
     if guards is not None:
@@ -80,7 +80,7 @@ def traced_sizes(joint: JointGraph) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def sizes_for(joint: JointGraph, tensors: dict[str, torch.Tensor]) -> Sizes | None:
+def sizes_for(joint: TracedGraph, tensors: dict[str, torch.Tensor]) -> Sizes | None:
     """The :class:`Sizes` of a call, or None when the graph is static.
 
     Args:
