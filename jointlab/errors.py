@@ -32,6 +32,7 @@ __all__ = [
     "ValueNotAvailableError",
     "CompareError",
     "WhatIfError",
+    "MemoryQueryError",
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
@@ -151,3 +152,7 @@ class CheckpointWarning(UserWarning):
 
 class UntestedTorchWarning(UserWarning):
     """The installed torch is outside the versions jointlab's test suite was run on."""
+
+
+class MemoryQueryError(JointlabError, ValueError):
+    """``joint.memory()`` got a model without inputs (or the reverse), so it cannot measure."""
