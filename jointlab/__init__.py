@@ -26,7 +26,7 @@ _LAZY = {
     "Stepper": "jointlab.analysis.step.stepper",
     "compare": "jointlab.analysis.step.stepper",
     "Comparison": "jointlab.analysis.compare.compare",
-    "MemoryProfile": "jointlab.analysis.memory.predict",
+    "MemoryProfile": "jointlab.analysis.memory.result",
     "load": "jointlab.io.persist",
     "plot_dag": "jointlab.viz",
     "plot_memory": "jointlab.viz",

@@ -33,6 +33,7 @@ __all__ = [
     "CompareError",
     "WhatIfError",
     "PlotArgumentError",
+    "MemoryQueryError",
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
@@ -156,3 +157,5 @@ class UntestedTorchWarning(UserWarning):
 
 class PlotArgumentError(JointlabError, ValueError):
     """A plotting or explorer call got an argument it cannot use (``plot_dag``, ``explore``)."""
+class MemoryQueryError(JointlabError, ValueError):
+    """``joint.memory()`` got a model without inputs (or the reverse), so it cannot measure."""

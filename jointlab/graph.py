@@ -302,7 +302,7 @@ class JointGraph:
         return select(self, module=module, phase=phase, op=op)
 
     def _repr_html_(self) -> str:
-        from jointlab.analysis.tables import summary_card_html
+        from jointlab.viz.cards import summary_card_html
 
         return summary_card_html(self)
 
@@ -319,7 +319,7 @@ class JointGraph:
         Returns:
             A :class:`jointlab.MemoryProfile`.
         """
-        from jointlab.analysis.memory.predict import memory_profile
+        from jointlab.analysis.memory.profile import memory_profile
 
         return memory_profile(self, model=model, inputs=inputs, device=device)
 

@@ -20,11 +20,29 @@ only read it. Keys written at trace time:
   (``torch.utils.checkpoint``) runs again to recompute the forward of a
   checkpointed region, including the generator-state reads and writes that
   replay its random draws; False on every other node.
+
+Keys written by :func:`jointlab.passes.analyze.ensure_analyzed` (cost and storage):
+
+- ``target`` (``aten.mm``), ``category`` (matmul, conv, pointwise, ...).
+- ``shape``, ``dtype``, ``numel``: of the output (multi-output: of the first);
+  ``out_bytes``: size of all its outputs.
+- ``storage``: the node that allocated the storage the output lives in;
+  ``bytes``: what the node newly allocates (0 for an alias);
+  ``is_view`` / ``alias_of``: it shares an earlier node's storage.
+- ``inplace``: the op writes one of its inputs.
+- ``flops``: from ``torch.utils.flop_counter``'s registry, 0 where no formula
+  applies; ``flops_unknown``: a registered formula failed on this node, so its
+  count is unknown (``flops`` is 0 there and any total is a lower bound).
+- ``saved_for_backward``: a forward node that a backward node reads.
+
+:class:`NodeInfo` is the typed view of all of these, with the one default of
+each key; readers use :func:`node_info` (or the small getters below) instead
+of indexing the dict.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.fx as fx
 
@@ -37,6 +55,68 @@ TRAIN_FN = "<train_fn>"
 #: nodes created while checkpoint recomputes; the annotation pass reads it.
 RECOMPUTE_TAG = "jointlab_checkpoint_recompute"
 PHASES = ("param", "buffer", "input", "forward", "backward", "output")
+
+
+class NodeInfo(NamedTuple):
+    """The jointlab annotations of one node, typed and immutable, each with its one default.
+
+    The fields are the keys documented in this module's docstring; a key that
+    was never written reads as its default here.
+    """
+
+    phase: str = ""
+    module: str = ""
+    module_type: str = ""
+    source: str = ""
+    fqn: str = ""
+    input_path: str = ""
+    grad_of: str | None = None
+    zero_grad: bool = False
+    recompute: bool = False
+    probe_out: tuple[Any, ...] = ()
+    probe_grad: tuple[Any, ...] = ()
+    target: str = ""
+    category: str = "other"
+    shape: tuple[int, ...] | None = None
+    dtype: str = ""
+    numel: int = 0
+    out_bytes: int = 0
+    storage: str = ""
+    bytes: int = 0
+    is_view: bool = False
+    alias_of: str | None = None
+    inplace: bool = False
+    flops: int = 0
+    flops_unknown: bool = False
+    saved_for_backward: bool = False
+
+
+_FIELDS = frozenset(NodeInfo._fields)
+#: The one default of every key (what :class:`NodeInfo` reads for an unwritten key).
+DEFAULTS: dict[str, Any] = dict(NodeInfo._field_defaults)
+
+
+def node_info(node: fx.Node) -> NodeInfo:
+    """The typed annotations of ``node`` (every field at its default if never annotated).
+
+    Args:
+        node: A graph node.
+
+    Returns:
+        A :class:`NodeInfo`.
+    """
+    m = node.meta.get(KEY)
+    if not m:
+        return NodeInfo()
+    try:
+        return NodeInfo(**m)
+    except TypeError:  # a key outside the schema (e.g. written by a user's own pass)
+        return NodeInfo(**{k: v for k, v in m.items() if k in _FIELDS})
+
+
+def storage_owner(node: fx.Node) -> str:
+    """Name of the node whose storage ``node``'s output lives in (its own name if fresh)."""
+    return info(node).get("storage") or node.name
 
 
 def info(node: fx.Node) -> dict[str, Any]:

@@ -104,3 +104,30 @@ def test_modes_agree_on_names_and_grad_presence():
                     if g is not None and ph.meta[KEY]["phase"] == "param"}
 
         assert has_grad(a) - extra == has_grad(m)
+
+
+def test_tables_descriptors_and_memory_import_neither_the_graph_nor_a_renderer():
+    """Readers annotate with jointlab.core.TracedGraph; HTML only through one lazy hand-off."""
+    import ast
+    import pathlib
+
+    import jointlab
+
+    root = pathlib.Path(jointlab.__file__).parent / "analysis"
+    files = [root / "tables.py", root / "descriptors.py", *sorted((root / "memory").glob("*.py"))]
+    handoffs = []
+    for path in files:
+        tree = ast.parse(path.read_text())
+        funcs = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                node.module or ""]
+            for name in names:
+                assert name != "jointlab.graph", f"{path.name} imports jointlab.graph"
+                if name.startswith(("jointlab.viz", "jointlab.widgets")):
+                    owner = next((f.name for f in funcs if node in ast.walk(f)), "<module>")
+                    assert owner == "_repr_html_", f"{path.name}: {name} in {owner}"
+                    handoffs.append(path.name)
+    assert handoffs == ["result.py"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -9,6 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import jointlab as jl
 from jointlab.analysis.memory.measure import measure_graph
 from jointlab.analysis.memory.predict import CATEGORIES, predict
+from jointlab.units import human_bytes
 from tests.fixtures import zoo
 
 
@@ -144,15 +147,30 @@ def test_measuring_leaves_model_and_rng_untouched(traced):
 
 
 def test_model_without_inputs_is_an_error(traced):
-    joint, model, _ = traced("mlp")
-    with pytest.raises(ValueError, match="both"):
+    joint, model, inputs = traced("mlp")
+    with pytest.raises(jl.errors.MemoryQueryError, match="model= was given without inputs=.*both"):
         joint.memory(model)
+    with pytest.raises(jl.errors.JointlabError, match="inputs= was given without model="):
+        joint.memory(inputs=inputs)
+    assert issubclass(jl.errors.MemoryQueryError, ValueError)
+
+
+def test_repr_is_one_short_line_of_the_headline_numbers(traced):
+    joint, model, inputs = traced("mlp")
+    prof = joint.memory(model, inputs)
+    text = repr(prof)
+    assert "\n" not in text and len(text) < 200, text
+    assert human_bytes(prof.peak_bytes) in text and f"{len(joint.graph.nodes)} nodes" in text
+    life = prof.lifetimes
+    saved = int(life.loc[life["category"] == "activation", "bytes"].sum())
+    assert saved > 0 and f"saved {human_bytes(saved)}" in text
+    assert f"measured peak {human_bytes(prof.measured_peak_bytes)}" in text
 
 
 def test_html_card_escapes_names(traced):
     joint, model, inputs = traced("mlp")
     prof = joint.memory(model, inputs)
-    prof.name = "<script>alert(1)</script>"
+    prof = dataclasses.replace(prof, name="<script>alert(1)</script>")
     out = prof._repr_html_()
     assert "<script>" not in out and "&lt;script&gt;" in out
     assert "measured" in out and prof.peak_node in out

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import jointlab as jl
 from jointlab.analysis.tables import COLUMNS, node_table
 from jointlab.errors import JointlabError, TableQueryError
-from jointlab.meta import KEY, TRAIN_FN
+from jointlab.meta import DEFAULTS, KEY, TRAIN_FN, NodeInfo, node_info
 from jointlab.passes.analyze import ensure_analyzed
 from tests.fixtures import zoo
 
@@ -232,7 +232,7 @@ def test_summary_by_module_adds_up():
     df = joint.nodes
     s = joint.summary()
     assert list(s.columns) == ["nodes_fwd", "nodes_bwd", "flops_fwd", "flops_bwd",
-                               "bytes_fwd", "bytes_bwd", "saved_bytes"]
+                               "bytes_fwd", "bytes_bwd", "saved_bytes", "flops_unknown"]
     fwd, bwd = df[df["phase"] == "forward"], df[df["phase"] == "backward"]
     assert s["nodes_fwd"].sum() == len(fwd) and s["nodes_bwd"].sum() == len(bwd)
     assert s["flops_fwd"].sum() == fwd["flops"].sum()
@@ -323,3 +323,44 @@ def test_card_escapes_model_strings():
 def test_node_table_direct_call_matches_cached():
     _, _, joint = traced("cnn_bn")
     pd.testing.assert_frame_equal(node_table(joint), joint.nodes)
+
+
+# -- one op-name helper, typed meta, unknown FLOPs -------------------------------------------
+def test_select_by_op_accepts_every_spelling_of_the_overload():
+    _, _, joint = traced("tiny_lm")
+    want = [n.name for n in joint.graph.nodes if n.target is torch.ops.aten.mm.default]
+    assert want
+    for spelling in ("aten.mm.default", "aten.mm", "mm", "mm.default"):
+        assert list(joint.select(op=spelling).index) == want, spelling
+
+
+def test_node_info_reads_the_annotations_with_one_default():
+    _, _, joint = traced("mlp")
+    for node in joint.graph.nodes:
+        m, raw = node_info(node), node.meta[KEY]
+        assert (m.phase, m.module, m.bytes, m.storage) == (
+            raw["phase"], raw["module"], raw["bytes"], raw["storage"])
+    bare = torch.fx.Graph().placeholder("x")
+    assert node_info(bare) == NodeInfo()
+    assert node_info(bare).category == DEFAULTS["category"] == "other"
+
+
+def test_a_failing_flop_formula_is_unknown_not_zero(monkeypatch):
+    from torch.utils.flop_counter import flop_registry
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("formula cannot handle these shapes")
+
+    monkeypatch.setitem(flop_registry, torch.ops.aten.mm, broken)
+    _, _, joint = fresh("tiny_lm")
+    mm = {n.name for n in joint.graph.nodes if n.target is torch.ops.aten.mm.default}
+    df = joint.nodes
+    assert mm and set(df.index[df["flops_unknown"]]) == mm
+    assert (df.loc[sorted(mm), "flops"] == 0).all()
+    by_phase = joint.summary(by="phase")
+    assert by_phase["flops_unknown"].sum() == len(mm)
+    assert joint.summary()["flops_unknown"].sum() == len(mm)
+    assert "unknown" in joint._repr_html_()
+    monkeypatch.undo()
+    joint.invalidate()
+    assert not joint.nodes["flops_unknown"].any() and "unknown" not in joint._repr_html_()

@@ -154,6 +154,7 @@ ALLOWED = {
     "_replace": "NamedTuple's public API (the underscore avoids field clashes)",
     "_asdict": "NamedTuple's public API",
     "_fields": "NamedTuple's public API",
+    "_field_defaults": "NamedTuple's public API",
     "_jointlab_data": "an attribute jointlab itself sets on a plotly Figure, not torch",
     "_experts_implementation": "a transformers config attribute, not torch",
 }

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch._functorch.partitioners import default_partition
 
 import jointlab as jl
+from jointlab.analysis.memory.measure import measure
+from jointlab.analysis.memory.predict import predict
 from jointlab.analysis.memory.whatif import functional_joint, what_if
 from tests.fixtures import real, zoo
 
@@ -106,7 +109,18 @@ def test_budgets_trade_saved_bytes(case):
     assert tight["saved_bytes"] <= full["saved_bytes"]
     assert tight["forward_peak_bytes"] <= full["forward_peak_bytes"]
     assert (df["peak_bytes"] >= df[["forward_peak_bytes", "backward_peak_bytes"]].max(axis=1)).all()
-    assert rows.loc["joint graph as traced", "peak_bytes"] == joint.memory().peak_bytes
+
+
+def test_as_traced_row_matches_the_measured_run(case):
+    """The "as traced" peaks against the profiler's allocations of a real run of the graph."""
+    _, model, inputs, joint = case
+    row = what_if(joint, budgets=()).set_index("option").loc["joint graph as traced"]
+    measured = measure(joint, model, inputs)["measured"].to_numpy()
+    first_bwd = int(np.flatnonzero(joint.nodes["phase"].to_numpy() == "backward")[0])
+    refs = {"peak_bytes": measured.max(), "forward_peak_bytes": measured[:first_bwd].max(),
+            "backward_peak_bytes": measured[first_bwd:].max()}
+    for key, ref in refs.items():
+        assert abs(row[key] - ref) <= 0.01 * ref, (key, row[key], ref)
 
 
 def test_a_loaded_aot_graph_is_refused_not_misread(tmp_path):
@@ -129,3 +143,11 @@ def test_a_make_fx_graph_without_its_seed_is_refused():
     joint.invalidate()
     with pytest.raises(jl.errors.WhatIfError, match="ones_like"):
         what_if(joint)
+
+
+def test_a_profile_of_a_bare_graph_module_refuses_what_if():
+    f = zoo.FIXTURES["mlp"]
+    joint = jl.trace(f.make_model(), f.train_fn, f.make_inputs(4))
+    with pytest.raises(jl.errors.WhatIfError, match="bare graph module"):
+        predict(joint.graph_module).what_if()
+    assert len(joint.memory().what_if(budgets=())) == 2  # joint.memory() binds the graph

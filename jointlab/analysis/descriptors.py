@@ -25,24 +25,24 @@ from jointlab.torch_compat import torch_module
 D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
 
 if TYPE_CHECKING:
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph
 
 Pair = tuple[fx.Node, "fx.Node | None"]
 _INPUT_PHASES = ("param", "buffer", "input")
 
 
-def has_descriptors(joint: JointGraph) -> bool:
+def has_descriptors(joint: TracedGraph) -> bool:
     """True when the graph's placeholders carry AOT descriptors."""
     return any("desc" in n.meta for n in joint.placeholders)
 
 
-def _outputs(joint: JointGraph) -> list[tuple[Any, Any]]:
+def _outputs(joint: TracedGraph) -> list[tuple[Any, Any]]:
     out = joint.graph.output_node()
     descs = out.meta.get("desc") or [None] * len(out.args[0])
     return list(zip(out.args[0], descs))
 
 
-def _aot_plan(joint: JointGraph) -> Any:
+def _aot_plan(joint: TracedGraph) -> Any:
     """The AOT runtime's call plan, for an AOT graph whose descriptors were not kept.
 
     A graph loaded from disk has no ``meta["desc"]``; the runtime's plan
@@ -53,7 +53,7 @@ def _aot_plan(joint: JointGraph) -> Any:
     return rt if joint.mode == "aot" and hasattr(rt, "out_plan") else None
 
 
-def _plan_outputs_and_tangents(joint: JointGraph, rt: Any) -> list[Pair]:
+def _plan_outputs_and_tangents(joint: TracedGraph, rt: Any) -> list[Pair]:
     outs = [n for n, _ in _outputs(joint)]
     tangent = next((p for p, i in zip(joint.placeholders, rt.arg_plan) if i is None), None)
     loss = [(n, tangent) for n, (kind, _) in zip(outs, rt.out_plan) if kind == "loss"]
@@ -62,7 +62,7 @@ def _plan_outputs_and_tangents(joint: JointGraph, rt: Any) -> list[Pair]:
     return [p for p in loss + [(n, None) for _, n in ld] if isinstance(p[0], fx.Node)]
 
 
-def _plan_inputs_and_grads(joint: JointGraph, rt: Any) -> list[Pair]:
+def _plan_inputs_and_grads(joint: TracedGraph, rt: Any) -> list[Pair]:
     outs = [n for n, _ in _outputs(joint)]
     grads: dict[int, list[Any]] = {}  # flat state index -> gradient outputs, in order
     for n, (kind, pos) in zip(outs, rt.out_plan):
@@ -82,7 +82,7 @@ def _real_grad(node: Any) -> bool:
     return isinstance(node, fx.Node) and not info(node).get("zero_grad")
 
 
-def inputs_and_grads(joint: JointGraph) -> list[Pair]:
+def inputs_and_grads(joint: TracedGraph) -> list[Pair]:
     """Every forward input (parameter, buffer, tensor input) with its gradient node.
 
     Args:
@@ -108,7 +108,7 @@ def inputs_and_grads(joint: JointGraph) -> list[Pair]:
             for n in joint.placeholders if info(n).get("phase") in _INPUT_PHASES]
 
 
-def outputs_and_tangents(joint: JointGraph) -> list[Pair]:
+def outputs_and_tangents(joint: TracedGraph) -> list[Pair]:
     """Every forward output (the loss, then tensor loss_dict values) with its tangent.
 
     Args:
@@ -135,14 +135,14 @@ def outputs_and_tangents(joint: JointGraph) -> list[Pair]:
     return [(n, None) for n in fwd if isinstance(n, fx.Node)]
 
 
-def _state(joint: JointGraph, phase: str, desc_type: type) -> dict[str, fx.Node]:
+def _state(joint: TracedGraph, phase: str, desc_type: type) -> dict[str, fx.Node]:
     if has_descriptors(joint):
         return {info(n)["fqn"]: n for n in joint.placeholders
                 if isinstance(n.meta.get("desc"), desc_type)}
     return {info(n)["fqn"]: n for n in joint.placeholders if info(n).get("phase") == phase}
 
 
-def params(joint: JointGraph) -> dict[str, fx.Node]:
+def params(joint: TracedGraph) -> dict[str, fx.Node]:
     """Parameter placeholders by FQN (frozen ones included; in ``aot`` mode, every alias).
 
     Args:
@@ -154,7 +154,7 @@ def params(joint: JointGraph) -> dict[str, fx.Node]:
     return _state(joint, "param", D.ParamAOTInput)
 
 
-def buffers(joint: JointGraph) -> dict[str, fx.Node]:
+def buffers(joint: TracedGraph) -> dict[str, fx.Node]:
     """Buffer placeholders by FQN.
 
     Args:

@@ -1,34 +1,38 @@
-"""The joint graph as pandas tables: one row per node, summaries, a notebook card.
+"""The joint graph as pandas tables: one row per node, summaries, the card's numbers.
 
-Everything here reads ``node.meta["jointlab"]`` (after
+Everything here reads ``node.meta["jointlab"]`` through
+:func:`jointlab.meta.node_info` (after
 :func:`jointlab.passes.analyze.ensure_analyzed`) and the graph's structure; nothing
 is recomputed and nothing is written back. :func:`node_table` is cached by
 :attr:`jointlab.JointGraph.nodes` until the graph changes; the other functions
-start from that cached table.
+start from that cached table. The notebook card that shows :func:`card_facts`
+is HTML and lives in :mod:`jointlab.viz.cards`.
+
+A FLOP formula that fails on a node leaves its count unknown
+(``flops_unknown``); the summaries count those nodes next to their FLOPs,
+which are then lower bounds.
 """
 
 from __future__ import annotations
 
-import html
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from jointlab.errors import TableQueryError
-from jointlab.meta import KEY, PHASES, TRAIN_FN
+from jointlab.meta import PHASES, TRAIN_FN, in_module, node_info, op_aliases
 from jointlab.passes.analyze import ensure_analyzed
-from jointlab.units import human_bytes, human_count
 
 if TYPE_CHECKING:
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph
 
-__all__ = ["COLUMNS", "node_table", "select", "summary", "summary_card_html"]
+__all__ = ["COLUMNS", "card_facts", "node_table", "select", "summary"]
 
 #: Column order of :func:`node_table`; short columns first, long text last.
 COLUMNS = (
     "op", "target", "phase", "module", "module_type", "shape", "dtype", "numel", "bytes",
-    "is_view", "alias_of", "inplace", "flops", "category", "saved_for_backward", "recompute",
-    "seq_nr", "num_users", "args", "stack_trace",
+    "is_view", "alias_of", "inplace", "flops", "flops_unknown", "category", "saved_for_backward",
+    "recompute",    "seq_nr", "num_users", "args", "stack_trace",
 )
 SUMMARY_BY = ("module", "phase", "op")
 _COMPUTE = ("forward", "backward")
@@ -37,7 +41,7 @@ _INT_COLUMNS = ("numel", "bytes", "flops", "num_users")
 
 
 # -- the node table -------------------------------------------------------------
-def node_table(joint: JointGraph) -> pd.DataFrame:
+def node_table(joint: TracedGraph) -> pd.DataFrame:
     """Build the node table of ``joint`` (uncached; use ``joint.nodes``).
 
     Args:
@@ -54,38 +58,39 @@ def node_table(joint: JointGraph) -> pd.DataFrame:
     # Bound appends keep the per-node cost to a few dict lookups.
     add = {c: cols[c].append for c in COLUMNS}
     for node in gm.graph.nodes:
-        m = node.meta.get(KEY, {})
+        m = node_info(node)
         names.append(node.name)
         add["op"](node.op)
-        add["target"](m.get("target", ""))
-        add["phase"](m.get("phase", ""))
-        add["module"](m.get("module", ""))
-        add["module_type"](m.get("module_type", ""))
-        add["shape"](m.get("shape"))
-        add["dtype"](m.get("dtype", ""))
-        add["numel"](m.get("numel", 0))
-        add["bytes"](m.get("bytes", 0))
-        add["is_view"](m.get("is_view", False))
-        add["alias_of"](m.get("alias_of"))
-        add["inplace"](m.get("inplace", False))
-        add["flops"](m.get("flops", 0))
-        add["category"](m.get("category", "other"))
-        add["saved_for_backward"](m.get("saved_for_backward", False))
-        add["recompute"](m.get("recompute", False))
+        add["target"](m.target)
+        add["phase"](m.phase)
+        add["module"](m.module)
+        add["module_type"](m.module_type)
+        add["shape"](m.shape)
+        add["dtype"](m.dtype)
+        add["numel"](m.numel)
+        add["bytes"](m.bytes)
+        add["is_view"](m.is_view)
+        add["alias_of"](m.alias_of)
+        add["inplace"](m.inplace)
+        add["flops"](m.flops)
+        add["flops_unknown"](m.flops_unknown)
+        add["category"](m.category)
+        add["saved_for_backward"](m.saved_for_backward)
+        add["recompute"](m.recompute)
         add["seq_nr"](node.meta.get("seq_nr"))
         add["num_users"](len(node.users))
         add["args"](tuple(a.name for a in node.all_input_nodes))
-        add["stack_trace"](m.get("source", ""))
+        add["stack_trace"](m.source)
     data: dict[str, Any] = dict(cols)
     for c in _INT_COLUMNS:
         data[c] = pd.array(cols[c], dtype="int64")
-    for c in ("is_view", "inplace", "saved_for_backward", "recompute"):
+    for c in ("is_view", "inplace", "flops_unknown", "saved_for_backward", "recompute"):
         data[c] = pd.array(cols[c], dtype="bool")
     data["seq_nr"] = pd.array(cols["seq_nr"], dtype="Int64")
     return pd.DataFrame(data, index=pd.Index(names, name="node"), columns=list(COLUMNS))
 
 
-def _table(joint: JointGraph) -> pd.DataFrame:
+def _table(joint: TracedGraph) -> pd.DataFrame:
     return joint.cached("nodes", node_table)
 
 
@@ -96,9 +101,7 @@ def _check_phase(phase: str | None) -> None:
 
 
 def module_mask(modules: pd.Series, prefix: str) -> pd.Series:
-    """Rows whose module is ``prefix`` or one of its submodules.
-
-    ``""`` (the root module) and ``"<train_fn>"`` match only themselves.
+    """Rows whose module is ``prefix`` or one of its submodules (:func:`jointlab.meta.in_module`).
 
     Args:
         modules: The ``module`` column.
@@ -107,28 +110,26 @@ def module_mask(modules: pd.Series, prefix: str) -> pd.Series:
     Returns:
         A boolean mask.
     """
-    exact = modules == prefix
-    if prefix in ("", TRAIN_FN):
-        return exact
-    return exact | modules.str.startswith(prefix + ".")
+    hits = [m for m in pd.unique(modules) if in_module(m, prefix)]
+    return modules.isin(hits)
 
 
-def op_mask(targets: pd.Series, op: str) -> pd.Series:
-    """Rows whose target is ``op`` (``"aten.mm"``, or just ``"mm"``).
+def op_mask(joint: TracedGraph, index: pd.Index, op: str) -> pd.Series:
+    """Rows whose node's op is ``op`` in any spelling :func:`jointlab.meta.op_aliases` accepts.
 
     Args:
-        targets: The ``target`` column.
-        op: A target name, with or without its namespace.
+        joint: The traced graph the table was built from.
+        index: The node table's index (node names).
+        op: An op name: ``"aten.mm.default"``, ``"aten.mm"`` or ``"mm"``.
 
     Returns:
-        A boolean mask.
+        A boolean mask over ``index``.
     """
-    if "." in op:
-        return targets == op
-    return (targets == op) | targets.str.endswith("." + op)
+    names = [n.name for n in joint.graph_module.graph.nodes if op in op_aliases(n)]
+    return pd.Series(index.isin(names), index=index)
 
 
-def select(joint: JointGraph, module: str | None = None, phase: str | None = None,
+def select(joint: TracedGraph, module: str | None = None, phase: str | None = None,
            op: str | None = None) -> pd.DataFrame:
     """Filter the node table by module, phase and op (all given filters must hold).
 
@@ -155,7 +156,7 @@ def select(joint: JointGraph, module: str | None = None, phase: str | None = Non
     if phase is not None:
         mask &= df["phase"] == phase
     if op is not None:
-        mask &= op_mask(df["target"], op)
+        mask &= op_mask(joint, df.index, op)
     return df[mask]
 
 
@@ -192,11 +193,13 @@ def _side_by_side(df: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
         for ph, short in (("forward", "fwd"), ("backward", "bwd")):
             col = (value, ph)
             out[f"{value}_{short}"] = wide[col] if col in wide.columns else 0
-    out["saved_bytes"] = parts.groupby("key", sort=False)["saved_bytes"].sum()
+    grouped = parts.groupby("key", sort=False)
+    out["saved_bytes"] = grouped["saved_bytes"].sum()
+    out["flops_unknown"] = grouped["flops_unknown"].sum()
     return out.fillna(0).astype("int64")
 
 
-def summary(joint: JointGraph, by: str = "module", depth: int | None = None) -> pd.DataFrame:
+def summary(joint: TracedGraph, by: str = "module", depth: int | None = None) -> pd.DataFrame:
     """Aggregate the node table by module, phase or op.
 
     Args:
@@ -208,8 +211,10 @@ def summary(joint: JointGraph, by: str = "module", depth: int | None = None) -> 
 
     Returns:
         For ``module`` and ``op``: ``nodes_fwd, nodes_bwd, flops_fwd, flops_bwd,
-        bytes_fwd, bytes_bwd, saved_bytes`` over forward and backward nodes.
-        For ``phase``: ``nodes, flops, bytes, saved_bytes`` per phase.
+        bytes_fwd, bytes_bwd, saved_bytes, flops_unknown`` over forward and
+        backward nodes. For ``phase``: ``nodes, flops, bytes, saved_bytes,
+        flops_unknown`` per phase. ``flops_unknown`` counts the nodes whose
+        FLOP formula failed: where it is not 0, the FLOPs are a lower bound.
 
     Raises:
         TableQueryError: ``by`` or ``depth`` is invalid.
@@ -236,14 +241,15 @@ def summary(joint: JointGraph, by: str = "module", depth: int | None = None) -> 
 
 def _by_phase(df: pd.DataFrame) -> pd.DataFrame:
     parts = df.assign(nodes=1, saved_bytes=_saved_bytes(df))
-    grouped = parts.groupby("phase", sort=False)[["nodes", "flops", "bytes", "saved_bytes"]].sum()
+    cols = ["nodes", "flops", "bytes", "saved_bytes", "flops_unknown"]
+    grouped = parts.groupby("phase", sort=False)[cols].sum()
     order = [p for p in PHASES if p in grouped.index]
     order += [p for p in grouped.index if p not in PHASES]
     return grouped.loc[order].astype("int64")
 
 
-# -- notebook card ------------------------------------------------------------------
-def card_facts(joint: JointGraph) -> dict[str, Any]:
+# -- the card's numbers --------------------------------------------------------------
+def card_facts(joint: TracedGraph) -> dict[str, Any]:
     """The numbers the summary card shows, from the cached node table.
 
     Args:
@@ -252,7 +258,8 @@ def card_facts(joint: JointGraph) -> dict[str, Any]:
     Returns:
         ``mode``, ``nodes`` (total), ``phases`` (count per phase), ``params``
         (tensor count), ``param_numel``, ``flops_fwd``, ``flops_bwd``,
-        ``saved_bytes``, ``saved_count``.
+        ``flops_unknown_fwd`` and ``flops_unknown_bwd`` (nodes whose count is
+        unknown, so the FLOPs are lower bounds), ``saved_bytes``, ``saved_count``.
     """
     df = _table(joint)
     phase = df["phase"]
@@ -267,38 +274,8 @@ def card_facts(joint: JointGraph) -> dict[str, Any]:
         "param_numel": int(params["numel"].sum()),
         "flops_fwd": int(df["flops"][phase == "forward"].sum()),
         "flops_bwd": int(df["flops"][phase == "backward"].sum()),
+        "flops_unknown_fwd": int(df["flops_unknown"][phase == "forward"].sum()),
+        "flops_unknown_bwd": int(df["flops_unknown"][phase == "backward"].sum()),
         "saved_bytes": int(df["bytes"][saved].sum()),
         "saved_count": int(saved.sum()),
     }
-
-
-_CARD_STYLE = ("font-family:system-ui,sans-serif;font-size:12px;border:1px solid #ccc;"
-               "border-radius:6px;padding:6px 10px;display:inline-block;line-height:1.5")
-
-
-def summary_card_html(joint: JointGraph) -> str:
-    """A small, fixed-size HTML card for ``JointGraph._repr_html_``.
-
-    Args:
-        joint: A traced joint graph.
-
-    Returns:
-        HTML text whose size does not grow with the graph; every string that
-        comes from the model or graph is escaped.
-    """
-    f = card_facts(joint)
-    esc = html.escape
-    phases = " · ".join(f"{esc(p)} {n:,}" for p, n in f["phases"].items() if n)
-    rows = [
-        ("nodes", f"{f['nodes']:,} ({phases})"),
-        ("parameters", f"{f['param_numel']:,} in {f['params']:,} tensors"),
-        ("FLOPs", f"forward {esc(human_count(f['flops_fwd'], 'FLOP'))} · "
-                  f"backward {esc(human_count(f['flops_bwd'], 'FLOP'))}"),
-        ("saved for backward", f"{esc(human_bytes(f['saved_bytes']))} "
-                               f"in {f['saved_count']:,} values"),
-    ]
-    body = "".join(f"<tr><td style='color:#666;padding-right:10px'>{k}</td><td>{v}</td></tr>"
-                   for k, v in rows)
-    return (f"<div class='jointlab-card' style='{_CARD_STYLE}'>"
-            f"<b>JointGraph</b> <span style='color:#666'>mode={esc(f['mode'])}</span>"
-            f"<table style='border-collapse:collapse'>{body}</table></div>")

@@ -16,7 +16,8 @@ graph version (the trace-time keys are in :mod:`jointlab.meta`):
   owns its output.
 - ``is_view`` / ``alias_of``: the output shares storage with an earlier node.
 - ``inplace``: the op writes one of its inputs (schema write annotation).
-- ``flops``: from ``torch.utils.flop_counter``'s registry, 0 where none applies.
+- ``flops``: from ``torch.utils.flop_counter``'s registry, 0 where none applies;
+  ``flops_unknown``: the registered formula failed, so the count is unknown.
 - ``saved_for_backward``: a forward node that a backward node reads.
 """
 
@@ -29,8 +30,8 @@ import torch
 import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
-from jointlab.meta import KEY
-from jointlab.torch_compat import is_op_overload, op_schema, storage_id
+from jointlab.meta import KEY, is_aten_op, op_name
+from jointlab.torch_compat import op_schema, storage_id
 
 _STAMP = "_jointlab_analyzed"
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "dot", "mv"}
@@ -53,9 +54,8 @@ _REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "var", "std", "prod",
 
 
 # -- small predicates ----------------------------------------------------------
-def is_op(node: fx.Node) -> bool:
-    """True for a call to an ATen operator overload."""
-    return node.op == "call_function" and is_op_overload(node.target)
+#: A call to an ATen operator overload (the one definition is :func:`jointlab.meta.is_aten_op`).
+is_op = is_aten_op
 
 
 def is_getitem(node: fx.Node) -> bool:
@@ -63,20 +63,11 @@ def is_getitem(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target is operator.getitem
 
 
-def op_name(node: fx.Node) -> str:
-    """Base name of the op without namespace or overload (``mm``, ``add_``)."""
-    if is_op(node):
-        return op_schema(node.target).name.split("::")[-1]
-    return getattr(node.target, "__name__", str(node.target))
-
-
 def target_name(node: fx.Node) -> str:
-    """Readable target: ``aten.mm`` for ATen ops, the function name otherwise."""
-    if is_op(node):
+    """Readable target: ``aten.mm`` for ATen ops, :func:`jointlab.meta.op_name` otherwise."""
+    if is_aten_op(node):
         return f"{node.target.namespace}.{op_name(node)}"
-    if node.op in ("placeholder", "output"):
-        return node.op
-    return getattr(node.target, "__name__", str(node.target))
+    return op_name(node)
 
 
 def is_inplace(node: fx.Node) -> bool:
@@ -168,8 +159,17 @@ def tensors_of(val: Any) -> list[torch.Tensor]:
     return []
 
 
-def node_flops(node: fx.Node) -> int:
-    """FLOPs of one ATen node from the flop-counter registry (0 if unregistered)."""
+def node_flops(node: fx.Node) -> int | None:
+    """FLOPs of one ATen node from the flop-counter registry.
+
+    Args:
+        node: A graph node.
+
+    Returns:
+        The count; 0 where no formula applies (not an ATen op, or none
+        registered); None when the registered formula fails on this node, so
+        the count is unknown.
+    """
     if not is_op(node):
         return 0
     fn = flop_registry.get(node.target.overloadpacket)
@@ -177,9 +177,10 @@ def node_flops(node: fx.Node) -> int:
         return 0
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     try:
-        return hint(fn(*args, **kwargs, out_val=node.meta.get("val")))
-    except Exception:  # a formula that cannot handle these shapes
-        return 0
+        count = hint(fn(*args, **kwargs, out_val=node.meta.get("val")))
+    except Exception:  # a formula that cannot handle these shapes: unknown, not 0
+        return None
+    return None if count < 0 else count
 
 
 # -- the pass -------------------------------------------------------------------
@@ -261,7 +262,8 @@ def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) ->
     meta["dtype"] = str(first.dtype).removeprefix("torch.") if first is not None else ""
     meta["numel"] = hint(first.numel()) if first is not None else 0
     meta["out_bytes"] = sum(tensor_bytes(t) for t in tensors)
-    meta["flops"] = node_flops(node)
+    flops = node_flops(node)
+    meta["flops"], meta["flops_unknown"] = (0, True) if flops is None else (flops, False)
     meta["saved_for_backward"] = meta.get("phase") == "forward" and any(
         u.meta.get(KEY, {}).get("phase") == "backward" for u in node.users)
     meta["storage"], meta["alias_of"], meta["is_view"], meta["bytes"] = node.name, None, False, 0

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from jointlab.analysis.memory.predict import CATEGORIES
+from jointlab.analysis.memory.result import CATEGORIES
 
 COLORS = {
     "param": "#4c78a8", "buffer": "#9ecae9", "input": "#72b7b2", "activation": "#f58518",

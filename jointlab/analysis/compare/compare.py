@@ -39,7 +39,7 @@ from jointlab.analysis.compare.capture import (
     to_device,
 )
 from jointlab.errors import CompareError
-from jointlab.passes.analyze import op_name
+from jointlab.meta import op_name
 from jointlab.trace.refusals import torch_errors
 
 if TYPE_CHECKING:

@@ -29,6 +29,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from jointlab.analysis.memory.sizes import round_alloc
 from jointlab.meta import node_error
 from jointlab.torch_compat import allocation_event_tag, free_unused_values, kineto_event_tree
 
@@ -268,8 +269,6 @@ def live_at_start(args: list[Any], gm: fx.GraphModule, device: str) -> int:
     Returns:
         Bytes already live when the run starts.
     """
-    from jointlab.analysis.memory.predict import round_alloc
-
     seen: dict[int, int] = {}
     consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
     for t in [*args, *consts]:

@@ -4,11 +4,13 @@ A dynamic trace stores every node value with symbolic sizes; the analyses
 read their trace-time hints. :class:`Sizes` evaluates them instead with the
 symbol values that a call's inputs bind (the same binding
 :meth:`jointlab.guards.ShapeGuards.validate` checks), so a memory prediction
-can be for the sizes the user runs, not the ones traced.
+can be for the sizes the user runs, not the ones traced. :func:`round_alloc`
+gives the bytes an allocator really reserves for a size.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +18,31 @@ import sympy
 import torch
 
 from jointlab.errors import ValueNotAvailableError
+from jointlab.meta import node_info
 from jointlab.passes.analyze import hint, tensors_of
 
 if TYPE_CHECKING:
     import torch.fx as fx
 
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph
+
+
+_CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block up to this
+
+
+def round_alloc(nbytes: int, device: str) -> int:
+    """Bytes the allocator of ``device`` really reserves for ``nbytes``.
+
+    Args:
+        nbytes: Bytes asked for.
+        device: Device type, e.g. ``cpu`` or ``cuda:0``.
+
+    Returns:
+        ``nbytes`` rounded up to the allocator's block size (CUDA: 512 B).
+    """
+    if device.startswith("cuda") and nbytes > 0:
+        return math.ceil(nbytes / _CUDA_BLOCK) * _CUDA_BLOCK
+    return nbytes
 
 
 @dataclass
@@ -66,21 +87,21 @@ class Sizes:
         return tuple(self.int(s) for s in ts[0].shape) if ts else None
 
 
-def traced_sizes(joint: JointGraph) -> dict[str, tuple[int, ...]]:
+def traced_sizes(joint: TracedGraph) -> dict[str, tuple[int, ...]]:
     """Tensor input sizes at trace time, by dotted path (empty if unknown)."""
     guards = getattr(joint, "guards", None)
     if guards is not None:
         return dict(guards.traced_sizes)
     out = {}
     for node in joint.graph_module.graph.find_nodes(op="placeholder"):
-        path = node.meta.get("jointlab", {}).get("input_path")
+        path = node_info(node).input_path
         val = node.meta.get("val")
         if path and isinstance(val, torch.Tensor):
             out[path] = tuple(hint(s) for s in val.shape)
     return out
 
 
-def sizes_for(joint: JointGraph, tensors: dict[str, torch.Tensor]) -> Sizes | None:
+def sizes_for(joint: TracedGraph, tensors: dict[str, torch.Tensor]) -> Sizes | None:
     """The :class:`Sizes` of a call, or None when the graph is static.
 
     Args:

@@ -33,7 +33,7 @@ import torch.fx as fx
 from jointlab.analysis.descriptors import has_descriptors, outputs_and_tangents
 from jointlab.analysis.memory.predict import predict
 from jointlab.errors import WhatIfError
-from jointlab.meta import KEY
+from jointlab.meta import KEY, op_name, storage_owner
 from jointlab.passes.analyze import hint
 from jointlab.torch_compat import make_fx, torch_attr, torch_module
 
@@ -44,8 +44,8 @@ TANGENT = "tangents_1"
 
 def is_loss_seed(node: fx.Node, loss: fx.Node) -> bool:
     """True for the ``ones_like(loss)`` node that seeds the backward."""
-    return (node.op == "call_function" and getattr(node.target, "__name__", "").startswith(
-        "ones_like") and node.args[:1] == (loss,))
+    return (node.op == "call_function" and op_name(node) == "ones_like"
+            and node.args[:1] == (loss,))
 
 
 def _empty_like_val(v: Any) -> Any:
@@ -168,7 +168,7 @@ def _tangent_pos_from_end(graph: fx.Graph) -> int:
 
 def _drop_input_writebacks(gm: fx.GraphModule) -> None:
     for node in list(gm.graph.nodes):
-        if (node.op == "call_function" and "copy_" in str(node.target) and not node.users
+        if (node.op == "call_function" and op_name(node) == "copy_" and not node.users
                 and node.args[0].op == "placeholder"):
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
@@ -196,9 +196,9 @@ def score(fwd: fx.GraphModule, bwd: fx.GraphModule, num_fwd_outputs: int) -> dic
     life = f.lifetimes.set_index("storage")
     saved = [n for n in _fwd_outputs(fwd)[num_fwd_outputs:]
              if isinstance(n, fx.Node) and isinstance(n.meta.get("val"), torch.Tensor)]
-    owners = {n.meta["jointlab"]["storage"] for n in saved} - set(primals)
+    owners = {storage_owner(n) for n in saved} - set(primals)
     saved_bytes = int(life.loc[sorted(owners), "bytes"].sum()) if owners else 0
-    primal_owned = {n.name for n in saved if n.meta["jointlab"]["storage"] in primals}
+    primal_owned = {n.name for n in saved if storage_owner(n) in primals}
     blife = b.lifetimes.set_index("storage")
     aliased = int(blife.loc[[n for n in blife.index if n in primal_owned], "bytes"].sum())
     # aot: a tied weight has one placeholder per alias; only the first owns a storage
@@ -232,7 +232,7 @@ def what_if(joint: Any, budgets: tuple[float, ...] = (1.0, 0.5, 0.2)) -> pd.Data
     life = base.lifetimes
     rows: list[dict[str, Any]] = [{
         "option": "joint graph as traced", "budget": None,
-        "saved_bytes": int(life.loc[life.category == "activation", "bytes"].sum()),
+        "saved_bytes": base.saved_bytes,
         "saved_tensors": int((life.category == "activation").sum()),
         "forward_peak_bytes": base.forward_peak_bytes,
         "backward_peak_bytes": base.backward_peak_bytes, "peak_bytes": base.peak_bytes}]
