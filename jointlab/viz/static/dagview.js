@@ -263,10 +263,12 @@
         if (d < bd) { bd = d; best = i; }
       }
       if (best >= 0) return {node: best};
+      let box = -1, area = Infinity;  // boxes may overlap: the smallest one under the point
       for (const b of this.visBoxes) {
         const [x0, y0, x1, y1] = this.boxRect(b), [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
-        if (px >= a && px <= z && py >= t && py <= u) return {box: b};
+        if (px >= a && px <= z && py >= t && py <= u && (z - a) * (u - t) < area) { box = b; area = (z - a) * (u - t); }
       }
+      if (box >= 0) return {box};
       for (const t of this.titles || []) if (px >= t[1] && px <= t[3] && py >= t[2] && py <= t[4]) return {title: t[0]};
       return null;
     }
