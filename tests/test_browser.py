@@ -277,7 +277,8 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
             inside = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
                 const i = v.P.nodes.name.indexOf({name!r}); if (v.itemOf[i] !== i) return false;
                 const [sx, sy] = v.toScreen(v.x[i], v.y[i]);
-                return sx >= 0 && sy >= 0 && sx <= v.canvas.clientWidth && sy <= v.canvas.clientHeight
+                const c = v.canvas;
+                return sx >= 0 && sy >= 0 && sx <= c.clientWidth && sy <= c.clientHeight
                     && v.hits.has(i); }}""")
             assert inside, name
         # the detail panel of a backward node names its forward twin

@@ -101,8 +101,9 @@ def _depth(parent: np.ndarray, i: int) -> int:
 
 
 def visible_count(tree: ModuleTree, is_bwd: np.ndarray, expanded: np.ndarray) -> int:
-    """Items drawn when ``expanded`` groups are open: their own nodes plus one box per band
-    of each closed child.
+    """Items drawn when ``expanded`` groups are open.
+
+    Open groups show their own nodes; each closed child shows one box per band.
 
     Args:
         tree: The module tree.
