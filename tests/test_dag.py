@@ -273,3 +273,14 @@ def test_visible_count_matches_an_independent_count():
 
 def test_palette_has_no_repeats():
     assert len(set(dagview.PALETTE)) == len(dagview.PALETTE) == 20
+
+
+def test_a_single_child_chain_adds_no_level():
+    # ``outer`` and ``outer.inner`` hold nothing but one child each: folded away, so the
+    # blocks sit where they would without the wrapper
+    one = _hierarchy.module_tree(["", "outer.inner.h.0", "outer.inner.h.1", "outer.inner.h.0"])
+    flat = _hierarchy.module_tree(["", "h.0", "h.1", "h.0"])
+    assert "outer" not in one.names and "outer.inner" not in one.names
+    assert one.level[one.names.index("outer.inner.h.0")] == flat.level[flat.names.index("h.0")]
+    assert list(one.node_group) == [0, *(one.names.index(m) for m in (
+        "outer.inner.h.0", "outer.inner.h.1", "outer.inner.h.0"))]
