@@ -212,21 +212,24 @@
       let k = Math.min(W / (x1 - x0 + 4), H / (y1 - y0 + 3));
       if (initial && k * XS < LABEL_MIN_PX) k = Math.min(H / (y1 - y0 + 3), LABEL_MIN_PX / XS * 1.05);
       this.k = k;
+      // a long, flat graph is stretched vertically so closed boxes stay tall enough to read
+      this.ay = Math.max(1, H * 0.85 / ((y1 - y0 + 3) * k));
       this.vx = initial && k * (x1 - x0 + 4) > W ? x0 - 2 : (x0 + x1) / 2 - W / 2 / k;
-      this.vy = (y0 + y1) / 2 + H / 2 / k;
+      this.vy = (y0 + y1) / 2 + H / 2 / (k * this.ay);
       this._renderMini(); this.draw();
     }
-    toScreen(x, y) { return [(x - this.vx) * this.k, (this.vy - y) * this.k]; }
-    toWorld(px, py) { return [px / this.k + this.vx, this.vy - py / this.k]; }
+    toScreen(x, y) { return [(x - this.vx) * this.k, (this.vy - y) * this.k * this.ay]; }
+    toWorld(px, py) { return [px / this.k + this.vx, this.vy - py / (this.k * this.ay)]; }
     zoomAt(px, py, f) {
       const [wx, wy] = this.toWorld(px, py);
       this.k = Math.max(1e-3, Math.min(400, this.k * f));
-      this.vx = wx - px / this.k; this.vy = wy + py / this.k;
+      if (f > 1) this.ay = Math.max(1, this.ay / f);  // zooming in first widens, then scales
+      this.vx = wx - px / this.k; this.vy = wy + py / (this.k * this.ay);
       this.draw();
     }
     zoomTo(x0, y0, x1, y1) {
       const W = this.canvas.clientWidth, H = this.canvas.clientHeight;
-      this.k = Math.min(60, W / (x1 - x0 + 6), H / (y1 - y0 + 3));
+      this.k = Math.min(60, W / (x1 - x0 + 6), H / (y1 - y0 + 3)); this.ay = 1;
       this.vx = (x0 + x1) / 2 - W / 2 / this.k; this.vy = (y0 + y1) / 2 + H / 2 / this.k;
       this.draw();
     }
@@ -240,7 +243,7 @@
         if (!drag) return;
         const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
         if (Math.abs(dx) + Math.abs(dy) > 3) drag.moved = true;
-        this.vx = drag.vx - dx / this.k; this.vy = drag.vy + dy / this.k; this.draw();
+        this.vx = drag.vx - dx / this.k; this.vy = drag.vy + dy / (this.k * this.ay); this.draw();
       });
       window.addEventListener("mouseup", e => {
         if (!drag) return;
@@ -251,7 +254,7 @@
         const r = this.mini.getBoundingClientRect(), [x0, y0, x1, y1] = this.world;
         const wx = x0 + (e.clientX - r.left) / this.mini.width * (x1 - x0);
         const wy = y1 - (e.clientY - r.top) / this.mini.height * (y1 - y0);
-        this.vx = wx - this.canvas.clientWidth / 2 / this.k; this.vy = wy + this.canvas.clientHeight / 2 / this.k; this.draw();
+        this.vx = wx - this.canvas.clientWidth / 2 / this.k; this.vy = wy + this.canvas.clientHeight / 2 / (this.k * this.ay); this.draw();
       });
     }
     hit(px, py) {  // the drawn node, the closed box, or the open group's title under a point
