@@ -231,3 +231,22 @@ def node_error(node: fx.Node, exc: BaseException, doing: str = "") -> NodeExecut
     return NodeExecutionError(
         f"node '{node.name}' of module '{mod or '<root>'}' ({meta.get('phase', '?')}, {src}) "
         f"raised {type(exc).__name__}{when}: {exc}\n  {node.format_node()}")
+
+
+def phase_counts(nodes: Any) -> dict[str, int]:
+    """The one count of nodes per phase, in :data:`PHASES` order (zeros kept).
+
+    The DAG title and the summary card both read their phase counts here, so
+    they cannot disagree.
+
+    Args:
+        nodes: Graph nodes (``joint.graph.nodes``).
+
+    Returns:
+        ``{phase: count}`` for every phase in :data:`PHASES`.
+    """
+    counts = dict.fromkeys(PHASES, 0)
+    for n in nodes:
+        p = phase(n)
+        counts[p] = counts.get(p, 0) + 1
+    return counts

@@ -196,3 +196,105 @@ def test_debugging_stepper_in_jupyterlab(lab, tmp_path):
         save_screenshot(page, tmp_path, "03_debugging_dag")
     print(f"\n[browser] 03_debugging: {time.perf_counter() - t0:.1f} s")
     assert errors.errors == [], errors.errors
+
+
+# -- the bundled DAG renderer (dag_view), as in the offline report ------------------------
+SHOTS = pathlib.Path(os.environ.get("JOINTLAB_DAG_SHOTS", "/tmp/dag_shots"))
+
+
+def _view_page(b, path):
+    page = b.new_page(viewport={"width": 1400, "height": 760})
+    errors = PageErrors(page)
+    page.goto(path.as_uri())
+    page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
+                           " return d && d.jlView && d.jlView.lastFrameMs !== undefined }",
+                           timeout=60_000)
+    return page, errors
+
+
+def _state(page):
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+    return page.evaluate("() => document.querySelector('.jl-dag').jlView.state()")
+
+
+def _screen_of(page, js_world):
+    """Page coordinates of a world point given as JS over ``v`` (the view)."""
+    return page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
+        const r = v.canvas.getBoundingClientRect(); const [x, y] = {js_world};
+        const [sx, sy] = v.toScreen(x, y); return [r.left + sx, r.top + sy]; }}""")
+
+
+@pytest.fixture(scope="module")
+def lm_joint():
+    import jointlab as jl
+    from tests.fixtures import zoo
+
+    f = zoo.FIXTURES["tiny_lm"]
+    return jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
+
+
+def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
+    import jointlab as jl
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    path = dag_view(lm_joint).write_html(tmp_path / "dag.html")
+    nodes = list(lm_joint.graph.nodes)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with browser() as b:
+        page, errors = _view_page(b, path)
+        s = _state(page)
+        assert s["visibleNodes"] == len(nodes) and s["visibleBoxes"] == 0  # fits the budget
+        assert s["labelCount"] > 20
+        assert {"wte.weight", "embedding"} <= set(s["labels"]), s["labels"]
+        assert s["arrows"] > 20  # edges have direction
+        page.screenshot(path=str(SHOTS / "teaching_labels.png"))
+        # colour by module: no two visible groups share a colour (palette of 20)
+        assert len(s["moduleColors"]) == len(set(s["moduleColors"])) <= 20
+        # collapse everything, then open h.0 by clicking its forward box
+        page.get_by_role("button", name="collapse all").click()
+        closed = _state(page)
+        assert closed["visibleNodes"] < len(nodes) and closed["visibleBoxes"] > 2
+        for group in ("h", "h.0"):  # h holds only the blocks; h.0 has nodes of its own
+            xy = _screen_of(page, f"""(() => {{ const g = v.P.groups.name.indexOf('{group}');
+                const r = v.boxRect(g * 2); return [(r[0] + r[2]) / 2, (r[1] + r[3]) / 2]; }})()""")
+            page.mouse.click(*xy)
+        opened = _state(page)
+        own = sum(jl.meta.module(n) == "h.0" for n in nodes)  # h.0's own nodes, both bands
+        assert own > 0 and opened["visibleNodes"] == closed["visibleNodes"] + own
+        assert opened["visibleBoxes"] > closed["visibleBoxes"]  # h.0's submodules, h.1, ...
+        assert "h.0 ▾" in page.evaluate(
+            "() => document.querySelector('.jl-dag').jlView.titles.map(t => "
+            "document.querySelector('.jl-dag').jlView.P.groups.name[t[0]] + ' ▾')")
+        page.screenshot(path=str(SHOTS / "teaching_expanded_block.png"))
+        # search an op: highlighted, its groups opened, and in the viewport
+        want = [n.name for n in nodes if jl.meta.op_name(n) == "embedding_dense_backward"]
+        page.fill(".jl-search", "embedding_dense_backward")
+        page.press(".jl-search", "Enter")
+        s = _state(page)
+        assert s["hits"] == len(want) >= 1
+        for name in want:
+            inside = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
+                const i = v.P.nodes.name.indexOf({name!r}); if (v.itemOf[i] !== i) return false;
+                const [sx, sy] = v.toScreen(v.x[i], v.y[i]);
+                const c = v.canvas;
+                return sx >= 0 && sy >= 0 && sx <= c.clientWidth && sy <= c.clientHeight
+                    && v.hits.has(i); }}""")
+            assert inside, name
+        # the detail panel of a backward node names its forward twin
+        node = next(n for n in nodes if jl.meta.info(n).get("fwd_twin")
+                    and jl.meta.op_name(n) == "embedding_dense_backward")
+        twin = jl.meta.info(node)["fwd_twin"]
+        page.mouse.click(*_screen_of(page, f"(() => {{ const i = v.P.nodes.name.indexOf("
+                                           f"{node.name!r}); return [v.x[i], v.y[i]]; }})()"))
+        panel = page.locator(".jl-detail")
+        assert panel.locator(".jl-detail-name").text_content() == node.name
+        assert panel.locator(".jl-twin .jl-link").first.text_content() == twin
+        page.screenshot(path=str(SHOTS / "detail_panel.png"))
+        # the wheel zooms
+        k0 = _state(page)["k"]
+        box = page.locator(".jl-canvas").bounding_box()
+        page.mouse.move(box["x"] + 300, box["y"] + 200)
+        page.mouse.wheel(0, -400)
+        assert _state(page)["k"] > k0 * 1.3
+        assert errors.errors == [], errors.errors

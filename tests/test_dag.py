@@ -190,3 +190,99 @@ def test_bad_arguments(joint):
     for bad in (-1, 1.5, True):
         with pytest.raises(jl.errors.PlotArgumentError, match="depth"):
             dag.plot_dag(joint, depth=bad)
+
+
+
+# -- dag_view: the bundled renderer's payload ------------------------------------------
+from jointlab.viz import _hierarchy, dagview  # noqa: E402
+
+
+def test_title_and_summary_card_count_phases_alike(joint):
+    from jointlab.analysis.tables import card_facts
+
+    title = dagview.dag_view(joint).payload["title"]
+    shown = {p: int(c.replace(",", "")) for p, c in re.findall(r"(\w+) ([\d,]+)", title)
+             if p in jointlab.meta.PHASES}
+    card = {p: c for p, c in card_facts(joint)["phases"].items() if c}
+    assert shown == card
+    # and both agree with a count straight off the graph
+    assert shown["forward"] == sum(jl.meta.phase(n) == "forward" for n in joint.graph.nodes)
+
+
+def test_labels_name_parameters_by_fqn_and_ops_without_namespace(joint):
+    p = dagview.dag_view(joint).payload
+    labels = [p["tables"]["label"][k] for k in p["nodes"]["label"]]
+    for n, lab in zip(joint.graph.nodes, labels):
+        m = jl.meta.info(n)
+        if m["phase"] == "param":
+            assert lab == m["fqn"] and not re.fullmatch(r"arg\d+_\d+", lab)
+        elif n.op == "call_function" and str(m["target"]).startswith("aten."):
+            assert lab == str(m["target"]).split(".")[1]  # aten.mm(.default) -> mm
+    assert "mm" in labels and any(lab.endswith("_backward") for lab in labels)
+
+
+def test_view_html_is_self_contained_and_escapes_hostile_names():
+    j = jl.trace(Hostile(), lambda mod, x: mod(x).sum(), {"x": torch.randn(2, 4)})
+    page = dagview.dag_view(j).html(full_html=True)
+    assert "<script>alert(1)" not in page and "</script><script>alert" not in page
+    assert not re.search(r"<script[^>]*\ssrc=", page) and "cdn" not in page.lower()
+    assert "\\u003c/script\\u003e" in page  # the name travels as escaped JSON data
+
+
+def _modules_of_gpt2_like(layers: int, hf: bool) -> list[str]:
+    pre = "transformer." if hf else ""
+    mods = [f"{pre}wte", f"{pre}wpe", f"{pre}drop", f"{pre}ln_f", "lm_head", "<train_fn>", ""]
+    for k in range(layers):
+        mods += [f"{pre}h.{k}", f"{pre}h.{k}.ln_1", f"{pre}h.{k}.attn", f"{pre}h.{k}.attn.c_attn",
+                 f"{pre}h.{k}.mlp", f"{pre}h.{k}.mlp.c_fc"]
+    return [m for m in mods for _ in range(10)]  # 10 nodes per module
+
+
+@pytest.mark.parametrize("hf", [False, True])
+def test_collapse_level_counts_from_the_branch_point(hf):
+    mods = _modules_of_gpt2_like(12, hf)
+    tree = _hierarchy.module_tree(mods)
+    bwd = np.zeros(len(mods), dtype=bool)
+    bwd[::2] = True
+    # a budget that fits the blocks as boxes but not their insides
+    opened = _hierarchy.fitting_expansion(tree, bwd, budget=200)
+    pre = "transformer." if hf else ""
+    idx = {n: i for i, n in enumerate(tree.names)}
+    blocks = [idx[f"{pre}h.{k}"] for k in range(12)]
+    assert not opened[blocks].any()  # 12 separate closed blocks ...
+    assert opened[tree.parent[blocks]].all()  # ... inside an open h
+    assert _hierarchy.visible_count(tree, bwd, opened) <= 200
+    assert len({int(tree.level[b]) for b in blocks}) == 1
+    # the HF path is one level deeper in FQN components, not in branching levels
+    assert int(tree.level[blocks[0]]) == (3 if hf else 2)
+
+
+def test_visible_count_matches_an_independent_count():
+    mods = _modules_of_gpt2_like(3, False)
+    tree = _hierarchy.module_tree(mods)
+    bwd = np.arange(len(mods)) % 3 == 0
+    opened = np.zeros(len(tree.names), dtype=bool)
+    opened[0] = True
+    opened[tree.names.index("h")] = True
+    # independent: root's own nodes + h's own nodes + one box per band of each other child
+    own = sum(m in ("",) for m in mods)
+    boxes = 0
+    for top in {"wte", "wpe", "drop", "ln_f", "lm_head", "<train_fn>", "h.0", "h.1", "h.2"}:
+        sel = [i for i, m in enumerate(mods) if jointlab.meta.in_module(m, top)]
+        boxes += len({bool(bwd[i]) for i in sel})
+    assert _hierarchy.visible_count(tree, bwd, opened) == own + boxes
+
+
+def test_palette_has_no_repeats():
+    assert len(set(dagview.PALETTE)) == len(dagview.PALETTE) == 20
+
+
+def test_a_single_child_chain_adds_no_level():
+    # ``outer`` and ``outer.inner`` hold nothing but one child each: folded away, so the
+    # blocks sit where they would without the wrapper
+    one = _hierarchy.module_tree(["", "outer.inner.h.0", "outer.inner.h.1", "outer.inner.h.0"])
+    flat = _hierarchy.module_tree(["", "h.0", "h.1", "h.0"])
+    assert "outer" not in one.names and "outer.inner" not in one.names
+    assert one.level[one.names.index("outer.inner.h.0")] == flat.level[flat.names.index("h.0")]
+    assert list(one.node_group) == [0, *(one.names.index(m) for m in (
+        "outer.inner.h.0", "outer.inner.h.1", "outer.inner.h.0"))]

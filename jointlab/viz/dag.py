@@ -61,6 +61,37 @@ class DagData:
         return [i.get("phase") in BACKWARD_PHASES for i in self.info]
 
 
+#: Browser config of every DAG figure: the wheel zooms, no plotly logo.
+FIGURE_CONFIG = {"scrollZoom": True, "displaylogo": False}
+
+
+class DagFigure(go.Figure):
+    """A plotly figure that displays itself without ``plotly.io``'s renderer registry.
+
+    ``go.Figure`` displays through ``plotly.io._renderers``, which imports
+    ``nbformat`` -> ``jsonschema`` -> ``rfc3987_syntax`` (38 Lark grammars,
+    8-15 s in a fresh kernel). This figure hands Jupyter the plotly mime
+    bundle itself (JupyterLab's bundled plotly extension renders it), with
+    :data:`FIGURE_CONFIG`; everything else is ``go.Figure``.
+    """
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any
+                          ) -> dict[str, Any]:
+        import json
+
+        from plotly.io.json import to_json_plotly
+
+        fig = self.to_plotly_json()
+        fig["config"] = dict(FIGURE_CONFIG)
+        return {"application/vnd.plotly.v1+json": json.loads(to_json_plotly(fig)),
+                "text/plain": f"<DagFigure: {len(self.data)} traces>"}
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self._repr_mimebundle_(), raw=True)
+
+
 # -- data ---------------------------------------------------------------------------
 def graph_data(joint: Any) -> DagData:
     """Collect the nodes, edges and twins of a joint graph.
@@ -314,7 +345,7 @@ def highlight_indices(data: DagData, names: list[str]) -> np.ndarray:
 def plot_dag(joint: Any, *, color_by: str = "phase", depth: int | None = None,
              highlight: str | list[str] | None = None, relations: bool = True,
              sweeps: int = 4, height: int = 560, title: str | None = None,
-             group_depth: int | None = None) -> go.Figure:
+             group_depth: int | None = None) -> DagFigure:
     """Plot the joint graph: forward left-to-right on top, backward mirrored below.
 
     Args:
@@ -331,7 +362,8 @@ def plot_dag(joint: Any, *, color_by: str = "phase", depth: int | None = None,
         group_depth: Deprecated spelling of ``depth``.
 
     Returns:
-        A ``plotly.graph_objects.Figure``; ``fig.to_html(include_plotlyjs=True)``
+        A :class:`DagFigure` (a ``plotly.graph_objects.Figure`` that displays
+        without plotly's renderer registry); ``fig.to_html(include_plotlyjs=True)``
         is self-contained.
 
     Raises:
@@ -383,7 +415,7 @@ def plot_dag(joint: Any, *, color_by: str = "phase", depth: int | None = None,
         what = f"{n} module groups (depth {depth})" if data.members else f"{n} nodes"
         title = (f"Joint graph: {what}. Forward ({nf}) left→right on top, "
                  f"backward ({n - nf}) mirrored below")
-    fig = go.Figure(traces)
+    fig = DagFigure(traces)
     fig.update_layout(
         title={"text": html.escape(title), "font": {"size": 14}}, height=height,
         template="plotly_white", hovermode="closest", dragmode="pan",

@@ -1,0 +1,226 @@
+"""``dag_view``: the joint graph in a small bundled canvas renderer (no plotly, no CDN).
+
+The view opens collapsed to the deepest module level that fits a node
+budget (:mod:`jointlab.viz._hierarchy`); clicking a group opens it in place.
+Node positions come from one layered layout of the whole graph
+(:mod:`jointlab.viz._layout`), so opening a group only draws what it holds.
+The payload is compact: string tables plus integer arrays, JSON inside a
+``<script type="application/json">`` with ``<``, ``>`` and ``&`` escaped, so
+a hostile module name is data, never markup. The renderer's readable source
+is ``jointlab/viz/static/dagview.js``; it is inlined, nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import pathlib
+import secrets
+from typing import Any
+
+import numpy as np
+
+from jointlab import meta as _meta
+from jointlab.passes.analyze import ensure_analyzed
+from jointlab.viz import _hierarchy, _layout
+
+JS_PATH = pathlib.Path(__file__).parent / "static" / "dagview.js"
+DEFAULT_BUDGET = 2000
+BACKWARD_PHASES = ("backward", "output")
+#: Distinct colours for visible module groups (tab20 reordered, dark first). Beyond
+#: this many visible groups the renderer falls back to golden-angle HSL hues.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
+PHASE_COLORS = {"param": "#2ca02c", "buffer": "#8c564b", "input": "#7f7f7f",
+                "forward": "#1f77b4", "backward": "#d62728", "output": "#9467bd"}
+
+
+def node_label(node: Any, m: dict[str, Any]) -> str:
+    """Short label: parameter/buffer FQN, input path, else the op name (``mm``)."""
+    if m.get("fqn"):
+        return str(m["fqn"])
+    if m.get("input_path"):
+        return str(m["input_path"])
+    return _meta.op_name(node)
+
+
+def title_text(joint: Any) -> str:
+    """The view's title; its phase counts come from :func:`jointlab.meta.phase_counts`."""
+    counts = _meta.phase_counts(joint.graph.nodes)
+    parts = " · ".join(f"{p} {n:,}" for p, n in counts.items() if n)
+    return f"Joint graph: {sum(counts.values()):,} nodes ({parts})"
+
+
+class _Table:
+    """A string table: each distinct string once, nodes hold indices."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.index: dict[str, int] = {}
+
+    def __call__(self, s: Any) -> int:
+        s = "" if s is None else str(s)
+        if s not in self.index:
+            self.index[s] = len(self.items)
+            self.items.append(s)
+        return self.index[s]
+
+
+def _group_stats(tree: _hierarchy.ModuleTree, is_bwd: np.ndarray,
+                 values: dict[str, np.ndarray]) -> dict[str, list[int]]:
+    """Per group and band, sums of ``values`` over the group's whole subtree."""
+    out = {}
+    for key, v in values.items():
+        acc = np.zeros((len(tree.names), 2), dtype=np.int64)
+        g, band, val = tree.node_group.copy(), is_bwd.astype(np.int64), v.astype(np.int64)
+        while len(g):
+            np.add.at(acc, (g, band), val)
+            keep = tree.parent[g] >= 0
+            g, band, val = tree.parent[g][keep], band[keep], val[keep]
+        out[key + "_f"], out[key + "_b"] = acc[:, 0].tolist(), acc[:, 1].tolist()
+    return out
+
+
+def _node_arrays(nodes: list[Any], infos: list[dict[str, Any]], t: dict[str, _Table]
+                 ) -> dict[str, Any]:
+    by_name = {n.name: i for i, n in enumerate(nodes)}
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "name", "label", "target", "ph", "shape", "dtype", "cat", "src", "twin", "flops",
+        "bytes", "flags")}
+    extra: dict[str, dict[str, str]] = {}
+    for i, (n, m) in enumerate(zip(nodes, infos)):
+        shape = m.get("shape")
+        cols["name"].append(n.name)
+        cols["label"].append(t["label"](node_label(n, m)))
+        cols["target"].append(t["target"](m.get("target", n.op)))
+        cols["ph"].append(t["phase"](m.get("phase", "")))
+        cols["shape"].append(t["shape"]("×".join(map(str, shape)) if shape is not None else ""))
+        cols["dtype"].append(t["dtype"](m.get("dtype", "")))
+        cols["cat"].append(t["cat"](m.get("category", "")))
+        cols["src"].append(t["source"](m.get("source", "")))
+        cols["twin"].append(by_name.get(m.get("fwd_twin"), -1))
+        cols["flops"].append(int(m.get("flops", 0) or 0))
+        cols["bytes"].append(int(m.get("bytes", 0) or 0))
+        cols["flags"].append(int(bool(m.get("saved_for_backward"))) |
+                             2 * int(bool(m.get("recompute"))))
+        more = {k: str(m[k]) for k in ("fqn", "grad_of", "input_path") if m.get(k)}
+        if more:
+            extra[str(i)] = more
+    cols["extra"] = extra
+    return cols
+
+
+def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "module"
+                  ) -> dict[str, Any]:
+    """Everything the renderer needs, as JSON-friendly tables and integer arrays.
+
+    Args:
+        joint: A :class:`jointlab.JointGraph`.
+        budget: Most nodes and boxes drawn at first; whole module levels open while it holds.
+        color_by: Initial colouring: ``phase``, ``module``, ``category``, ``bytes`` or ``flops``.
+
+    Returns:
+        The payload dict (see ``static/dagview.js`` for its reading).
+    """
+    ensure_analyzed(joint.graph_module)
+    nodes = list(joint.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    infos = [_meta.info(n) for n in nodes]
+    edges = np.asarray([(index[a], i) for i, n in enumerate(nodes) for a in n._input_nodes],
+                       dtype=np.int64).reshape(-1, 2)
+    is_bwd = np.asarray([m.get("phase") in BACKWARD_PHASES for m in infos], dtype=bool)
+    by_name = {n.name: i for i, n in enumerate(nodes)}
+    twin = [by_name.get(m.get("fwd_twin"), -1) for m in infos]
+    lay = _layout.layered_layout(is_bwd.tolist(), edges[:, 0], edges[:, 1], twin)
+    tree = _hierarchy.module_tree([m.get("module", "") for m in infos])
+    expanded = _hierarchy.fitting_expansion(tree, is_bwd, budget)
+    tables = {k: _Table() for k in ("label", "target", "phase", "shape", "dtype", "cat",
+                                    "source", "mtype")}
+    cols = _node_arrays(nodes, infos, tables)
+    cols["x"] = np.rint(lay.x * 4).astype(np.int64).tolist()
+    cols["y"] = np.rint(lay.y * 4).astype(np.int64).tolist()
+    cols["g"] = tree.node_group.tolist()
+    mtype = {m.get("module", ""): m.get("module_type", "") for m in infos}
+    groups = {"name": tree.names, "parent": tree.parent.tolist(), "level": tree.level.tolist(),
+              "mtype": [mtype.get(n, "") for n in tree.names],
+              **_group_stats(tree, is_bwd, {"count": np.ones(len(nodes)),
+                                            "flops": np.asarray(cols["flops"]),
+                                            "bytes": np.asarray(cols["bytes"])})}
+    return {"title": title_text(joint), "nodes": cols, "edges": edges.ravel().tolist(),
+            "groups": groups, "expanded": np.flatnonzero(expanded).tolist(),
+            "tables": {k: v.items for k, v in tables.items()}, "palette": list(PALETTE),
+            "phase_colors": PHASE_COLORS, "color_by": color_by, "budget": budget}
+
+
+def _json_for_script(obj: Any) -> str:
+    text = json.dumps(obj, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+class DagView:
+    """A displayable DAG: ``_repr_html_`` for notebooks, :meth:`html` for pages and reports.
+
+    Attributes:
+        payload: The data handed to the renderer.
+        height: Canvas height in pixels.
+    """
+
+    def __init__(self, payload: dict[str, Any], height: int = 600) -> None:
+        """Wrap a payload from :func:`build_payload`."""
+        self.payload = payload
+        self.height = height
+
+    def html(self, full_html: bool = False) -> str:
+        """The view as HTML: a container, the JSON payload and the inlined renderer.
+
+        Args:
+            full_html: Wrap in a complete ``<!DOCTYPE html>`` page.
+
+        Returns:
+            HTML text with no external resource.
+        """
+        uid = "jl-dag-" + secrets.token_hex(4)
+        frag = (f'<div class="jl-dag" id="{uid}" style="height:{int(self.height)}px"></div>'
+                f'<script type="application/json" id="{uid}-data">'
+                f"{_json_for_script(self.payload)}</script>"
+                f"<script>{JS_PATH.read_text(encoding='utf-8')}\n"
+                f"window.jointlabDag({json.dumps(uid)});</script>")
+        if not full_html:
+            return frag
+        return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
+                f"<title>{html.escape(self.payload['title'])}</title></head>"
+                f"<body style='margin:8px'>{frag}</body></html>")
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def write_html(self, path: str | pathlib.Path) -> pathlib.Path:
+        """Write a self-contained page; returns the path."""
+        out = pathlib.Path(path)
+        out.write_text(self.html(full_html=True), encoding="utf-8")
+        return out
+
+
+def dag_view(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "module",
+             height: int = 600) -> DagView:
+    """The navigable DAG of a joint graph (labels, expand/collapse, search, detail panel).
+
+    Args:
+        joint: A :class:`jointlab.JointGraph`.
+        budget: Most nodes and boxes to draw at first (whole module levels open while it holds).
+        color_by: ``phase``, ``module``, ``category``, ``bytes`` or ``flops``.
+        height: Height in pixels.
+
+    Returns:
+        A :class:`DagView`; display it, or call ``.html()`` / ``.write_html(path)``.
+
+    Raises:
+        ValueError: Unknown ``color_by`` or a budget below 1.
+    """
+    if color_by not in ("phase", "module", "category", "bytes", "flops"):
+        raise ValueError(f"color_by must be phase, module, category, bytes or flops, "
+                         f"got {color_by!r}")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    return DagView(build_payload(joint, budget=budget, color_by=color_by), height=height)

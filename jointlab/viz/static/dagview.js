@@ -1,0 +1,526 @@
+// jointlab DAG renderer: readable source, no dependencies, no build step.
+// Reads the JSON payload written by jointlab/viz/dagview.py and draws it on a
+// <canvas>: forward band on top, backward band mirrored below. Module groups
+// are boxes that open in place on click; labels follow level of detail; the
+// wheel zooms, dragging pans; search highlights, opens the holding groups and
+// zooms; a click on a node opens the detail panel. `el.jlView` exposes the
+// state for tests.
+(function () {
+  "use strict";
+  if (window.jointlabDag) return;
+  const XS = 3.0;          // a column is this many rows wide (room for labels)
+  const LABEL_MIN_PX = 44; // a column must be this wide on screen before node labels show
+  const MAX_LABELS = 2500; // labels drawn per frame at most
+  const CSS = `
+.jl-dag{position:relative;font:12px system-ui,sans-serif;border:1px solid #ddd;display:flex;flex-direction:column}
+.jl-dag .jl-bar{display:flex;gap:8px;align-items:center;padding:4px 6px;border-bottom:1px solid #eee;flex-wrap:wrap}
+.jl-dag .jl-title{font-weight:600;margin-right:auto}
+.jl-dag .jl-main{position:relative;flex:1;min-height:0}
+.jl-dag canvas.jl-canvas{position:absolute;left:0;top:0;width:100%;height:100%;cursor:grab}
+.jl-dag canvas.jl-mini{position:absolute;right:6px;bottom:6px;border:1px solid #bbb;background:rgba(255,255,255,.9);cursor:pointer}
+.jl-dag .jl-detail{position:absolute;right:6px;top:6px;width:330px;max-height:70%;overflow:auto;background:#fff;border:1px solid #bbb;border-radius:4px;padding:6px;display:none;box-shadow:0 2px 6px rgba(0,0,0,.15)}
+.jl-dag .jl-detail table{border-collapse:collapse;width:100%}
+.jl-dag .jl-detail td{padding:1px 4px;vertical-align:top;border-bottom:1px solid #f0f0f0;word-break:break-all}
+.jl-dag .jl-detail td:first-child{color:#666;white-space:nowrap;word-break:normal}
+.jl-dag .jl-link{color:#0645ad;cursor:pointer;text-decoration:underline;margin-right:6px}
+.jl-dag .jl-legend{padding:2px 6px;border-top:1px solid #eee;min-height:18px}
+.jl-dag .jl-legend span{display:inline-block;margin-right:10px}
+.jl-dag .jl-legend i{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:-1px}
+.jl-dag .jl-status{color:#555}`;
+
+  function human(x, unit) {
+    const a = Math.abs(x), s = ["", "k", "M", "G", "T", "P"];
+    let k = 0, v = x;
+    while (Math.abs(v) >= 1000 && k < s.length - 1) { v /= 1000; k++; }
+    return (k ? v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0) : String(Math.round(a ? v : 0))) + " " + s[k] + unit;
+  }
+  function humanBytes(n) {
+    const s = ["B", "KiB", "MiB", "GiB", "TiB"]; let k = 0;
+    while (n >= 1024 && k < s.length - 1) { n /= 1024; k++; }
+    return (k ? n.toFixed(1) : String(n)) + " " + s[k];
+  }
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  class DagView {
+    constructor(root, P) {
+      this.root = root; this.P = P;
+      const N = this.N = P.nodes.name.length, G = this.G = P.groups.name.length;
+      this.x = Float64Array.from(P.nodes.x, v => v / 4 * XS);
+      this.y = Float64Array.from(P.nodes.y, v => v / 4);
+      this.g = Int32Array.from(P.nodes.g);
+      this.parent = Int32Array.from(P.groups.parent);
+      this.level = Int32Array.from(P.groups.level);
+      this.band = new Uint8Array(N);
+      const bwd = new Set(["backward", "output"]);
+      for (let i = 0; i < N; i++) this.band[i] = bwd.has(P.tables.phase[P.nodes.ph[i]]) ? 1 : 0;
+      this.expanded = new Uint8Array(G);
+      for (const gid of P.expanded) this.expanded[gid] = 1;
+      this.expanded[0] = 1;
+      this.colorBy = P.color_by;
+      this.hits = new Set(); this.selected = -1; this.selectedBox = -1;
+      this.drawnLabels = [];
+      this._bboxes(); this._adjacency(); this._dom();
+      this.update(); this.fit(true);
+    }
+    // -- geometry ------------------------------------------------------------
+    _bboxes() {  // bbox of every (group, band) over its whole subtree
+      const G = this.G, bb = this.bb = new Float64Array(G * 8);
+      for (let k = 0; k < G * 2; k++) { bb[k * 4] = Infinity; bb[k * 4 + 1] = Infinity; bb[k * 4 + 2] = -Infinity; bb[k * 4 + 3] = -Infinity; }
+      for (let i = 0; i < this.N; i++) {
+        for (let gid = this.g[i]; gid >= 0; gid = this.parent[gid]) {
+          const o = (gid * 2 + this.band[i]) * 4;
+          if (this.x[i] < bb[o]) bb[o] = this.x[i];
+          if (this.y[i] < bb[o + 1]) bb[o + 1] = this.y[i];
+          if (this.x[i] > bb[o + 2]) bb[o + 2] = this.x[i];
+          if (this.y[i] > bb[o + 3]) bb[o + 3] = this.y[i];
+        }
+      }
+    }
+    _adjacency() {
+      const E = this.P.edges, N = this.N;
+      this.preds = Array.from({length: N}, () => []);
+      this.succs = Array.from({length: N}, () => []);
+      for (let k = 0; k < E.length; k += 2) { this.succs[E[k]].push(E[k + 1]); this.preds[E[k + 1]].push(E[k]); }
+    }
+    // -- visibility ----------------------------------------------------------
+    update() {  // recompute what is drawn after groups open or close
+      const G = this.G, N = this.N, rep = this.repOfGroup = new Int32Array(G);
+      for (let gid = 0; gid < G; gid++) {  // parents come before children
+        const p = this.parent[gid], pr = p >= 0 ? rep[p] : -1;
+        rep[gid] = pr >= 0 ? pr : (this.expanded[gid] ? -1 : gid);
+      }
+      const item = this.itemOf = new Int32Array(N);  // node -> drawn item id
+      const boxes = new Set(), nodes = [];
+      for (let i = 0; i < N; i++) {
+        const r = rep[this.g[i]];
+        if (r < 0) { item[i] = i; nodes.push(i); } else { item[i] = N + r * 2 + this.band[i]; boxes.add(r * 2 + this.band[i]); }
+      }
+      this.visNodes = nodes; this.visBoxes = [...boxes];
+      const E = this.P.edges, seen = new Set(), es = [];
+      for (let k = 0; k < E.length; k += 2) {
+        const a = item[E[k]], b = item[E[k + 1]];
+        if (a === b) continue;
+        const key = a * (N + 2 * G) + b;
+        if (seen.has(key)) continue;
+        seen.add(key); es.push(a, b);
+      }
+      this.visEdges = es;
+      this._moduleColors(); this._legend(); this.draw();
+    }
+    outputItem() {  // the drawn item holding the graph's output node
+      const o = this.P.tables.phase.indexOf("output");
+      for (let i = this.N - 1; i >= 0; i--) if (this.P.nodes.ph[i] === o) return this.itemOf[i];
+      return -1;
+    }
+    itemXY(it) {
+      if (it < this.N) return [this.x[it], this.y[it]];
+      const o = (it - this.N) * 4, bb = this.bb;
+      return [(bb[o] + bb[o + 2]) / 2, (bb[o + 1] + bb[o + 3]) / 2];
+    }
+    boxRect(b) { const o = b * 4, bb = this.bb; return [bb[o] - 0.6 * XS / 2, bb[o + 1] - 0.45, bb[o + 2] + 0.6 * XS / 2, bb[o + 3] + 0.45]; }
+    // -- colour --------------------------------------------------------------
+    ancestorAt(gid, lvl) { while (this.level[gid] > lvl) gid = this.parent[gid]; return gid; }
+    _moduleColors() {
+      // the deepest module level whose visible groups fit the palette: no colour reused
+      const groups = [...this.visNodes.map(i => this.g[i]), ...this.visBoxes.map(b => b >> 1)];
+      const maxL = groups.reduce((m, gid) => Math.max(m, this.level[gid]), 0);
+      const pal = this.P.palette;
+      let keys = null;
+      for (let L = maxL; L >= 1; L--) {
+        const ks = new Map();
+        for (const gid of groups) { const a = this.ancestorAt(gid, L); if (!ks.has(a)) ks.set(a, ks.size); }
+        keys = ks; this.colorLevel = L;
+        if (ks.size <= pal.length) break;
+      }
+      keys = keys || new Map([[0, 0]]);
+      this.moduleKey = keys;
+      this.keyColor = new Map();
+      for (const [gid, k] of keys) this.keyColor.set(gid, k < pal.length ? pal[k] : `hsl(${(k * 137.508) % 360},65%,45%)`);
+    }
+    groupColor(gid) { return this.keyColor.get(this.ancestorAt(gid, this.colorLevel)) || "#888"; }
+    scaleColor(v, max) {  // log scale, light to dark blue
+      const t = max > 0 ? Math.log1p(v) / Math.log1p(max) : 0;
+      return `hsl(${220 - 180 * t},70%,${80 - 45 * t}%)`;
+    }
+    nodeColor(i) {
+      const P = this.P, n = P.nodes;
+      switch (this.colorBy) {
+        case "phase": return P.phase_colors[P.tables.phase[n.ph[i]]] || "#444";
+        case "category": return P.palette[n.cat[i] % P.palette.length];
+        case "bytes": return this.scaleColor(n.bytes[i], this._max("bytes"));
+        case "flops": return this.scaleColor(n.flops[i], this._max("flops"));
+        default: return this.groupColor(this.g[i]);
+      }
+    }
+    boxColor(b) {
+      const gid = b >> 1, band = b & 1, G = this.P.groups;
+      if (this.colorBy === "phase") return band ? this.P.phase_colors.backward : this.P.phase_colors.forward;
+      if (this.colorBy === "bytes") return this.scaleColor(G[band ? "bytes_b" : "bytes_f"][gid], this._max("bytes") * 50);
+      if (this.colorBy === "flops") return this.scaleColor(G[band ? "flops_b" : "flops_f"][gid], this._max("flops") * 50);
+      if (this.colorBy === "category") return "#9aa";
+      return this.groupColor(gid);
+    }
+    _max(k) { this._mx = this._mx || {}; if (!(k in this._mx)) this._mx[k] = this.P.nodes[k].reduce((a, b) => Math.max(a, b), 0); return this._mx[k]; }
+    // -- DOM -----------------------------------------------------------------
+    _dom() {
+      const r = this.root;
+      if (!document.getElementById("jl-dag-style")) { const s = el("style"); s.id = "jl-dag-style"; s.textContent = CSS; document.head.appendChild(s); }
+      const bar = el("div", "jl-bar"); r.appendChild(bar);
+      bar.appendChild(el("span", "jl-title", this.P.title));
+      this.search = el("input"); this.search.placeholder = "search name / op / module / /regex/";
+      this.search.className = "jl-search"; this.search.style.width = "230px";
+      this.search.addEventListener("keydown", e => { if (e.key === "Enter") this.find(this.search.value); });
+      bar.appendChild(this.search);
+      this.colorSel = el("select", "jl-color");
+      for (const c of ["module", "phase", "category", "bytes", "flops"]) { const o = el("option", null, "colour: " + c); o.value = c; this.colorSel.appendChild(o); }
+      this.colorSel.value = this.colorBy;
+      this.colorSel.onchange = () => { this.colorBy = this.colorSel.value; this._legend(); this.draw(); };
+      bar.appendChild(this.colorSel);
+      for (const [t, f] of [["fit", () => this.fit()], ["collapse all", () => this.collapseAll()]]) {
+        const b = el("button", "jl-btn", t); b.onclick = f; bar.appendChild(b);
+      }
+      this.status = el("span", "jl-status"); bar.appendChild(this.status);
+      const main = el("div", "jl-main"); r.appendChild(main);
+      this.canvas = el("canvas", "jl-canvas"); main.appendChild(this.canvas);
+      this.mini = el("canvas", "jl-mini"); this.mini.width = 240; this.mini.height = 56; main.appendChild(this.mini);
+      this.detail = el("div", "jl-detail"); main.appendChild(this.detail);
+      this.legendEl = el("div", "jl-legend"); r.appendChild(this.legendEl);
+      this._events();
+      new ResizeObserver(() => this.draw()).observe(main);
+    }
+    _legend() {
+      const L = this.legendEl; if (!L) return; L.textContent = "";
+      let entries = [];
+      if (this.colorBy === "phase") entries = Object.entries(this.P.phase_colors);
+      else if (this.colorBy === "module") entries = [...this.keyColor].slice(0, 24).map(([gid, c]) => [this.P.groups.name[gid] || "(root)", c]);
+      else if (this.colorBy === "category") entries = this.P.tables.cat.map((c, k) => [c || "(none)", this.P.palette[k % this.P.palette.length]]);
+      else entries = [["low " + this.colorBy, this.scaleColor(0, 1)], ["high " + this.colorBy, this.scaleColor(1, 1)]];
+      for (const [name, c] of entries) { const s = el("span"); const i = el("i"); i.style.background = c; s.appendChild(i); s.appendChild(document.createTextNode(name)); L.appendChild(s); }
+      L.appendChild(el("span", "jl-status", "↑ forward · ↓ backward · click a box to open it, a group title to close it · wheel zooms, drag pans"));
+    }
+    // -- view transform --------------------------------------------------------
+    fit(initial) {  // fit everything, or (first paint of a very long graph) its left part at readable size
+      const W = this.canvas.clientWidth || 800, H = this.canvas.clientHeight || 500;
+      let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+      for (let i = 0; i < this.N; i++) { x0 = Math.min(x0, this.x[i]); x1 = Math.max(x1, this.x[i]); y0 = Math.min(y0, this.y[i]); y1 = Math.max(y1, this.y[i]); }
+      this.world = [x0, y0, x1, y1];
+      let k = Math.min(W / (x1 - x0 + 4), H / (y1 - y0 + 3));
+      if (initial && k * XS < LABEL_MIN_PX) k = Math.min(H / (y1 - y0 + 3), LABEL_MIN_PX / XS * 1.05);
+      this.k = k;
+      // a long, flat graph is stretched vertically so closed boxes stay tall enough to read
+      this.ay = Math.max(1, H * 0.85 / ((y1 - y0 + 3) * k));
+      this.vx = initial && k * (x1 - x0 + 4) > W ? x0 - 2 : (x0 + x1) / 2 - W / 2 / k;
+      this.vy = (y0 + y1) / 2 + H / 2 / (k * this.ay);
+      this._renderMini(); this.draw();
+    }
+    toScreen(x, y) { return [(x - this.vx) * this.k, (this.vy - y) * this.k * this.ay]; }
+    toWorld(px, py) { return [px / this.k + this.vx, this.vy - py / (this.k * this.ay)]; }
+    zoomAt(px, py, f) {
+      const [wx, wy] = this.toWorld(px, py);
+      this.k = Math.max(1e-3, Math.min(400, this.k * f));
+      if (f > 1) this.ay = Math.max(1, this.ay / f);  // zooming in first widens, then scales
+      this.vx = wx - px / this.k; this.vy = wy + py / (this.k * this.ay);
+      this.draw();
+    }
+    zoomTo(x0, y0, x1, y1) {
+      const W = this.canvas.clientWidth, H = this.canvas.clientHeight;
+      this.k = Math.min(60, W / (x1 - x0 + 6), H / (y1 - y0 + 3)); this.ay = 1;
+      this.vx = (x0 + x1) / 2 - W / 2 / this.k; this.vy = (y0 + y1) / 2 + H / 2 / this.k;
+      this.draw();
+    }
+    // -- events --------------------------------------------------------------
+    _events() {
+      const c = this.canvas;
+      c.addEventListener("wheel", e => { e.preventDefault(); const r = c.getBoundingClientRect(); this.zoomAt(e.clientX - r.left, e.clientY - r.top, Math.exp(-e.deltaY * 0.0015)); }, {passive: false});
+      let drag = null;
+      c.addEventListener("mousedown", e => { drag = {x: e.clientX, y: e.clientY, vx: this.vx, vy: this.vy, moved: false}; c.style.cursor = "grabbing"; });
+      window.addEventListener("mousemove", e => {
+        if (!drag) return;
+        const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
+        if (Math.abs(dx) + Math.abs(dy) > 3) drag.moved = true;
+        this.vx = drag.vx - dx / this.k; this.vy = drag.vy + dy / (this.k * this.ay); this.draw();
+      });
+      window.addEventListener("mouseup", e => {
+        if (!drag) return;
+        const moved = drag.moved; drag = null; c.style.cursor = "grab";
+        if (!moved) { const r = c.getBoundingClientRect(); this.click(e.clientX - r.left, e.clientY - r.top); }
+      });
+      this.mini.addEventListener("click", e => {
+        const r = this.mini.getBoundingClientRect(), [x0, y0, x1, y1] = this.world;
+        const wx = x0 + (e.clientX - r.left) / this.mini.width * (x1 - x0);
+        const wy = y1 - (e.clientY - r.top) / this.mini.height * (y1 - y0);
+        this.vx = wx - this.canvas.clientWidth / 2 / this.k; this.vy = wy + this.canvas.clientHeight / 2 / (this.k * this.ay); this.draw();
+      });
+    }
+    hit(px, py) {  // the drawn node, the closed box, or the open group's title under a point
+      const r = Math.max(4, this._radius()) + 3;
+      let best = -1, bd = r * r;
+      for (const i of this.visNodes) {
+        const [sx, sy] = this.toScreen(this.x[i], this.y[i]);
+        const d = (sx - px) ** 2 + (sy - py) ** 2;
+        if (d < bd) { bd = d; best = i; }
+      }
+      if (best >= 0) return {node: best};
+      let box = -1, area = Infinity;  // boxes may overlap: the smallest one under the point
+      for (const b of this.visBoxes) {
+        const [x0, y0, x1, y1] = this.boxRect(b), [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
+        if (px >= a && px <= z && py >= t && py <= u && (z - a) * (u - t) < area) { box = b; area = (z - a) * (u - t); }
+      }
+      if (box >= 0) return {box};
+      for (const t of this.titles || []) if (px >= t[1] && px <= t[3] && py >= t[2] && py <= t[4]) return {title: t[0]};
+      return null;
+    }
+    click(px, py) {
+      const h = this.hit(px, py);
+      if (!h) return;
+      if (h.node !== undefined) this.select(h.node);
+      else if (h.box !== undefined) this.toggle(h.box >> 1, true);
+      else this.toggle(h.title, false);
+    }
+    toggle(gid, open) {
+      const t0 = performance.now();
+      if (open) this.expanded[gid] = 1;
+      else { for (let k = 0; k < this.G; k++) if (this.isUnder(k, gid)) this.expanded[k] = 0; }
+      this.update();
+      this.lastToggleMs = performance.now() - t0;
+      this.showGroup(gid);
+    }
+    isUnder(k, gid) { for (; k >= 0; k = this.parent[k]) if (k === gid) return true; return false; }
+    collapseAll() { this.expanded.fill(0); this.expanded[0] = 1; this.update(); this.fit(); }
+    reveal(i) { for (let gid = this.g[i]; gid >= 0; gid = this.parent[gid]) this.expanded[gid] = 1; }
+    // -- search ----------------------------------------------------------------
+    find(q) {
+      const t0 = performance.now(); q = (q || "").trim(); this.hits = new Set();
+      if (!q) { this.status.textContent = ""; this.draw(); return []; }
+      let test;
+      const m = /^\/(.*)\/([a-z]*)$/.exec(q);
+      if (m) { let re; try { re = new RegExp(m[1], m[2] || "i"); } catch (err) { this.status.textContent = "bad regex: " + err.message; return []; } test = s => re.test(s); }
+      else { const ql = q.toLowerCase(); test = s => s.toLowerCase().includes(ql); }
+      const n = this.P.nodes, T = this.P.tables, gn = this.P.groups.name, out = [];
+      for (let i = 0; i < this.N; i++) {
+        if (test(n.name[i]) || test(T.label[n.label[i]]) || test(T.target[n.target[i]]) || test(gn[this.g[i]])) out.push(i);
+      }
+      const REVEAL = 400;
+      for (const i of out.slice(0, REVEAL)) this.reveal(i);
+      this.update();
+      for (const i of out) this.hits.add(i);
+      if (out.length) {
+        let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+        for (const i of out.slice(0, REVEAL)) { const [x, y] = this.itemXY(this.itemOf[i]); x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
+        this.zoomTo(x0, y0, x1, y1);
+      }
+      this.lastSearchMs = performance.now() - t0;
+      this.status.textContent = `${out.length} match${out.length === 1 ? "" : "es"}` + (out.length > REVEAL ? ` (first ${REVEAL} opened)` : "");
+      this.draw();
+      return out;
+    }
+    // -- detail panel --------------------------------------------------------------
+    select(i, centre) {
+      this.selected = i; this.selectedBox = -1;
+      if (centre) { this.reveal(i); this.update(); const [x, y] = [this.x[i], this.y[i]]; this.zoomTo(x - 6, y - 2, x + 6, y + 2); }
+      const P = this.P, n = P.nodes, T = P.tables, D = this.detail;
+      D.textContent = ""; D.style.display = "block";
+      const close = el("span", "jl-link", "✕"); close.style.float = "right"; close.onclick = () => { D.style.display = "none"; this.selected = -1; this.draw(); };
+      D.appendChild(close);
+      D.appendChild(el("b", "jl-detail-name", n.name[i]));
+      const tb = el("table"); D.appendChild(tb);
+      const row = (k, v) => { const tr = el("tr"); tr.appendChild(el("td", null, k)); const td = el("td"); if (v instanceof Node) td.appendChild(v); else td.textContent = v; tr.appendChild(td); tb.appendChild(tr); return td; };
+      const links = list => { const s = el("span"); for (const j of list.slice(0, 30)) { const a = el("span", "jl-link", n.name[j]); a.onclick = () => this.select(j, true); s.appendChild(a); } if (list.length > 30) s.appendChild(document.createTextNode(`… ${list.length - 30} more`)); return s; };
+      const extra = P.nodes.extra[String(i)] || {};
+      row("op", T.target[n.target[i]]); row("phase", T.phase[n.ph[i]]);
+      row("module", (P.groups.name[this.g[i]] || "(root)") + " " + (P.groups.mtype[this.g[i]] || ""));
+      row("shape", (T.shape[n.shape[i]] || "-") + " " + T.dtype[n.dtype[i]]);
+      row("FLOPs", human(n.flops[i], "FLOP")); row("bytes", humanBytes(n.bytes[i]));
+      row("category", T.cat[n.cat[i]]);
+      row("saved for backward", n.flags[i] & 1 ? "yes" : "no");
+      if (n.flags[i] & 2) row("recomputed", "yes (checkpoint)");
+      for (const k of ["fqn", "grad_of", "input_path"]) if (extra[k]) row(k, extra[k]);
+      row("source", T.source[n.src[i]] || "-");
+      const tw = n.twin[i], back = [];
+      for (let j = 0; j < this.N; j++) if (n.twin[j] === i) back.push(j);
+      if (tw >= 0) row("forward twin", links([tw])).className = "jl-twin";
+      if (back.length) row("backward twins", links(back)).className = "jl-twin";
+      row("inputs", links(this.preds[i])); row("users", links(this.succs[i]));
+      this.draw();
+    }
+    showGroup(gid) {
+      const P = this.P, G = P.groups, D = this.detail;
+      D.textContent = ""; D.style.display = "block";
+      D.appendChild(el("b", "jl-detail-name", (G.name[gid] || "(root)") + " " + (G.mtype[gid] || "")));
+      const tb = el("table"); D.appendChild(tb);
+      for (const [k, v] of [["nodes", `${G.count_f[gid]} forward · ${G.count_b[gid]} backward`],
+        ["FLOPs", `fwd ${human(G.flops_f[gid], "FLOP")} · bwd ${human(G.flops_b[gid], "FLOP")}`],
+        ["bytes", `fwd ${humanBytes(G.bytes_f[gid])} · bwd ${humanBytes(G.bytes_b[gid])}`]]) {
+        const tr = el("tr"); tr.appendChild(el("td", null, k)); tr.appendChild(el("td", null, v)); tb.appendChild(tr);
+      }
+      const b = el("button", "jl-btn", this.expanded[gid] ? "close group" : "open group");
+      b.onclick = () => this.toggle(gid, !this.expanded[gid]); D.appendChild(b);
+    }
+    // -- drawing ---------------------------------------------------------------
+    _radius() { return Math.max(1.5, Math.min(9, 0.3 * this.k)); }
+    draw() {
+      if (this._raf) return;
+      this._raf = requestAnimationFrame(() => { this._raf = 0; this.render(); });
+    }
+    render() {
+      const t0 = performance.now(), c = this.canvas, dpr = window.devicePixelRatio || 1;
+      const W = c.clientWidth, H = c.clientHeight;
+      if (c.width !== Math.round(W * dpr) || c.height !== Math.round(H * dpr)) { c.width = Math.round(W * dpr); c.height = Math.round(H * dpr); }
+      const ctx = c.getContext("2d");
+      ctx.setTransform(dpr, 0, 0, dpr, 0, 0); ctx.clearRect(0, 0, W, H);
+      const on = (sx, sy, m) => sx > -m && sx < W + m && sy > -m && sy < H + m;
+      // band divider
+      const [, zy] = this.toScreen(0, 0); ctx.strokeStyle = "rgba(0,0,0,.15)"; ctx.setLineDash([4, 4]);
+      ctx.beginPath(); ctx.moveTo(0, zy); ctx.lineTo(W, zy); ctx.stroke(); ctx.setLineDash([]);
+      this._drawTitles(ctx, W, H);
+      this._drawEdges(ctx, W, H);
+      this._drawBoxes(ctx, W, H, on);
+      this._drawNodes(ctx, W, H, on);
+      this._drawMiniView();
+      this.lastFrameMs = performance.now() - t0;
+    }
+    _drawTitles(ctx, W, H) {  // outlines and titles of open groups (click a title to close)
+      this.titles = [];
+      ctx.font = "11px system-ui,sans-serif";
+      const seen = new Set();
+      for (const i of this.visNodes) { for (let gid = this.g[i]; gid > 0; gid = this.parent[gid]) { const key = gid * 2 + this.band[i]; if (seen.has(key)) break; seen.add(key); } }
+      for (const key of seen) {
+        const [x0, y0, x1, y1] = this.boxRect(key), [a, t] = this.toScreen(x0, y1 + 0.3), [z, u] = this.toScreen(x1, y0 - 0.1);
+        if (z < 0 || a > W || u < 0 || t > H || z - a < 24) continue;
+        const gid = key >> 1;
+        ctx.strokeStyle = this.groupColor(gid); ctx.globalAlpha = 0.5; ctx.strokeRect(a, t, z - a, u - t); ctx.globalAlpha = 1;
+        const name = (this.P.groups.name[gid] || "") + (key & 1 ? " (bwd)" : "") + " ▾";
+        ctx.fillStyle = "#333"; const w = Math.min(ctx.measureText(name).width, z - a);
+        ctx.fillText(name, a + 2, t + 11, z - a - 4);
+        this.titles.push([gid, a, t, a + w + 4, t + 13]);
+      }
+    }
+    _clip(it, sx, sy, tx, ty) {  // end the edge at the target's outline
+      if (it < this.N) { const r = this._radius() + 1, d = Math.hypot(sx - tx, sy - ty) || 1; return [tx + (sx - tx) * r / d, ty + (sy - ty) * r / d]; }
+      const [x0, y0, x1, y1] = this.boxRect(it - this.N), [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
+      const cx = (a + z) / 2, cy = (t + u) / 2, dx = sx - cx, dy = sy - cy;
+      const s = Math.min(Math.abs((z - a) / 2 / (dx || 1e-9)), Math.abs((u - t) / 2 / (dy || 1e-9)), 1);
+      return [cx + dx * s, cy + dy * s];
+    }
+    _drawEdges(ctx, W, H) {
+      const es = this.visEdges, arrows = this.k > 4, out = this.outputItem();
+      ctx.strokeStyle = "rgba(90,90,90,.35)"; ctx.lineWidth = 1; ctx.beginPath();
+      const heads = [], faint = [];
+      for (let k = 0; k < es.length; k += 2) {
+        if (es[k + 1] === out && es[k] !== this.selected) { faint.push(es[k], es[k + 1]); continue; }
+        const [ax, ay] = this.itemXY(es[k]), [bx, by] = this.itemXY(es[k + 1]);
+        let [sx, sy] = this.toScreen(ax, ay), [tx, ty] = this.toScreen(bx, by);
+        if ((sx < 0 && tx < 0) || (sx > W && tx > W) || (sy < 0 && ty < 0) || (sy > H && ty > H)) continue;
+        if (arrows) [tx, ty] = this._clip(es[k + 1], sx, sy, tx, ty);
+        ctx.moveTo(sx, sy); ctx.lineTo(tx, ty);
+        if (arrows && Math.hypot(tx - sx, ty - sy) > 14) heads.push(sx, sy, tx, ty);
+      }
+      ctx.stroke();
+      ctx.strokeStyle = "rgba(148,103,189,.10)"; ctx.beginPath();  // every gradient -> output: faint
+      for (let k = 0; k < faint.length; k += 2) {
+        const [sx, sy] = this.toScreen(...this.itemXY(faint[k])), [tx, ty] = this.toScreen(...this.itemXY(faint[k + 1]));
+        ctx.moveTo(sx, sy); ctx.lineTo(tx, ty);
+      }
+      ctx.stroke();
+      ctx.fillStyle = "rgba(70,70,70,.7)"; ctx.beginPath();
+      for (let k = 0; k < heads.length; k += 4) {
+        const [sx, sy, tx, ty] = heads.slice(k, k + 4), d = Math.hypot(tx - sx, ty - sy), ux = (tx - sx) / d, uy = (ty - sy) / d, L = 7, w = 3.2;
+        ctx.moveTo(tx, ty); ctx.lineTo(tx - ux * L - uy * w, ty - uy * L + ux * w); ctx.lineTo(tx - ux * L + uy * w, ty - uy * L - ux * w); ctx.closePath();
+      }
+      ctx.fill();
+      this.arrowCount = heads.length / 4;
+    }
+    _drawBoxes(ctx, W, H) {
+      const G = this.P.groups;
+      ctx.font = "11px system-ui,sans-serif"; ctx.textBaseline = "alphabetic";
+      this.boxLabels = [];
+      for (const b of this.visBoxes) {
+        const [x0, y0, x1, y1] = this.boxRect(b), [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
+        if (z < 0 || a > W || u < 0 || t > H) continue;
+        const gid = b >> 1, band = b & 1, col = this.boxColor(b);
+        ctx.fillStyle = col; ctx.globalAlpha = 0.28; ctx.fillRect(a, t, Math.max(z - a, 1), Math.max(u - t, 1)); ctx.globalAlpha = 1;
+        ctx.strokeStyle = col; ctx.lineWidth = 1.2; ctx.strokeRect(a, t, z - a, u - t);
+        if (this.hitBoxes && this.hitBoxes.has(b)) { ctx.strokeStyle = "#111"; ctx.lineWidth = 3; ctx.strokeRect(a - 2, t - 2, z - a + 4, u - t + 4); }
+        if (z - a < 34 || u - t < 14) continue;
+        const name = G.name[gid] || "(root)", sfx = band ? "_b" : "_f";
+        const lines = [name, `${G["count" + sfx][gid]} nodes ${band ? "bwd" : "fwd"}`,
+          `${human(G["flops" + sfx][gid], "FLOP")} · ${humanBytes(G["bytes" + sfx][gid])}`];
+        const cx = Math.max(a, 0) + 3, maxw = z - Math.max(a, 0) - 6;
+        let yy = Math.max(t, 0) + 13;
+        ctx.fillStyle = "#111";
+        for (const s of lines) { if (yy > u - 2) break; ctx.fillText(s, cx, yy, maxw); yy += 13; ctx.fillStyle = "#444"; }
+        this.boxLabels.push(name);
+      }
+    }
+    _drawNodes(ctx, W, H, on) {
+      const r = this._radius(), n = this.P.nodes, T = this.P.tables, colPx = this.k * XS;
+      const labels = colPx >= LABEL_MIN_PX, shapes = colPx >= LABEL_MIN_PX * 1.6;
+      const drawn = [];
+      for (const i of this.visNodes) {
+        const [sx, sy] = this.toScreen(this.x[i], this.y[i]);
+        if (!on(sx, sy, 40)) continue;
+        ctx.fillStyle = this.nodeColor(i);
+        if (r < 2.5) { ctx.fillRect(sx - r, sy - r, 2 * r, 2 * r); continue; }
+        ctx.beginPath(); ctx.arc(sx, sy, r, 0, 6.2832); ctx.fill();
+        if (n.flags[i] & 2) { ctx.strokeStyle = "#e6a100"; ctx.lineWidth = 2; ctx.stroke(); }
+        if (labels && drawn.length < MAX_LABELS) drawn.push(i);
+      }
+      ctx.textAlign = "center"; ctx.font = "11px system-ui,sans-serif";
+      for (const i of drawn) {
+        const [sx, sy] = this.toScreen(this.x[i], this.y[i]), lab = T.label[n.label[i]];
+        ctx.fillStyle = "#111"; ctx.fillText(lab, sx, sy - r - 3, colPx - 4);
+        if (shapes && T.shape[n.shape[i]]) { ctx.fillStyle = "#777"; ctx.fillText(T.shape[n.shape[i]], sx, sy + r + 11, colPx - 4); }
+      }
+      ctx.textAlign = "start";
+      this.drawnLabels = drawn.map(i => T.label[n.label[i]]);
+      // rings: search hits, the selected node and its twins
+      const ring = (i, colr, w) => { const it = this.itemOf[i]; if (it !== i) return; const [sx, sy] = this.toScreen(this.x[i], this.y[i]); if (!on(sx, sy, 20)) return; ctx.strokeStyle = colr; ctx.lineWidth = w; ctx.beginPath(); ctx.arc(sx, sy, r + 4, 0, 6.2832); ctx.stroke(); };
+      this.hitBoxes = new Set();
+      for (const i of this.hits) { ring(i, "#111", 2.5); if (this.itemOf[i] >= this.N) this.hitBoxes.add(this.itemOf[i] - this.N); }
+      if (this.selected >= 0) {
+        ring(this.selected, "#ff00aa", 3);
+        const tw = n.twin[this.selected]; if (tw >= 0) ring(tw, "#ff00aa", 2);
+      }
+    }
+    _renderMini() {
+      const m = this.mini, ctx = m.getContext("2d"), [x0, y0, x1, y1] = this.world;
+      const off = this.miniImg = document.createElement("canvas"); off.width = m.width; off.height = m.height;
+      const o = off.getContext("2d"); o.fillStyle = "#fff"; o.fillRect(0, 0, m.width, m.height);
+      for (let i = 0; i < this.N; i++) {
+        o.fillStyle = this.band[i] ? "#d62728" : "#1f77b4";
+        o.fillRect((this.x[i] - x0) / (x1 - x0 || 1) * (m.width - 2), (y1 - this.y[i]) / (y1 - y0 || 1) * (m.height - 2), 1.5, 1.5);
+      }
+      ctx.drawImage(off, 0, 0);
+    }
+    _drawMiniView() {
+      if (!this.miniImg) return;
+      const m = this.mini, ctx = m.getContext("2d"), [x0, y0, x1, y1] = this.world;
+      ctx.drawImage(this.miniImg, 0, 0);
+      const W = this.canvas.clientWidth, H = this.canvas.clientHeight;
+      const [a, b] = this.toWorld(0, 0), [c, d] = this.toWorld(W, H);
+      const sx = v => (v - x0) / (x1 - x0 || 1) * m.width, sy = v => (y1 - v) / (y1 - y0 || 1) * m.height;
+      ctx.strokeStyle = "#000"; ctx.lineWidth = 1.5;
+      ctx.strokeRect(sx(a), sy(b), Math.max(2, sx(c) - sx(a)), Math.max(2, sy(d) - sy(b)));
+    }
+    state() {
+      return {k: this.k, visibleNodes: this.visNodes.length, visibleBoxes: this.visBoxes.length,
+              labels: this.drawnLabels.slice(0, 50), labelCount: this.drawnLabels.length,
+              boxLabels: (this.boxLabels || []).slice(0, 50), arrows: this.arrowCount,
+              colorLevel: this.colorLevel, moduleColors: [...this.keyColor.values()],
+              hits: this.hits.size, frameMs: this.lastFrameMs, toggleMs: this.lastToggleMs,
+              searchMs: this.lastSearchMs};
+    }
+  }
+
+  window.jointlabDag = function (id) {
+    const root = document.getElementById(id);
+    const P = JSON.parse(document.getElementById(id + "-data").textContent);
+    root.jlView = new DagView(root, P);
+    return root.jlView;
+  };
+})();
