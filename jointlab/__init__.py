@@ -27,7 +27,7 @@ _LAZY = {
     "compare": "jointlab.analysis.step.stepper",
     "Comparison": "jointlab.analysis.compare.compare",
     "MemoryProfile": "jointlab.analysis.memory.predict",
-    "load": "jointlab.io.persist",
+    "load": "jointlab.graph",
     "plot_dag": "jointlab.viz",
     "plot_memory": "jointlab.viz",
     "plot_lifetimes": "jointlab.viz",

@@ -32,6 +32,7 @@ __all__ = [
     "ValueNotAvailableError",
     "CompareError",
     "WhatIfError",
+    "StaleAnalysisError",
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
@@ -151,3 +152,7 @@ class CheckpointWarning(UserWarning):
 
 class UntestedTorchWarning(UserWarning):
     """The installed torch is outside the versions jointlab's test suite was run on."""
+
+
+class StaleAnalysisError(JointlabError, RuntimeError):
+    """The graph was edited after its per-node analysis was computed; call ``joint.recompute()``."""

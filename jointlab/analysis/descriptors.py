@@ -25,7 +25,7 @@ from jointlab.torch_compat import torch_module
 D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
 
 if TYPE_CHECKING:
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph as JointGraph
 
 Pair = tuple[fx.Node, "fx.Node | None"]
 _INPUT_PHASES = ("param", "buffer", "input")

@@ -16,11 +16,11 @@ import pandas as pd
 
 from jointlab.errors import TableQueryError
 from jointlab.meta import KEY, PHASES, TRAIN_FN
-from jointlab.passes.analyze import ensure_analyzed
+from jointlab.passes.analyze import require_analyzed
 from jointlab.units import human_bytes, human_count
 
 if TYPE_CHECKING:
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph as JointGraph
 
 __all__ = ["COLUMNS", "node_table", "select", "summary", "summary_card_html"]
 
@@ -48,7 +48,7 @@ def node_table(joint: JointGraph) -> pd.DataFrame:
         columns in :data:`COLUMNS`.
     """
     gm = joint.graph_module
-    ensure_analyzed(gm)
+    require_analyzed(gm)
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     names: list[str] = []
     # Bound appends keep the per-node cost to a few dict lookups.

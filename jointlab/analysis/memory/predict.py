@@ -40,13 +40,13 @@ import torch.fx as fx
 from jointlab.analysis.memory.sizes import Sizes, sizes_for, traced_sizes
 from jointlab.inputs import flatten_inputs
 from jointlab.meta import KEY
-from jointlab.passes.analyze import ensure_analyzed, is_getitem, is_op, tensor_bytes
+from jointlab.passes.analyze import is_getitem, is_op, require_analyzed, tensor_bytes
 from jointlab.units import human_bytes
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph as JointGraph
 
 CATEGORIES = ("param", "buffer", "input", "activation", "temporary", "gradient", "output")
 _CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block up to this
@@ -184,7 +184,7 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
         ``(nodes, {owner name: storage})``.
     """
     gm = getattr(joint_or_gm, "graph_module", joint_or_gm)
-    ensure_analyzed(gm)
+    require_analyzed(gm)
     nodes = list(gm.graph.nodes)
     death = variable_deaths(nodes)
     index = {n: i for i, n in enumerate(nodes)}

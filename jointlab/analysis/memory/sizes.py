@@ -21,7 +21,7 @@ from jointlab.passes.analyze import hint, tensors_of
 if TYPE_CHECKING:
     import torch.fx as fx
 
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph as JointGraph
 
 
 @dataclass
