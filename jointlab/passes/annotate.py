@@ -23,7 +23,10 @@ import torch.fx as fx
 from jointlab.meta import KEY, RECOMPUTE_TAG, TRAIN_FN
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_JOINTLAB_DIR = os.path.dirname(__file__) + os.sep
+#: The jointlab package directory (this module lives in its ``passes/``).
+JOINTLAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: jointlab modules that hold user-level code (the demo models and their train_fn).
+_USER_MODULES = (os.path.join(JOINTLAB_DIR, "models.py"),)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _COPIED_META = ("nn_module_stack", "stack_trace", "custom")
 
@@ -65,13 +68,13 @@ def has_module_stack(node: fx.Node) -> bool:
 
 
 def is_user_frame(path: str) -> bool:
-    """True for a source file outside torch and jointlab's private modules.
+    """True for a source file outside torch and jointlab.
 
-    jointlab's public modules (e.g. the demo models) count as user code.
+    jointlab's demo models (``jointlab/models.py``) count as user code.
     """
     if path.startswith(_TORCH_DIR):
         return False
-    return not (path.startswith(_JOINTLAB_DIR) and os.path.basename(path).startswith("_"))
+    return not path.startswith(JOINTLAB_DIR) or path in _USER_MODULES
 
 
 def innermost_user_frame(frames: Sequence[traceback.FrameSummary],

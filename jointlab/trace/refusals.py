@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -40,7 +39,12 @@ from jointlab.errors import (
     TrainFnMisuseError,
 )
 from jointlab.passes.analyze import storage_id
-from jointlab.passes.annotate import frame_text, innermost_user_frame, is_user_frame
+from jointlab.passes.annotate import (
+    JOINTLAB_DIR,
+    frame_text,
+    innermost_user_frame,
+    is_user_frame,
+)
 
 try:  # private module; the class is the documented way to intercept aten ops
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -54,7 +58,6 @@ _RETURN_LOSS = ("jl.trace computes the gradients itself: return the loss from tr
 _REAL: list[dict[Any, str]] = []
 
 
-_JOINTLAB_DIR = os.path.dirname(__file__) + os.sep
 
 
 # -- where in the user's code ---------------------------------------------------
@@ -235,7 +238,7 @@ def _is_users_own(exc: BaseException) -> bool:
 
 def _is_jointlab_check(exc: BaseException) -> bool:
     path = _innermost_file(exc)
-    return type(exc) in _JOINTLAB_OWN and path.startswith(_JOINTLAB_DIR)
+    return type(exc) in _JOINTLAB_OWN and path.startswith(JOINTLAB_DIR)
 
 
 @functools.cache
