@@ -151,6 +151,7 @@ def test_run_returns_a_named_result():
     f, model, inputs, joint = _mlp()
     res = joint.run(model, inputs)
     eloss, egrads, _ = eager_step(f.make_model(), f.train_fn, inputs, seed=0)
+    assert isinstance(res, jl.RunResult)
     assert res.loss == res[0] and res.grads is res[1] and res.loss_dict is res[2]
     torch.testing.assert_close(res.loss, eloss)
     for k, g in egrads.items():
