@@ -59,7 +59,7 @@ def main() -> int:
     gelu = next(n for n in joint.graph.nodes if n.target == torch.ops.aten.gelu.default
                 and n.meta["jointlab"]["module"].startswith("h.1."))
     gelu.target, gelu.kwargs = torch.ops.aten.relu.default, {}
-    joint.graph_module.recompile()
+    joint.recompute()
     c = jl.compare(joint, small, inputs, train_fn=lm_train_fn, device="cuda")
     d = c.first_divergence
     check("injected GELU->ReLU localized on cuda", d is not None and d.module == "h.1.mlp.1",

@@ -4,12 +4,17 @@ This module only re-exports the public API. Names that need plotly or
 ipywidgets (``plot_dag``, ``plot_memory``, ``explore``, ``report``) are
 resolved on first use, so ``import jointlab`` stays light. Importing it warns
 once when torch is outside the tested versions (see ``jointlab.torch_compat``).
+
+``jointlab.trace`` is the function: it deliberately shadows the
+``jointlab.trace`` subpackage as an attribute (the subpackage stays importable
+as ``jointlab.trace.tracer`` and friends).
 """
 
 from __future__ import annotations
 
 from jointlab import errors as errors
 from jointlab._lazy import lazy_getattr
+from jointlab.core import RunResult as RunResult
 from jointlab.torch_compat import unsupported, warn_if_untested
 
 try:
@@ -27,7 +32,7 @@ _LAZY = {
     "compare": "jointlab.analysis.step.stepper",
     "Comparison": "jointlab.analysis.compare.compare",
     "MemoryProfile": "jointlab.analysis.memory.result",
-    "load": "jointlab.io.persist",
+    "load": "jointlab.graph",
     "plot_dag": "jointlab.viz",
     "plot_memory": "jointlab.viz",
     "plot_lifetimes": "jointlab.viz",
@@ -35,7 +40,7 @@ _LAZY = {
     "report": "jointlab.viz.report",
 }
 
-__all__ = ["JointGraph", "errors", "trace", *_LAZY]
+__all__ = ["JointGraph", "RunResult", "errors", "trace", *_LAZY]
 
 
 __getattr__ = lazy_getattr(__name__, globals(), _LAZY)

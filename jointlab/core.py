@@ -9,6 +9,7 @@ one-way pipeline. They annotate with this protocol instead; a
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
@@ -26,6 +27,26 @@ class RunResult(NamedTuple):
     loss: torch.Tensor
     grads: dict[str, torch.Tensor]
     loss_dict: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GraphParts:
+    """Everything a :class:`jointlab.JointGraph` is built from.
+
+    Both tracing modes and :mod:`jointlab.io.persist` produce this; only
+    :mod:`jointlab.graph` turns it into a JointGraph, so neither the tracer
+    internals nor io import the graph class.
+    """
+
+    graph_module: fx.GraphModule
+    mode: str
+    state_spec: StateSpec
+    input_spec: InputSpec
+    param_names: list[str]
+    loss_dict_keys: list[str]
+    dynamic_dims: dict[str, set[int]] = field(default_factory=dict)
+    guards: ShapeGuards | None = None
+    runtime: Any = None
 
 
 class TracedGraph(Protocol):

@@ -34,6 +34,7 @@ __all__ = [
     "WhatIfError",
     "PlotArgumentError",
     "MemoryQueryError",
+    "StaleAnalysisError",
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
@@ -157,5 +158,11 @@ class UntestedTorchWarning(UserWarning):
 
 class PlotArgumentError(JointlabError, ValueError):
     """A plotting or explorer call got an argument it cannot use (``plot_dag``, ``explore``)."""
+
+
 class MemoryQueryError(JointlabError, ValueError):
     """``joint.memory()`` got a model without inputs (or the reverse), so it cannot measure."""
+
+
+class StaleAnalysisError(JointlabError, RuntimeError):
+    """The graph was edited after its per-node analysis was computed; call ``joint.recompute()``."""

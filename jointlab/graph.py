@@ -12,7 +12,7 @@ own modules.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -20,6 +20,7 @@ from torch import nn
 
 from jointlab import meta as _meta
 from jointlab._deprecation import warn_renamed
+from jointlab.core import GraphParts, RunResult
 from jointlab.errors import NodeExecutionError
 from jointlab.inputs import (
     InputSpec,
@@ -29,6 +30,14 @@ from jointlab.inputs import (
     check_structure,
     flatten_inputs,
 )
+from jointlab.passes.analyze import (
+    ensure_analyzed,
+    forget_analysis,
+    graph_fingerprint,
+    mark_analyzed,
+    same_version,
+)
+from jointlab.runtime import MakeFxRuntime, Runtime
 from jointlab.trace.refusals import torch_errors
 
 if TYPE_CHECKING:
@@ -37,34 +46,8 @@ if TYPE_CHECKING:
     from jointlab.guards import ShapeGuards
 
 _RUN_HINT = ("The joint graph was traced fine but torch rejected a node while running it; "
-             "if you edited the graph, check that edit (then joint.invalidate()), otherwise "
+             "if you edited the graph, check that edit (then joint.recompute()), otherwise "
              "trace again and compare with jl.compare")
-RunResult = tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]
-
-
-class Runtime(Protocol):
-    """How one tracing mode turns validated inputs into graph args and back."""
-
-    def prepare(self, joint: JointGraph, flat: list[torch.Tensor]) -> list[Any]:
-        """Return the graph's positional args from state tensors + tensor inputs."""
-
-    def finish(
-        self, joint: JointGraph, outputs: list[Any], flat: list[torch.Tensor]
-    ) -> tuple[Any, list[torch.Tensor], list[Any]]:
-        """Return ``(loss, grads in param_names order, loss_dict values)``."""
-
-
-class MakeFxRuntime:
-    """Runtime of the default mode: the graph takes and returns the plain layout."""
-
-    def prepare(self, joint: JointGraph, flat: list[torch.Tensor]) -> list[Any]:
-        """Pass the inputs through unchanged."""
-        return flat
-
-    def finish(self, joint: JointGraph, outputs: list[Any], flat: list[torch.Tensor]):
-        """Split ``[loss, *grads, *loss_dict]``."""
-        n = len(joint.param_names)
-        return outputs[0], list(outputs[1 : 1 + n]), list(outputs[1 + n :])
 
 
 class JointGraph:
@@ -97,6 +80,21 @@ class JointGraph:
         #: :func:`jointlab.compare` re-runs it eagerly as the reference.
         self.train_fn: Callable[..., Any] | None = None
         self._cache: dict[str, tuple[Any, Any]] = {}
+
+    @classmethod
+    def from_parts(cls, parts: GraphParts) -> JointGraph:
+        """Build a JointGraph from what a tracing mode or :func:`load` produced.
+
+        Args:
+            parts: The graph module and its layout.
+
+        Returns:
+            The JointGraph (``train_fn`` unset).
+        """
+        return cls(parts.graph_module, mode=parts.mode, state_spec=parts.state_spec,
+                   input_spec=parts.input_spec, param_names=parts.param_names,
+                   loss_dict_keys=parts.loss_dict_keys, dynamic_dims=parts.dynamic_dims,
+                   guards=parts.guards, runtime=parts.runtime)
 
     # -- layout ---------------------------------------------------------------
     @property
@@ -208,8 +206,8 @@ class JointGraph:
             accumulate: Also add the gradients into ``param.grad``, like ``loss.backward()``.
 
         Returns:
-            ``(loss, grads, loss_dict)``: ``grads`` maps FQN to gradient in
-            :attr:`param_names` order.
+            A :class:`jointlab.core.RunResult` ``(loss, grads, loss_dict)``:
+            ``grads`` maps FQN to gradient in :attr:`param_names` order.
         """
         return self.run_with(self.graph_module, model, inputs, accumulate=accumulate)
 
@@ -224,7 +222,7 @@ class JointGraph:
             accumulate: Also add the gradients into ``param.grad``.
 
         Returns:
-            ``(loss, grads by FQN, loss_dict)``.
+            A :class:`jointlab.core.RunResult` ``(loss, grads by FQN, loss_dict)``.
         """
         flat = self.flat_args(model, inputs)
         with torch.no_grad(), torch_errors("joint.run", NodeExecutionError, _RUN_HINT):
@@ -237,31 +235,42 @@ class JointGraph:
                 for name, g in grad_map.items():
                     p = params[name]
                     p.grad = g.detach().clone() if p.grad is None else p.grad.add_(g)
-        return loss, grad_map, dict(zip(self.loss_dict_keys, ld))
+        return RunResult(loss, grad_map, dict(zip(self.loss_dict_keys, ld)))
 
-    # -- caching for derived views --------------------------------------------
-    def graph_version(self) -> tuple[int, int]:
-        """A cheap fingerprint that changes when the graph is edited."""
-        from jointlab.passes.analyze import graph_fingerprint
-
-        return graph_fingerprint(self.graph)
+    # -- caching and recomputing derived views --------------------------------
+    def graph_version(self) -> tuple[Any, ...]:
+        """An O(1) stamp of the graph's version (recompiling or adding a node changes it)."""
+        return graph_fingerprint(self.graph_module)
 
     def cached(self, key: str, build: Any) -> Any:
         """Return ``build(self)`` cached under ``key`` until the graph changes."""
         version = self.graph_version()
         hit = self._cache.get(key)
-        if hit is not None and hit[0] == version:
+        if hit is not None and same_version(hit[0], version):
             return hit[1]
         value = build(self)
         self._cache[key] = (version, value)
         return value
 
-    def invalidate(self) -> None:
-        """Drop cached tables, profiles and analysis (call after editing node meta)."""
-        from jointlab.passes.analyze import forget_analysis
+    def recompute(self) -> None:
+        """Refresh the per-node analysis after editing the graph (or its node meta).
 
+        Recompiles the graph module, so it runs the edited graph, drops cached
+        tables and profiles, and reruns the cost-and-storage pass
+        (:mod:`jointlab.passes.analyze`). Readers (``nodes``, ``memory()``,
+        plots, ``save``) refuse an edited graph with
+        :class:`jointlab.errors.StaleAnalysisError` until this is called. The
+        trace-time annotations (phase, module, source) are kept: give a node
+        you insert its own ``node.meta["jointlab"]``.
+        """
+        self.graph_module.recompile()
         self._cache.clear()
         forget_analysis(self.graph_module)
+        ensure_analyzed(self.graph_module)
+
+    def invalidate(self) -> None:
+        """Deprecated alias of :meth:`recompute` (kept for one release)."""
+        self.recompute()
 
     # -- analyses (implemented in their own modules) ---------------------------
     @property
@@ -354,3 +363,25 @@ class JointGraph:
             counts[ph] = counts.get(ph, 0) + 1
         body = ", ".join(f"{k}={v}" for k, v in counts.items())
         return f"JointGraph(mode={self.mode!r}, nodes={len(self.graph.nodes)}: {body})"
+
+
+
+def load(path: str) -> JointGraph:
+    """Read a JointGraph written by :meth:`JointGraph.save`.
+
+    Args:
+        path: The archive.
+
+    Returns:
+        A JointGraph that runs exactly like the saved one; its archived
+        analysis is current (``train_fn`` is None, so ``jl.compare`` needs it passed).
+
+    Raises:
+        jointlab.errors.PersistError: The file is not a jointlab archive, or
+            holds anything outside the allow-lists (rejected before any code could run).
+    """
+    from jointlab.io.persist import read
+
+    parts = read(path)
+    mark_analyzed(parts.graph_module)  # the archive carries the analysis keys of its graph
+    return JointGraph.from_parts(parts)

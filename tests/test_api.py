@@ -25,3 +25,17 @@ def test_lazy_names_are_the_api_objects_on_every_access():
         assert first is second
         assert callable(first) and not isinstance(first, type(sys)), name
     assert set(LAZY) <= set(jl.__all__)
+
+
+def test_trace_stays_the_function_after_its_subpackage_loads():
+    code = ("import jointlab as jl, jointlab.trace.aot, jointlab.trace.make_fx, "
+            "jointlab.trace.request; from jointlab.trace import tracer; "
+            "print(jl.trace is tracer.trace, callable(jl.trace))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_load_resolves_to_the_graph_loader():
+    from jointlab.graph import load
+
+    assert jl.load is load and jl.RunResult._fields == ("loss", "grads", "loss_dict")

@@ -53,7 +53,7 @@ def test_gelu_forward_swapped_for_relu_is_localized():
     f, model, inputs, joint = _setup("tiny_lm")
     gelu = _node(joint, aten.gelu.default, "h.1.")
     gelu.target, gelu.kwargs = aten.relu.default, {}  # its gelu_backward is left alone
-    joint.graph_module.recompile()
+    joint.recompute()
     c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
     assert not c.ok and not c.grads["ok"].all()
     d = c.first_divergence
@@ -65,7 +65,7 @@ def test_wrong_constant_in_one_block_is_localized():
     f, model, inputs, joint = _setup("tiny_lm")
     ln = _node(joint, aten.native_layer_norm.default, "h.0.ln_2")
     ln.args = (*ln.args[:4], 0.5)  # eps 1e-5 -> 0.5
-    joint.graph_module.recompile()
+    joint.recompute()
     c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
     assert not c.ok
     assert c.first_divergence.module == "h.0.ln_2"
@@ -79,7 +79,7 @@ def test_backward_only_bug_is_localized():
         scaled = joint.graph.call_function(aten.mul.Tensor, (gb, 1.5))
     gb.replace_all_uses_with(scaled, delete_user_cb=lambda u: u is not scaled)
     scaled.meta["jointlab"] = dict(_meta.info(gb))
-    joint.graph_module.recompile()
+    joint.recompute()
     c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
     assert c.loss["ok"].all() and not c.grads["ok"].all()
     d = c.first_divergence
@@ -93,7 +93,7 @@ def test_loss_bug_outside_modules_and_html():
         doubled = joint.graph.call_function(aten.mul.Tensor, (mse, 2.0))
     mse.replace_all_uses_with(doubled, delete_user_cb=lambda u: u.op == "output")
     doubled.meta["jointlab"] = dict(_meta.info(mse))
-    joint.graph_module.recompile()
+    joint.recompute()
     c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
     assert not c.ok and c.first_divergence.module == "<train_fn>"
     assert c.first_divergence.what == "loss"
@@ -109,7 +109,7 @@ def test_tolerances_decide_pass_fail():
         nudged = joint.graph.call_function(aten.add.Tensor, (bias, 1e-3))
     bias.replace_all_uses_with(nudged, delete_user_cb=lambda u: u is not nudged)
     nudged.meta["jointlab"] = dict(_meta.info(bias))
-    joint.graph_module.recompile()
+    joint.recompute()
     strict = jl.compare(joint, model, inputs, train_fn=f.train_fn)
     loose = jl.compare(joint, model, inputs, train_fn=f.train_fn, rtol=0.1, atol=0.1)
     assert not strict.ok and strict.first_divergence.module == "fc3"

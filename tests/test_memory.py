@@ -11,6 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import jointlab as jl
 from jointlab.analysis.memory.measure import measure_graph
 from jointlab.analysis.memory.predict import CATEGORIES, predict
+from jointlab.passes.analyze import ensure_analyzed
 from jointlab.units import human_bytes
 from tests.fixtures import zoo
 
@@ -86,6 +87,7 @@ def test_forward_and_backward_peaks(traced):
 
 def _measure_fn(fn, *args):
     gm = make_fx(fn, tracing_mode="fake")(*args)
+    ensure_analyzed(gm)  # predict only reads: run the analysis pass on this bare graph
     return predict(gm), measure_graph(gm, list(args))
 
 

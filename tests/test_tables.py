@@ -190,6 +190,9 @@ def test_table_follows_inserted_node():
     with joint.graph.inserting_after(gelu):
         neg = joint.graph.call_function(torch.ops.aten.neg.default, (gelu,))
     neg.meta["val"] = torch.ops.aten.neg.default(gelu.meta["val"])
+    with pytest.raises(jl.errors.StaleAnalysisError, match=r"joint\.recompute\(\)"):
+        joint.nodes  # noqa: B018  # an edited graph is refused until recompute()
+    joint.recompute()
     after = joint.nodes
     assert after is not before and len(after) == len(before) + 1
     assert after.loc[neg.name, "target"] == "aten.neg"
@@ -204,6 +207,7 @@ def test_table_follows_replaced_target():
     gelu = _first(joint.graph, torch.ops.aten.gelu.default)
     assert joint.nodes.loc[gelu.name, "target"] == "aten.gelu"
     gelu.target = torch.ops.aten.relu.default
+    joint.recompute()
     assert joint.nodes.loc[gelu.name, "target"] == "aten.relu"
 
 

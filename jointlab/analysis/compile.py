@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph as JointGraph
 
 
 # Inductor replaces random ops by its own generator unless told to call the ATen

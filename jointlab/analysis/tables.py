@@ -21,7 +21,7 @@ import pandas as pd
 
 from jointlab.errors import TableQueryError
 from jointlab.meta import PHASES, TRAIN_FN, in_module, node_info, op_aliases
-from jointlab.passes.analyze import ensure_analyzed
+from jointlab.passes.analyze import require_analyzed
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
@@ -52,7 +52,7 @@ def node_table(joint: TracedGraph) -> pd.DataFrame:
         columns in :data:`COLUMNS`.
     """
     gm = joint.graph_module
-    ensure_analyzed(gm)
+    require_analyzed(gm)
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     names: list[str] = []
     # Bound appends keep the per-node cost to a few dict lookups.

@@ -1,4 +1,9 @@
-"""Save and load a JointGraph as data, never as pickled objects.
+"""Save a joint graph as data, and read one back, never as pickled objects.
+
+:func:`save` takes any :class:`jointlab.core.TracedGraph`; :func:`read`
+returns :class:`jointlab.core.GraphParts`, which :func:`jointlab.load`
+(in :mod:`jointlab.graph`) turns into a JointGraph. Neither imports the
+graph class or a tracer: the AOT runtime plan is :class:`jointlab.runtime.AotRuntime`.
 
 The archive is a zip file:
 
@@ -31,8 +36,8 @@ import torch.fx as fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from jointlab import meta as _meta
+from jointlab.core import GraphParts, TracedGraph
 from jointlab.errors import PersistError
-from jointlab.graph import JointGraph
 from jointlab.guards import ShapeGuards
 from jointlab.inputs import InputSpec, LeafSpec, StateSpec
 from jointlab.io.codec import (
@@ -46,7 +51,8 @@ from jointlab.io.codec import (
     encode_target,
     encode_value,
 )
-from jointlab.passes.analyze import mark_analyzed
+from jointlab.passes.analyze import require_analyzed
+from jointlab.runtime import AotRuntime, MakeFxRuntime
 from jointlab.torch_compat import FakeTensorMode, pytree
 
 FORMAT = "jointlab.joint-graph"
@@ -58,7 +64,7 @@ SAVED_META = ("seq_nr", "autograd_backward", "is_gradient_acc", "nn_module_stack
               "stack_trace", "torch_fn", "custom", "original_aten", "desc_repr")
 
 
-def save(joint: JointGraph, path: str) -> None:
+def save(joint: TracedGraph, path: str) -> None:
     """Write ``joint`` to ``path`` as a pickle-free zip archive.
 
     Args:
@@ -67,10 +73,9 @@ def save(joint: JointGraph, path: str) -> None:
 
     Raises:
         PersistError: The graph holds a target or value that cannot be stored safely.
+        StaleAnalysisError: The graph was edited since its analysis (``joint.recompute()``).
     """
-    from jointlab.passes.analyze import ensure_analyzed
-
-    ensure_analyzed(joint.graph_module)
+    require_analyzed(joint.graph_module)
     graph_doc, constants = _encode_graph(joint.graph_module)
     layout = _encode_layout(joint)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
@@ -83,14 +88,15 @@ def save(joint: JointGraph, path: str) -> None:
             zf.writestr("constants.pt", buf.getvalue())
 
 
-def load(path: str) -> JointGraph:
-    """Read a JointGraph written by :meth:`JointGraph.save`.
+def read(path: str) -> GraphParts:
+    """Read the parts of a graph written by :func:`save` (:func:`jointlab.load` builds it).
 
     Args:
         path: The archive.
 
     Returns:
-        A JointGraph that runs exactly like the saved one.
+        The graph module (node meta as archived, fake values rebuilt where
+        static) and its layout; the AOT runtime plan included.
 
     Raises:
         PersistError: The file is not a jointlab archive, or holds anything
@@ -111,9 +117,9 @@ def load(path: str) -> JointGraph:
             raise PersistError(f"{path!r} is not a {FORMAT} v{VERSION} archive: {fmt!r}")
         constants = _load_constants(zf) if "constants.pt" in names else {}
         gm = _decode_graph(_json(zf, "graph.json"), constants)
-        joint = _decode_layout(_json(zf, "layout.json"), gm)
-    _rebuild_vals(joint)
-    return joint
+        parts = _decode_layout(_json(zf, "layout.json"), gm)
+    _rebuild_vals(parts)
+    return parts
 
 
 def _json(zf: zipfile.ZipFile, name: str) -> Any:
@@ -259,7 +265,7 @@ def _decode_meta(meta: Any) -> dict[str, Any]:
 
 
 # -- the layout -----------------------------------------------------------------------
-def _encode_layout(joint: JointGraph) -> dict[str, Any]:
+def _encode_layout(joint: TracedGraph) -> dict[str, Any]:
     s, i = joint.state_spec, joint.input_spec
     leaves = [{
         "path": leaf.path, "is_tensor": leaf.is_tensor, "shape": list(leaf.shape),
@@ -281,14 +287,10 @@ def _encode_layout(joint: JointGraph) -> dict[str, Any]:
     }
 
 
-def _encode_runtime(joint: JointGraph) -> Any:
+def _encode_runtime(joint: TracedGraph) -> Any:
     """The runtime's plain-data plan: None for make_fx, the field dict for AOT."""
-    from jointlab.graph import MakeFxRuntime
-
     if joint.mode == "make_fx" and type(joint.runtime) is MakeFxRuntime:
         return None
-    from jointlab.trace.aot import AotRuntime
-
     if joint.mode == "aot" and type(joint.runtime) is AotRuntime:
         fields = {f.name: getattr(joint.runtime, f.name)
                   for f in dataclasses.fields(AotRuntime)}
@@ -302,8 +304,6 @@ def _decode_runtime(mode: str, data: Any) -> Any:
         if data is not None:
             raise PersistError("a make_fx archive must not carry a runtime plan")
         return None
-    from jointlab.trace.aot import AotRuntime
-
     fields = decode_value(data)
     names = {f.name for f in dataclasses.fields(AotRuntime)}
     if not isinstance(fields, dict) or set(fields) != names:
@@ -344,7 +344,7 @@ def _decode_guards(d: dict[str, Any]) -> ShapeGuards:
         raise PersistError(f"malformed shape guards in the archive: {exc}") from exc
 
 
-def _decode_layout(d: Any, gm: fx.GraphModule) -> JointGraph:
+def _decode_layout(d: Any, gm: fx.GraphModule) -> GraphParts:
     try:
         if d["mode"] not in ("make_fx", "aot"):
             raise PersistError(f"unsupported mode {d['mode']!r} in the archive")
@@ -362,7 +362,7 @@ def _decode_layout(d: Any, gm: fx.GraphModule) -> JointGraph:
                      decode_value(lf["value"]))
             for lf in d["inputs"]["leaves"])
         treespec = pytree.treespec_loads(str(d["inputs"]["treespec"]))
-        return JointGraph(
+        return GraphParts(
             gm, mode=d["mode"], runtime=_decode_runtime(d["mode"], d.get("runtime")),
             state_spec=state, input_spec=InputSpec(treespec, leaves),
             param_names=[str(x) for x in d["param_names"]],
@@ -377,16 +377,14 @@ def _decode_layout(d: Any, gm: fx.GraphModule) -> JointGraph:
 
 
 # -- fake values ------------------------------------------------------------------------
-def _rebuild_vals(joint: JointGraph) -> None:
+def _rebuild_vals(parts: GraphParts) -> None:
     """Re-derive ``meta["val"]`` by fake propagation (best effort; static shapes only)."""
-    gm = joint.graph_module
-    placeholders = joint.placeholders
+    gm = parts.graph_module
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
     specs = [n.meta.pop("_jointlab_val_spec", None) for n in placeholders]
     for n in gm.graph.nodes:
         n.meta.pop("_jointlab_val_spec", None)
-    # The analysis keys were saved; mark them current so they are not recomputed.
-    mark_analyzed(gm)
-    if joint.dynamic_dims or any(s is None for s in specs):
+    if parts.dynamic_dims or any(s is None for s in specs):
         return  # symbolic values are not rebuilt; annotations were saved already
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -397,4 +395,4 @@ def _rebuild_vals(joint: JointGraph) -> None:
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
     except Exception as exc:  # pragma: no cover - analysis keys are in the archive anyway
         warnings.warn(f"jointlab.load could not rebuild fake values ({exc}); running works, "
-                      "but passes that need meta['val'] will not.", stacklevel=3)
+                      "but passes that need meta['val'] will not.", stacklevel=4)

@@ -1,7 +1,19 @@
-"""Per-node cost and storage facts: category, FLOPs, bytes, aliasing, saved tensors.
+"""The cost-and-storage pass: category, FLOPs, bytes, aliasing, saved tensors.
 
-:func:`ensure_analyzed` adds these keys to ``node.meta["jointlab"]`` once per
-graph version (the trace-time keys are in :mod:`jointlab.meta`):
+:func:`ensure_analyzed` is a pass: it is run by :func:`jointlab.trace`, by
+:func:`jointlab.load` (which marks the archived keys current) and by an
+explicit :meth:`jointlab.JointGraph.recompute` after a user edits the graph.
+Readers never run it; they call :func:`require_analyzed`, which raises
+:class:`jointlab.errors.StaleAnalysisError` when the graph changed since.
+
+Staleness uses public FX state only and costs O(1): the stamp holds the
+generated ``graph_module.code`` string (a new object on every
+``recompile()``, which ``gm.graph = ...`` also runs), the ``fx.Graph``
+object and ``len(graph.nodes)``. An edit that neither recompiles nor adds
+or removes a node leaves the module running the code the analysis describes.
+
+Keys this pass writes into ``node.meta["jointlab"]`` (the trace-time keys of
+:mod:`jointlab.passes.annotate` are listed in :mod:`jointlab.meta`):
 
 - ``target``: readable op name, e.g. ``aten.mm``.
 - ``category``: matmul, conv, pointwise, reduction, view, norm, rng, copy,
@@ -30,6 +42,7 @@ import torch
 import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
+from jointlab.errors import StaleAnalysisError
 from jointlab.meta import KEY, is_aten_op, op_name
 from jointlab.torch_compat import op_schema, storage_id
 
@@ -102,8 +115,11 @@ def written_in_place(gm: fx.GraphModule) -> set[str]:
         Every node (views and their base alike) that shares a storage with an
         argument written in place, so a value kept for later reading must be
         copied when it is produced.
+
+    Raises:
+        StaleAnalysisError: The graph was edited since its analysis.
     """
-    ensure_analyzed(gm)
+    require_analyzed(gm)
     storage = {n.name: n.meta.get(KEY, {}).get("storage", n.name) for n in gm.graph.nodes}
     hit = {storage[a.name] for n in gm.graph.nodes for a in written_args(n)}
     return {name for name, root in storage.items() if root in hit}
@@ -187,18 +203,18 @@ def node_flops(node: fx.Node) -> int | None:
 def ensure_analyzed(gm: fx.GraphModule) -> None:
     """Add cost and storage keys to every node's jointlab meta (idempotent).
 
+    A no-op while the stamp is current; see :func:`forget_analysis` to force a rerun.
+
     Args:
         gm: A traced joint graph whose nodes carry fake ``meta["val"]``.
     """
-    graph = gm.graph
-    stamp = graph_fingerprint(graph)
-    if getattr(gm, _STAMP, None) == stamp:
+    if is_analyzed(gm):
         return
     owner: dict[int, str] = {}
-    for node in graph.nodes:
+    for node in gm.graph.nodes:
         meta = node.meta.setdefault(KEY, {})
         _analyze_node(node, meta, owner)
-    setattr(gm, _STAMP, stamp)
+    mark_analyzed(gm)
 
 
 def mark_analyzed(gm: fx.GraphModule) -> None:
@@ -207,23 +223,49 @@ def mark_analyzed(gm: fx.GraphModule) -> None:
     Args:
         gm: The graph module.
     """
-    setattr(gm, _STAMP, graph_fingerprint(gm.graph))
+    setattr(gm, _STAMP, graph_fingerprint(gm))
 
 
-def graph_fingerprint(graph: fx.Graph) -> tuple[int, int]:
-    """A cheap fingerprint of a graph's structure; any edit changes it.
-
-    Covers node identity and order, targets and argument tuples, so inserting,
-    erasing or re-targeting a node, or rewiring its inputs, all change it.
+def graph_fingerprint(gm: fx.GraphModule) -> tuple[str, fx.Graph, int]:
+    """An O(1) stamp of ``gm``'s current version, from public FX state only.
 
     Args:
-        graph: The graph.
+        gm: The graph module.
 
     Returns:
-        ``(id(graph), hash of the per-node signature)``.
+        ``(generated code, graph, node count)``; compare with :func:`same_version`.
     """
-    sig = tuple((id(n), n.target, id(n.args), id(n.kwargs)) for n in graph.nodes)
-    return (id(graph), hash(sig))
+    return (gm.code, gm.graph, len(gm.graph.nodes))
+
+
+def same_version(a: tuple[str, fx.Graph, int] | None, b: tuple[str, fx.Graph, int]) -> bool:
+    """True when two stamps describe the same graph version (code and graph by identity)."""
+    return a is not None and a[0] is b[0] and a[1] is b[1] and a[2] == b[2]
+
+
+def is_analyzed(gm: fx.GraphModule) -> bool:
+    """True when the analysis keys on ``gm``'s nodes describe its current version."""
+    return same_version(getattr(gm, _STAMP, None), graph_fingerprint(gm))
+
+
+def require_analyzed(gm: fx.GraphModule) -> None:
+    """Raise unless the analysis keys on ``gm`` are current (what every reader calls).
+
+    Args:
+        gm: The graph module a reader is about to read.
+
+    Raises:
+        StaleAnalysisError: The graph was edited (recompiled, or nodes added or
+            removed) after the analysis, or was never analysed.
+    """
+    if is_analyzed(gm):
+        return
+    what = ("was edited after its analysis" if hasattr(gm, _STAMP)
+            else "carries no jointlab analysis")
+    raise StaleAnalysisError(
+        f"the joint graph {what} ({len(gm.graph.nodes)} nodes now), so its node table, "
+        "memory and plots would describe a different graph. Call joint.recompute() after "
+        "editing the graph (it recompiles and refreshes the per-node analysis).")
 
 
 def forget_analysis(gm: fx.GraphModule) -> None:

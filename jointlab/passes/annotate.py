@@ -1,8 +1,12 @@
-"""Trace-time annotation: phase, module attribution and source of every node.
+"""The annotation pass: phase, module attribution and source of every node.
 
-Runs once after tracing and writes into ``node.meta["jointlab"]`` (see
-:mod:`jointlab.meta`). Node kinds are told apart by the small predicates
-below. Everything is one or two linear passes over the graph.
+One pass serves both tracing modes (:func:`annotate`); what differs between
+them (which placeholder is what, which node is backward, which output is
+which gradient) comes in as :class:`ModeRules` from
+:mod:`jointlab.passes.classify`. It runs once, inside :func:`jointlab.trace`,
+and writes the trace-time keys of ``node.meta["jointlab"]`` listed in
+:func:`annotate` (see also :mod:`jointlab.meta`). Node kinds are told apart by
+the small predicates below; everything is one or two linear passes.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 import re
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
@@ -19,10 +23,10 @@ import torch.fx as fx
 from jointlab.meta import KEY, RECOMPUTE_TAG, TRAIN_FN
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-#: The package root (this file is ``jointlab/passes/annotate.py``).
+#: The jointlab package directory (this module lives in its ``passes/``).
 JOINTLAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-#: Package files whose frames count as user code: the demo models users trace.
-_USER_CODE_IN_PACKAGE = (os.path.join(JOINTLAB_DIR, "models.py"),)
+#: jointlab modules that hold user-level code (the demo models and their train_fn).
+_USER_MODULES = (os.path.join(JOINTLAB_DIR, "models.py"),)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _COPIED_META = ("nn_module_stack", "stack_trace", "custom")
 
@@ -70,7 +74,7 @@ def is_user_frame(path: str) -> bool:
     """
     if path.startswith(_TORCH_DIR):
         return False
-    return not path.startswith(JOINTLAB_DIR) or path in _USER_CODE_IN_PACKAGE
+    return not path.startswith(JOINTLAB_DIR) or path in _USER_MODULES
 
 
 def innermost_user_frame(frames: Sequence[traceback.FrameSummary],
@@ -128,83 +132,64 @@ def stack_module(node: fx.Node) -> tuple[str, str]:
     return str(path), name.rsplit(".", 1)[-1]
 
 
-def _forward_ancestors(roots: Sequence[Any]) -> set[fx.Node]:
-    seen: set[fx.Node] = set()
-    todo = [r for r in roots if isinstance(r, fx.Node) and is_compute(r)]
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        todo.extend(a for a in node_inputs(n) if is_compute(a) and a not in seen)
-    return seen
-
-
 # -- the pass -----------------------------------------------------------------
-def annotate(
-    gm: fx.GraphModule,
-    placeholder_info: Sequence[dict[str, Any]],
-    grad_fqns: Sequence[str],
-    zero_grad_fqns: Iterable[str] = (),
-    num_loss_dict: int = 0,
-) -> None:
-    """Write phase, module, type and source for every node of a make_fx joint graph.
+_BLANK = {"module": "", "module_type": "", "source": ""}
+
+
+class ModeRules(Protocol):
+    """The only parts of the annotation that differ between the tracing modes.
+
+    :mod:`jointlab.passes.classify` has the two implementations.
+    """
+
+    def placeholder_info(self, node: fx.Node) -> dict[str, Any]:
+        """Trace-time facts of a placeholder (``phase`` and ``fqn`` or ``input_path``)."""
+
+    def is_backward(self, node: fx.Node) -> bool:
+        """Whether a compute node belongs to the backward; called once per node, in order."""
+
+    def gradients(self, out: fx.Node) -> list[tuple[str, Any, bool]]:
+        """``(parameter FQN, gradient output value, only zeros)`` for each gradient output."""
+
+
+def annotate(gm: fx.GraphModule, rules: ModeRules) -> None:
+    """Write phase, module, type and source for every node of a joint graph (both modes).
+
+    Writes into ``node.meta["jointlab"]``: ``phase``, ``module``, ``module_type``,
+    ``source`` on every node; ``fqn`` / ``input_path`` on placeholders;
+    ``fwd_twin`` on backward nodes attributed through ``seq_nr``; ``grad_acc_of``
+    on attributed gradient-accumulation adds; ``grad_of`` and ``zero_grad`` on
+    gradient outputs; ``recompute`` on every node. Also copies ``nn_module_stack``,
+    ``stack_trace`` and ``custom`` from each forward twin onto its backward nodes
+    (top-level ``node.meta``, as make_fx itself would).
 
     Args:
-        gm: The joint graph, outputs laid out as ``[loss, *grads, *loss_dict]``.
-        placeholder_info: Per placeholder, a dict with ``phase`` and ``fqn`` or
-            ``input_path`` (and ``module`` for state placeholders).
-        grad_fqns: The parameter FQN of each gradient output.
-        zero_grad_fqns: Parameters whose gradient output is only zeros.
-        num_loss_dict: How many ``loss_dict`` values follow the gradients.
+        gm: The joint graph.
+        rules: The mode's classification (:mod:`jointlab.passes.classify`).
     """
     graph = gm.graph
-    out_node = graph.output_node()
-    outs = list(out_node.args[0])
-    fwd_roots = [outs[0], *outs[len(outs) - num_loss_dict :]]
-    ancestors = _forward_ancestors(fwd_roots)
-    # Untagged nodes created before the loss (saved-tensor detaches, unused
-    # outputs of multi-output ops) are forward; after it, untagged nodes
-    # outside any module (the gradient seed, zeros for unused parameters)
-    # belong to the backward.
-    loss = outs[0] if isinstance(outs[0], fx.Node) else None
-    after_loss = False
-
-    placeholders = iter(placeholder_info)
     by_seq: dict[int, fx.Node] = {}
     pending: list[fx.Node] = []
     for node in graph.nodes:
         if is_placeholder(node):
-            meta = dict(next(placeholders))
-            meta.setdefault("module", "")
-            meta.setdefault("module_type", "")
-            meta["source"] = ""
-            node.meta[KEY] = meta
+            node.meta[KEY] = {**_BLANK, **rules.placeholder_info(node)}
             continue
         if is_output(node):
-            node.meta[KEY] = {"phase": "output", "module": "", "module_type": "", "source": ""}
+            node.meta[KEY] = {**_BLANK, "phase": "output"}
             continue
-        backward = is_engine_backward(node) or (
-            after_loss and not (has_module_stack(node) or node in ancestors)
-        )
-        after_loss = after_loss or node is loss
-        if backward:
+        if rules.is_backward(node):
             pending.append(node)
             continue
         mod, mtype = stack_module(node)
-        node.meta[KEY] = {
-            "phase": "forward",
-            "module": mod,
-            "module_type": mtype,
-            "source": user_source(node.meta.get("stack_trace")),
-        }
+        node.meta[KEY] = {"phase": "forward", "module": mod, "module_type": mtype,
+                          "source": user_source(node.meta.get("stack_trace"))}
         seq = node.meta.get("seq_nr")
         if seq is not None and seq >= 0:
             by_seq.setdefault(seq, node)
-    zero = set(zero_grad_fqns)
-    _own_zero_grads(outs, grad_fqns, zero, placeholder_info)
+    grads = rules.gradients(graph.output_node())
+    _own_zero_grads(graph, grads)
     attribute_backward(pending, by_seq)
-    _mark_gradients(outs, grad_fqns, zero)
+    _mark_gradients(grads)
     _copy_into_subgraphs(gm, by_seq)
     mark_recompute(graph)
 
@@ -410,21 +395,20 @@ def _inherit(node: fx.Node, neighbours: Iterable[fx.Node]) -> None:
             return
 
 
-def _own_zero_grads(outs: list[Any], grad_fqns: Sequence[str], zero: set[str],
-                    placeholder_info: Sequence[dict[str, Any]]) -> None:
+def _own_zero_grads(graph: fx.Graph, grads: list[tuple[str, Any, bool]]) -> None:
     # Zeros emitted for a parameter without a gradient belong to the module
     # that owns the parameter.
-    owners = {p.get("fqn"): p for p in placeholder_info}
-    for fqn, node in zip(grad_fqns, outs[1 : 1 + len(grad_fqns)]):
-        if fqn in zero and isinstance(node, fx.Node) and KEY not in node.meta:
+    owners = {n.meta[KEY].get("fqn"): n.meta[KEY] for n in graph.find_nodes(op="placeholder")}
+    for fqn, node, zero in grads:
+        if zero and isinstance(node, fx.Node) and KEY not in node.meta:
             p = owners.get(fqn, {})
             node.meta[KEY] = {"phase": "backward", "module": p.get("module", ""),
                               "module_type": p.get("module_type", ""), "source": ""}
 
 
-def _mark_gradients(outs: list[Any], grad_fqns: Sequence[str], zero: set[str]) -> None:
-    for fqn, node in zip(grad_fqns, outs[1 : 1 + len(grad_fqns)]):
+def _mark_gradients(grads: list[tuple[str, Any, bool]]) -> None:
+    for fqn, node, zero in grads:
         if isinstance(node, fx.Node) and KEY in node.meta:
             node.meta[KEY]["grad_of"] = fqn
-            if fqn in zero:
+            if zero:
                 node.meta[KEY]["zero_grad"] = True

@@ -16,6 +16,9 @@ the real layout allows one, a copy where it does not, as in eager. Uncertainty
 flows through every op except those that lay out their output afresh (matrix
 products); most ops (pointwise, dropout, copies, views) follow their input's
 strides.
+
+Meta keys written: none. It edits node targets only, and runs inside
+:func:`jointlab.trace` before the analysis pass reads the graph.
 """
 
 from __future__ import annotations

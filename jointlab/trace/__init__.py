@@ -1,4 +1,5 @@
-"""Tracing: one joint forward+backward FX graph from a model and a training step.
+"""Tracing: a model and a training step into one joint forward+backward FX graph.
 
-Two modes share one request: make_fx and AOT export with descriptors.
+``trace()`` (tracer.py) dispatches to the make_fx mode (make_fx.py) or the AOT
+mode (aot.py); request.py holds what both modes share.
 """

@@ -7,7 +7,7 @@ outputs carry descriptors (``ParamAOTInput``, ``GradAOTOutput``,
 reads those descriptors once at trace time and builds:
 
 - the same ``node.meta["jointlab"]`` annotations as the default mode, and
-- an :class:`AotRuntime` that maps jointlab's flat call layout onto the
+- an :class:`jointlab.runtime.AotRuntime` plan that maps jointlab's flat call layout onto the
   graph's arguments (tied aliases, the loss tangent) and maps its outputs back
   (buffer mutations copied into the live model, alias gradients summed).
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,18 +28,14 @@ from torch import nn
 from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
 
+from jointlab.core import GraphParts
 from jointlab.errors import TraceError
-from jointlab.graph import JointGraph
 from jointlab.guards import fakeify, symbolic_fake_mode
 from jointlab.inputs import state_on_meta
-from jointlab.meta import KEY, TRAIN_FN
-from jointlab.passes.annotate import (
-    attribute_backward,
-    is_user_frame,
-    mark_recompute,
-    stack_module,
-    user_source,
-)
+from jointlab.meta import TRAIN_FN
+from jointlab.passes.annotate import annotate, is_user_frame
+from jointlab.passes.classify import AotRules
+from jointlab.runtime import AotRuntime
 from jointlab.torch_compat import pytree, torch_attr, torch_module
 from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
@@ -49,14 +44,15 @@ from jointlab.trace.checkpoint import (
 from jointlab.trace.hf_compat import hf_tracing_compat
 from jointlab.trace.probes import module_probes
 from jointlab.trace.refusals import in_train_fn
-from jointlab.trace.snapshot import ModelSnapshot
-from jointlab.trace.tracer import (
+from jointlab.trace.request import (
+    LossBox,
     TraceRequest,
     check_loss,
     split_loss,
     state_placeholder_info,
     user_errors,
 )
+from jointlab.trace.snapshot import ModelSnapshot
 
 D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
 aot_export_joint_with_descriptors = torch_attr(
@@ -88,7 +84,7 @@ class _TrainStep(nn.Module):
         self._leaves = [None if isinstance(v, torch.Tensor) else v for _, v in leaves]
         self._tensor_mask = [isinstance(v, torch.Tensor) for _, v in leaves]
         self._treespec = treespec
-        self.box: dict[str, Any] = {"keys": [], "consts": {}}
+        self.box = LossBox()
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         it = iter(tensors)
@@ -98,9 +94,7 @@ class _TrainStep(nn.Module):
         with _source_recorder(), in_train_fn(self.model):
             loss, loss_dict = split_loss(self._train_fn(self.model, **kwargs))
         check_loss(loss)
-        self.box["keys"] = list(loss_dict)
-        self.box["consts"] = {k: v for k, v in loss_dict.items()
-                              if not isinstance(v, torch.Tensor)}
+        self.box.record(loss_dict)
         vals = [v.detach() for v in loss_dict.values() if isinstance(v, torch.Tensor)]
         return (loss, *vals)
 
@@ -185,87 +179,20 @@ def module_stack_hooks(model: nn.Module) -> Iterator[None]:
             h.remove()
 
 
-# -- the runtime --------------------------------------------------------------
-@dataclass
-class AotRuntime:
-    """Maps jointlab's flat layout onto the AOT graph and back.
-
-    Attributes:
-        arg_plan: Per placeholder, an index into the flat args, or None for the
-            loss tangent (fed ones of ``tangent_shape``).
-        out_plan: Per output, ``(kind, index)``: ``("loss", 0)``, ``("ld", j)``
-            for the j-th tensor loss_dict value, ``("grad", k)`` for
-            ``param_names[k]``, ``("mut", i)`` to copy into flat arg ``i``,
-            or ``("skip", 0)``.
-        param_flat: Flat index of each trainable parameter (for zero grads).
-        ld_consts: Non-tensor loss_dict values by key.
-    """
-
-    arg_plan: list[int | None]
-    out_plan: list[tuple[str, int]]
-    param_flat: list[int]
-    loss_dict_keys: list[str]
-    ld_consts: dict[str, Any] = field(default_factory=dict)
-    tangent_shape: tuple[int, ...] = ()
-    tangent_dtype: torch.dtype = torch.float32
-
-    def prepare(self, joint: JointGraph, flat: list[torch.Tensor]) -> list[Any]:
-        """Return the graph's args: aliases repeated, ones for the loss tangent."""
-        device = flat[0].device if flat else None
-        return [
-            torch.ones(self.tangent_shape, dtype=self.tangent_dtype, device=device)
-            if i is None else flat[i]
-            for i in self.arg_plan
-        ]
-
-    def finish(self, joint: JointGraph, outputs: list[Any], flat: list[torch.Tensor]
-               ) -> tuple[Any, list[torch.Tensor], list[Any]]:
-        """Apply input mutations, merge alias gradients, return the plain layout."""
-        loss: Any = None
-        grads: list[torch.Tensor | None] = [None] * len(self.param_flat)
-        ld: dict[int, Any] = {}
-        for out, (kind, i) in zip(outputs, self.out_plan):
-            if kind == "loss":
-                loss = out
-            elif kind == "ld":
-                ld[i] = out
-            elif kind == "grad" and out is not None:
-                grads[i] = out if grads[i] is None else grads[i] + out
-            elif kind == "mut":
-                flat[i].copy_(out)
-        full = [torch.zeros_like(flat[self.param_flat[k]]) if g is None else g
-                for k, g in enumerate(grads)]
-        tensor_vals = iter(ld[j] for j in sorted(ld))
-        values = [self.ld_consts[k] if k in self.ld_consts else next(tensor_vals)
-                  for k in self.loss_dict_keys]
-        return loss, full, values
-
-
 # -- tracing ------------------------------------------------------------------
-def trace_aot(
-    model: nn.Module,
-    train_fn: Callable[..., Any],
-    inputs: dict[str, Any],
-    *,
-    dynamic: bool,
-    dynamic_arg_dims: dict[str, int | list[int]] | None,
-) -> JointGraph:
+def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequest
+              ) -> GraphParts:
     """Trace ``train_fn(model, **inputs)`` with the AOT joint export.
 
     Args:
         model: The model; left bitwise unchanged, also when tracing fails.
         train_fn: Returns a scalar loss, or ``(loss, loss_dict)``.
-        inputs: Keyword inputs for ``train_fn`` (tensors and constants).
-        dynamic: Make every dim of every tensor input symbolic.
-        dynamic_arg_dims: Dotted input path to dims to make symbolic.
+        req: The checked request (inputs, state, dynamic dims).
 
     Returns:
-        A :class:`JointGraph` with ``mode="aot"`` and an :class:`AotRuntime`.
+        The annotated graph and its layout, ``mode="aot"`` with an :class:`AotRuntime`.
     """
-    req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
     tensors, dyn_dims = req.tensors, req.dyn_dims
-    state_spec, param_names = req.state_spec, req.param_names
-
     snapshot = ModelSnapshot.take(model)
     try:
         with module_probes(model) as probes:
@@ -277,10 +204,10 @@ def trace_aot(
 
     canon = _canonical_names(model)
     sum_alias_grads_like_eager(gm, canon)
-    runtime = _build_runtime(gm, state_spec.fqns, param_names, canon, len(tensors), box)
-    annotate_aot(gm, model, [p for p, _ in tensors], param_names, canon)
+    runtime = _build_runtime(gm, req.state_spec.fqns, req.param_names, canon, box)
+    annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon))
     probes.write(gm)
-    return req.joint_graph(gm, "aot", box["keys"], guards, runtime)
+    return req.parts(gm, "aot", box, guards, runtime)
 
 
 def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
@@ -398,7 +325,7 @@ def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
     )
 
 
-def _build_runtime(gm, state_fqns, param_names, canon, n_inputs, box) -> AotRuntime:
+def _build_runtime(gm, state_fqns, param_names, canon, box: LossBox) -> AotRuntime:
     state_index = {f: i for i, f in enumerate(state_fqns)}
     arg_plan: list[int | None] = []
     tangent: torch.Tensor | None = None
@@ -416,7 +343,7 @@ def _build_runtime(gm, state_fqns, param_names, canon, n_inputs, box) -> AotRunt
     for desc in gm.graph.output_node().meta["desc"]:
         out_plan.append(_out_step(desc, pos, state_index, canon, len(state_fqns)))
     rt = AotRuntime(arg_plan, out_plan, [state_index[n] for n in param_names],
-                    list(box["keys"]), dict(box["consts"]))
+                    list(box.keys), dict(box.consts))
     if tangent is not None:
         rt.tangent_shape, rt.tangent_dtype = tuple(tangent.shape), tangent.dtype
     return rt
@@ -444,66 +371,41 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
 
 # -- annotation ---------------------------------------------------------------
 def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str]) -> dict[str, Any]:
-    base = {"module": "", "module_type": "", "source": ""}
     if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
         is_param = isinstance(desc, D.ParamAOTInput)
-        return {**base, **state_placeholder_info(model, strip_prefix(desc.target), is_param)}
+        return state_placeholder_info(model, strip_prefix(desc.target), is_param)
     if isinstance(desc, D.PlainAOTInput):
-        return {**base, "phase": "input", "input_path": paths[desc.idx]}
+        return {"phase": "input", "input_path": paths[desc.idx]}
     # The loss tangent seeds the backward, like make_fx's ones_like node.
-    return {**base, "phase": "backward", "module": TRAIN_FN}
+    return {"phase": "backward", "module": TRAIN_FN}
 
 
-def _is_backward(node: fx.Node, tangent_reach: set[fx.Node]) -> bool:
-    tag = node.meta.get("partitioner_tag")
-    if tag in ("is_forward", "is_backward"):
-        return tag == "is_backward"
-    if "autograd_backward" in node.meta:
-        return bool(node.meta["autograd_backward"])
-    return node in tangent_reach
-
-
-def annotate_aot(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
-                 param_names: list[str], canon: dict[str, str]) -> None:
-    """Write the default mode's ``node.meta["jointlab"]`` keys from AOT descriptors.
+def aot_rules(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
+              param_names: list[str], canon: dict[str, str]) -> AotRules:
+    """Read the export's descriptors into the annotation pass's :class:`AotRules`.
 
     Args:
         gm: The flattened AOT joint graph.
         model: The traced model (module types of parameter and buffer owners).
         input_paths: Dotted path of each tensor input, in ``PlainAOTInput`` order.
-        param_names: Trainable parameter FQNs (``grad_of`` is only set for them).
+        param_names: Trainable parameter FQNs (only their gradients are marked).
         canon: Alias FQN to the FQN ``named_parameters()`` reports.
+
+    Returns:
+        The AOT mode's classification.
     """
-    reach: set[fx.Node] = set()
-    by_seq: dict[int, fx.Node] = {}
-    pending: list[fx.Node] = []
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            desc = node.meta.get("desc")
-            node.meta[KEY] = _placeholder_meta(desc, model, input_paths)
-            if isinstance(desc, D.TangentAOTInput):
-                reach.add(node)
-            continue
-        if node.op == "output":
-            node.meta[KEY] = {"phase": "output", "module": "", "module_type": "", "source": ""}
-            continue
-        if any(a in reach for a in node.all_input_nodes):
-            reach.add(node)
-        if _is_backward(node, reach):
-            pending.append(node)
-            continue
-        mod, mtype = stack_module(node)
-        node.meta[KEY] = {"phase": "forward", "module": mod, "module_type": mtype,
-                          "source": user_source(node.meta.get("stack_trace"))}
-        seq = node.meta.get("seq_nr")
-        if seq is not None and seq >= 0:
-            by_seq.setdefault(seq, node)
-    attribute_backward(pending, by_seq)
-    mark_recompute(gm.graph)
+    info, tangents = {}, []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        desc = node.meta.get("desc")
+        info[node] = _placeholder_meta(desc, model, input_paths)
+        if isinstance(desc, D.TangentAOTInput):
+            tangents.append(node)
     trainable = set(param_names)
     out = gm.graph.output_node()
+    grads = []
     for value, desc in zip(out.args[0], out.meta["desc"]):
         if isinstance(desc, D.GradAOTOutput) and isinstance(value, fx.Node):
             name = canon.get(strip_prefix(getattr(desc.grad_of, "target", "")), "")
-            if name in trainable and KEY in value.meta:
-                value.meta[KEY]["grad_of"] = name
+            if name in trainable:
+                grads.append((name, value))
+    return AotRules(info, tangents, grads)

@@ -55,6 +55,7 @@ _REAL: list[dict[Any, str]] = []
 
 
 
+
 # -- where in the user's code ---------------------------------------------------
 def _is_user_file(path: str) -> bool:
     """A user source file: not torch, not jointlab's private modules, not FX's generated code."""

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from jointlab import meta as _meta
 from jointlab._deprecation import renamed_kwarg
 from jointlab.errors import PlotArgumentError
-from jointlab.passes.analyze import ensure_analyzed
+from jointlab.passes.analyze import require_analyzed
 from jointlab.units import human_bytes, human_count
 from jointlab.viz import _layout
 
@@ -102,7 +102,7 @@ def graph_data(joint: Any) -> DagData:
     Returns:
         One entry per graph node.
     """
-    ensure_analyzed(joint.graph_module)
+    require_analyzed(joint.graph_module)
     nodes = list(joint.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     by_name = {n.name: i for i, n in enumerate(nodes)}

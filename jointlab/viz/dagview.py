@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jointlab import meta as _meta
-from jointlab.passes.analyze import ensure_analyzed
+from jointlab.passes.analyze import require_analyzed
 from jointlab.viz import _hierarchy, _layout
 
 JS_PATH = pathlib.Path(__file__).parent / "static" / "dagview.js"
@@ -123,11 +123,11 @@ def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "
     Returns:
         The payload dict (see ``static/dagview.js`` for its reading).
     """
-    ensure_analyzed(joint.graph_module)
+    require_analyzed(joint.graph_module)
     nodes = list(joint.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     infos = [_meta.info(n) for n in nodes]
-    edges = np.asarray([(index[a], i) for i, n in enumerate(nodes) for a in n._input_nodes],
+    edges = np.asarray([(index[a], i) for i, n in enumerate(nodes) for a in n.all_input_nodes],
                        dtype=np.int64).reshape(-1, 2)
     is_bwd = np.asarray([m.get("phase") in BACKWARD_PHASES for m in infos], dtype=bool)
     by_name = {n.name: i for i, n in enumerate(nodes)}

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from jointlab.graph import JointGraph
+from jointlab.core import TracedGraph as JointGraph
 
 TABLE_COLUMNS = ["phase", "module", "target", "shape", "dtype", "bytes", "flops", "category",
                  "saved_for_backward", "stack_trace"]

@@ -20,7 +20,7 @@ from torch import nn
 from jointlab import meta as _meta
 from jointlab.torch_compat import pytree
 from jointlab.trace.probes import tensor_leaves
-from jointlab.trace.tracer import split_loss
+from jointlab.trace.request import split_loss
 
 Key = tuple[str, int, int]  # (module fqn, call index, output leaf)
 

@@ -45,7 +45,7 @@ from jointlab.trace.refusals import torch_errors
 if TYPE_CHECKING:
     import pandas as pd
 
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph as JointGraph
 
 __all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
 

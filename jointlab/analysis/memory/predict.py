@@ -38,7 +38,7 @@ import torch.fx as fx
 from jointlab.analysis.memory.result import CATEGORIES, MemoryProfile
 from jointlab.analysis.memory.sizes import Sizes, round_alloc, traced_sizes
 from jointlab.meta import NodeInfo, is_aten_op, node_info, op_name
-from jointlab.passes.analyze import ensure_analyzed, is_getitem, tensor_bytes
+from jointlab.passes.analyze import is_getitem, require_analyzed, tensor_bytes
 from jointlab.torch_compat import op_schema
 
 __all__ = ["CATEGORIES", "MemoryProfile", "predict", "storages"]
@@ -170,7 +170,7 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
         ``(nodes, {owner name: storage})``.
     """
     gm = getattr(joint_or_gm, "graph_module", joint_or_gm)
-    ensure_analyzed(gm)
+    require_analyzed(gm)
     nodes = list(gm.graph.nodes)
     death = variable_deaths(nodes)
     index = {n: i for i, n in enumerate(nodes)}

@@ -34,7 +34,7 @@ from jointlab.analysis.descriptors import has_descriptors, outputs_and_tangents
 from jointlab.analysis.memory.predict import predict
 from jointlab.errors import WhatIfError
 from jointlab.meta import KEY, op_name, storage_owner
-from jointlab.passes.analyze import hint
+from jointlab.passes.analyze import ensure_analyzed, hint
 from jointlab.torch_compat import make_fx, torch_attr, torch_module
 
 D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
@@ -191,6 +191,8 @@ def score(fwd: fx.GraphModule, bwd: fx.GraphModule, num_fwd_outputs: int) -> dic
         ``saved_bytes`` (activations only), ``saved_tensors``, the forward,
         backward and overall peak.
     """
+    for g in (fwd, bwd):  # graphs what_if built itself: analyse them before reading
+        ensure_analyzed(g)
     f, b = predict(fwd), predict(bwd)
     primals = {n.name: n for n in fwd.graph.nodes if n.op == "placeholder"}
     life = f.lifetimes.set_index("storage")

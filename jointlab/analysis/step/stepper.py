@@ -32,7 +32,7 @@ from jointlab.passes.analyze import written_in_place
 if TYPE_CHECKING:
     import pandas as pd
 
-    from jointlab.graph import JointGraph
+    from jointlab.core import TracedGraph as JointGraph
 
 __all__ = ["Breakpoint", "CompiledJoint", "Stepper", "compare", "compile_joint"]
 
@@ -162,7 +162,7 @@ class Stepper(fx.Interpreter):
         """Kept nodes whose storage a later in-place op overwrites: copied when produced."""
         if not self.keep_all and not self.keep:
             return set()
-        written = written_in_place(self.module)
+        written = written_in_place(self.joint.graph_module)
         return {n for n in self.nodes if self._kept(n) and n.name in written
                 and n.op != "output"}
 

@@ -1,0 +1,108 @@
+"""How each tracing mode maps jointlab's flat call layout onto its graph and back.
+
+A :class:`Runtime` turns the validated flat arguments (parameters and
+buffers in state order, then the tensor inputs) into the graph's positional
+arguments, and the graph's outputs back into ``(loss, grads, loss_dict)``.
+
+- :class:`MakeFxRuntime`: the default mode's graph takes and returns that
+  layout unchanged.
+- :class:`AotRuntime`: the AOT export's graph has descriptor-driven
+  placeholders and outputs; its plan is plain data, built by
+  :mod:`jointlab.trace.aot` and stored by :mod:`jointlab.io.persist`, so
+  loading an AOT archive never imports the exporter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from jointlab.core import TracedGraph
+
+__all__ = ["AotRuntime", "MakeFxRuntime", "Runtime"]
+
+
+class Runtime(Protocol):
+    """How one tracing mode turns validated inputs into graph args and back."""
+
+    def prepare(self, joint: TracedGraph, flat: list[torch.Tensor]) -> list[Any]:
+        """Return the graph's positional args from state tensors + tensor inputs."""
+
+    def finish(
+        self, joint: TracedGraph, outputs: list[Any], flat: list[torch.Tensor]
+    ) -> tuple[Any, list[torch.Tensor], list[Any]]:
+        """Return ``(loss, grads in param_names order, loss_dict values)``."""
+
+
+class MakeFxRuntime:
+    """Runtime of the default mode: the graph takes and returns the plain layout."""
+
+    def prepare(self, joint: TracedGraph, flat: list[torch.Tensor]) -> list[Any]:
+        """Pass the inputs through unchanged."""
+        return flat
+
+    def finish(self, joint: TracedGraph, outputs: list[Any], flat: list[torch.Tensor]
+               ) -> tuple[Any, list[torch.Tensor], list[Any]]:
+        """Split ``[loss, *grads, *loss_dict]``."""
+        n = len(joint.param_names)
+        return outputs[0], list(outputs[1 : 1 + n]), list(outputs[1 + n :])
+
+
+@dataclass
+class AotRuntime:
+    """Maps jointlab's flat layout onto the AOT graph and back.
+
+    Attributes:
+        arg_plan: Per placeholder, an index into the flat args, or None for the
+            loss tangent (fed ones of ``tangent_shape``).
+        out_plan: Per output, ``(kind, index)``: ``("loss", 0)``, ``("ld", j)``
+            for the j-th tensor loss_dict value, ``("grad", k)`` for
+            ``param_names[k]``, ``("mut", i)`` to copy into flat arg ``i``,
+            or ``("skip", 0)``.
+        param_flat: Flat index of each trainable parameter (for zero grads).
+        loss_dict_keys: Every loss_dict key, in ``train_fn``'s order.
+        ld_consts: Non-tensor loss_dict values by key.
+        tangent_shape: Shape of the loss tangent.
+        tangent_dtype: Dtype of the loss tangent.
+    """
+
+    arg_plan: list[int | None]
+    out_plan: list[tuple[str, int]]
+    param_flat: list[int]
+    loss_dict_keys: list[str]
+    ld_consts: dict[str, Any] = field(default_factory=dict)
+    tangent_shape: tuple[int, ...] = ()
+    tangent_dtype: torch.dtype = torch.float32
+
+    def prepare(self, joint: TracedGraph, flat: list[torch.Tensor]) -> list[Any]:
+        """Return the graph's args: aliases repeated, ones for the loss tangent."""
+        device = flat[0].device if flat else None
+        return [
+            torch.ones(self.tangent_shape, dtype=self.tangent_dtype, device=device)
+            if i is None else flat[i]
+            for i in self.arg_plan
+        ]
+
+    def finish(self, joint: TracedGraph, outputs: list[Any], flat: list[torch.Tensor]
+               ) -> tuple[Any, list[torch.Tensor], list[Any]]:
+        """Apply input mutations, merge alias gradients, return the plain layout."""
+        loss: Any = None
+        grads: list[torch.Tensor | None] = [None] * len(self.param_flat)
+        ld: dict[int, Any] = {}
+        for out, (kind, i) in zip(outputs, self.out_plan):
+            if kind == "loss":
+                loss = out
+            elif kind == "ld":
+                ld[i] = out
+            elif kind == "grad" and out is not None:
+                grads[i] = out if grads[i] is None else grads[i] + out
+            elif kind == "mut":
+                flat[i].copy_(out)
+        full = [torch.zeros_like(flat[self.param_flat[k]]) if g is None else g
+                for k, g in enumerate(grads)]
+        tensor_vals = iter(ld[j] for j in sorted(ld))
+        values = [self.ld_consts[k] if k in self.ld_consts else next(tensor_vals)
+                  for k in self.loss_dict_keys]
+        return loss, full, values

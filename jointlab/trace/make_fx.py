@@ -1,0 +1,153 @@
+"""Default tracing mode: one make_fx graph holding forward, loss and backward.
+
+The training step runs under a fake mode with the model's parameters and
+buffers swapped for fake placeholders, and ``torch.autograd.grad`` is called
+*inside* ``torch.compiler._patch_engine_backward()`` so the autograd engine
+records the backward as graph nodes tagged with the ``seq_nr`` of the forward
+op they differentiate. The model is restored from a snapshot afterwards,
+whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx.traceback import preserve_node_meta
+
+from jointlab.core import GraphParts
+from jointlab.guards import fakeify, symbolic_dispatch, symbolic_fake_mode
+from jointlab.inputs import model_state, state_on_meta
+from jointlab.passes.annotate import annotate
+from jointlab.passes.classify import MakeFxRules
+from jointlab.torch_compat import (
+    FakeTensorMode,
+    TracingContext,
+    engine_backward_patch,
+    keep_stack_frames_of,
+    make_fx,
+    non_strict_tracing_context,
+    pytree,
+    record_module_stack_of,
+    reparametrize_module,
+    tracing,
+)
+from jointlab.trace.checkpoint import checkpoint_tracing
+from jointlab.trace.probes import module_probes
+from jointlab.trace.refusals import in_train_fn
+from jointlab.trace.request import (
+    LossBox,
+    TraceRequest,
+    check_loss,
+    split_loss,
+    state_placeholder_info,
+    user_errors,
+)
+from jointlab.trace.snapshot import ModelSnapshot
+
+__all__ = ["trace_make_fx"]
+
+
+def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequest
+                  ) -> GraphParts:
+    """Trace ``train_fn(model, **inputs)`` and its backward with make_fx.
+
+    Args:
+        model: The model; left unchanged, also when tracing fails.
+        train_fn: Returns a scalar loss, or ``(loss, loss_dict)``.
+        req: The checked request (inputs, state, dynamic dims).
+
+    Returns:
+        The annotated graph and its layout (``mode="make_fx"``).
+    """
+    leaves, dyn_dims = req.leaves, req.dyn_dims
+    snapshot = ModelSnapshot.take(model)
+    try:
+        fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims)
+        fn, box = _joint_fn(model, train_fn, fqns, req.param_names, leaves, req.treespec)
+        record_module_stack_of(fn, model)
+        _keep_stack_frames_of(train_fn)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(fake_mode)
+            stack.enter_context(tracing(TracingContext(fake_mode)))
+            stack.enter_context(preserve_node_meta())
+            stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+            stack.enter_context(non_strict_tracing_context())
+            stack.enter_context(checkpoint_tracing())  # exact RNG replay of recomputes
+            stack.enter_context(user_errors())
+            probes = stack.enter_context(module_probes(model))
+            stack.enter_context(symbolic_dispatch(bool(dyn_dims)))
+            gm = make_fx(fn, record_stack_traces=True, record_module_stack=True)(
+                *fake_state, *(f for _, f in fake_user)
+            )
+        guards = req.guards(fake_mode.shape_env, fake_user)
+    finally:
+        snapshot.restore()
+
+    spec = req.state_spec
+    placeholder_info = [
+        state_placeholder_info(model, fqn, is_p) for fqn, is_p in zip(spec.fqns, spec.is_param)
+    ] + [{"phase": "input", "input_path": p} for p, _ in req.tensors]
+    annotate(gm, MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
+                             len(box.keys)))
+    probes.write(gm)
+    return req.parts(gm, "make_fx", box, guards)
+
+
+def _fake_inputs(model, leaves, dyn_dims):
+    mode = symbolic_fake_mode() if dyn_dims else FakeTensorMode(allow_non_fake_inputs=True)
+    state = model_state(model)
+    on_meta = state_on_meta(model)
+    fake_state = [fakeify(mode, t, None) for t in state.values()]
+    fake_user = []
+    for path, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            src = leaf.to("meta") if on_meta else leaf
+            fake_user.append((path, fakeify(mode, src, dyn_dims.get(path))))
+    return mode, list(state), fake_state, fake_user
+
+
+def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec):
+    box = LossBox()
+    n_state = len(fqns)
+
+    def joint(*args):
+        box.zero_grads.clear()
+        state = dict(zip(fqns, args[:n_state]))
+        tensor_args = iter(args[n_state:])
+        values = [next(tensor_args) if isinstance(v, torch.Tensor) else v for _, v in leaves]
+        kwargs = pytree.tree_unflatten(values, treespec)
+        with reparametrize_module(model, state, tie_weights=True), _engine_backward():
+            with in_train_fn(model):
+                loss, loss_dict = split_loss(train_fn(model, **kwargs))
+            check_loss(loss)
+            params = [state[n] for n in param_names]
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+        out = []
+        for name, p, g in zip(param_names, params, grads):
+            if g is None:
+                box.zero_grads.append(name)
+                g = torch.zeros_like(p)
+            out.append(g)
+        box.record(loss_dict)
+        return [loss, *out, *loss_dict.values()]
+
+    return joint, box
+
+
+def _keep_stack_frames_of(train_fn: Callable[..., Any]) -> None:
+    # With module-stack recording, make_fx keeps only frames named "forward"
+    # in stack traces; registering train_fn as an anchor keeps its frame too,
+    # so ops of the loss get a source line.
+    keep_stack_frames_of(train_fn)
+
+
+@contextlib.contextmanager
+def _engine_backward() -> Iterator[None]:
+    # Without the patch the engine tags no backward node, and phases guessed from
+    # structure put some forward nodes in the backward: refuse instead.
+    with engine_backward_patch()():
+        yield

@@ -1,0 +1,160 @@
+"""What both tracing modes share: the request, the loss checks, the loss box.
+
+:class:`TraceRequest` is what :func:`jointlab.trace` derives from the user's
+call before either mode traces (flattened inputs, state and input specs,
+dynamic dims, trainable parameters). :class:`LossBox` is how ``train_fn``'s
+loss_dict keys and unused parameters come back out of a trace in both modes.
+Nothing here imports a mode or :mod:`jointlab.graph`; a mode returns
+:class:`jointlab.core.GraphParts` built by :meth:`TraceRequest.parts`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from jointlab.core import GraphParts
+from jointlab.errors import DataDependentError, LossError, NoTrainableParametersError
+from jointlab.guards import ShapeGuards, resolve_dynamic_dims
+from jointlab.inputs import InputSpec, StateSpec, describe_inputs, describe_state, flatten_inputs
+from jointlab.passes.annotate import frame_text, innermost_user_frame
+from jointlab.torch_compat import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    GuardOnDataDependentSymNode,
+)
+
+_DATA_DEPENDENT = (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    GuardOnDataDependentSymNode,
+)
+
+
+@dataclass
+class LossBox:
+    """Filled while ``train_fn`` runs under a trace: what its result looked like.
+
+    Attributes:
+        keys: Every loss_dict key, in ``train_fn``'s order.
+        consts: Non-tensor loss_dict values (AOT returns them from the runtime).
+        zero_grads: Trainable parameters the loss does not depend on (make_fx).
+    """
+
+    keys: list[str] = field(default_factory=list)
+    consts: dict[str, Any] = field(default_factory=dict)
+    zero_grads: list[str] = field(default_factory=list)
+
+    def record(self, loss_dict: dict[str, Any]) -> None:
+        """Remember the keys and non-tensor values of one call's loss_dict."""
+        self.keys = list(loss_dict)
+        self.consts = {k: v for k, v in loss_dict.items() if not isinstance(v, torch.Tensor)}
+
+
+def trainable_names(model: nn.Module) -> list[str]:
+    """Names of parameters with ``requires_grad``, tied weights once.
+
+    Raises:
+        NoTrainableParametersError: There are none.
+    """
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    if not names:
+        raise NoTrainableParametersError(
+            f"{type(model).__name__} has no parameter with requires_grad=True, so there is "
+            "no gradient to trace. Unfreeze at least one parameter."
+        )
+    return names
+
+
+def check_loss(loss: Any) -> None:
+    """Raise :class:`LossError` unless ``loss`` is a differentiable one-element tensor."""
+    if not isinstance(loss, torch.Tensor):
+        raise LossError(
+            f"train_fn returned a {type(loss).__name__} as the loss; it must return a scalar "
+            "tensor (or (loss, loss_dict)). Return the tensor itself, not .item() or a float."
+        )
+    if loss.numel() != 1:
+        raise LossError(
+            f"train_fn returned a loss of shape {list(loss.shape)}; it must be a scalar. "
+            "Reduce it, e.g. loss.mean() or loss.sum()."
+        )
+    if not loss.requires_grad:
+        raise LossError(
+            "train_fn returned a loss that does not require grad: it does not depend on any "
+            "trainable parameter (was it detached, or computed under torch.no_grad()?)."
+        )
+
+
+def split_loss(out: Any) -> tuple[Any, dict[str, Any]]:
+    """Split ``train_fn``'s result into the loss and the ``loss_dict``."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        return out[0], dict(out[1])
+    return out, {}
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn data-dependent tracing failures into :class:`DataDependentError`."""
+    try:
+        yield
+    except _DATA_DEPENDENT as exc:
+        frame = innermost_user_frame(traceback.extract_tb(exc.__traceback__))
+        where = f" at {frame_text(frame)}" if frame is not None else ""
+        raise DataDependentError(
+            "the model reads a tensor's value in Python while tracing" + where + ". A joint "
+            "graph cannot depend on data: replace Python control flow on tensor values "
+            "(if, .item(), printing a tensor) with tensor ops such as torch.where."
+        ) from exc
+
+
+def state_placeholder_info(model: nn.Module, fqn: str, is_param: bool) -> dict[str, Any]:
+    """Trace-time annotation of a parameter or buffer placeholder."""
+    owner = fqn.rpartition(".")[0]
+    return {"phase": "param" if is_param else "buffer", "fqn": fqn, "module": owner,
+            "module_type": type(model.get_submodule(owner)).__name__}
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """What both tracing modes derive from the user's call before tracing."""
+
+    leaves: list[tuple[str, Any]]
+    treespec: Any
+    input_spec: InputSpec
+    tensors: list[tuple[str, torch.Tensor]]
+    dyn_dims: dict[str, set[int]]
+    state_spec: StateSpec
+    param_names: list[str]
+
+    @classmethod
+    def of(cls, model: nn.Module, inputs: dict[str, Any], dynamic: bool,
+           dynamic_arg_dims: dict[str, int | list[int]] | None) -> TraceRequest:
+        """Flatten and check the inputs and the model state (raises jointlab errors)."""
+        leaves, treespec = flatten_inputs(inputs)
+        tensors = [(p, v) for p, v in leaves if isinstance(v, torch.Tensor)]
+        return cls(leaves, treespec, describe_inputs(leaves, treespec), tensors,
+                   resolve_dynamic_dims(tensors, dynamic, dynamic_arg_dims),
+                   describe_state(model), trainable_names(model))
+
+    def parts(self, gm: fx.GraphModule, mode: str, box: LossBox,
+              guards: ShapeGuards | None, runtime: Any = None) -> GraphParts:
+        """The traced graph with this request's layout, ready for :class:`jointlab.JointGraph`."""
+        return GraphParts(gm, mode=mode, state_spec=self.state_spec,
+                          input_spec=self.input_spec, param_names=list(self.param_names),
+                          loss_dict_keys=list(box.keys), dynamic_dims=dict(self.dyn_dims),
+                          guards=guards, runtime=runtime)
+
+    def guards(self, shape_env: Any, fake_user: list[tuple[str, torch.Tensor]]
+               ) -> ShapeGuards | None:
+        """The shape guards of a dynamic trace (None for a static one)."""
+        if not self.dyn_dims or shape_env is None:
+            return None
+        sizes = {p: tuple(t.shape) for p, t in self.tensors}
+        return ShapeGuards.record(shape_env, fake_user, sizes, self.dyn_dims)
