@@ -33,6 +33,8 @@ _LAZY = {
     "plot_lifetimes": "jointlab.viz",
     "explore": "jointlab.widgets",
     "report": "jointlab.viz.report",
+    "record": "jointlab.analysis.record",
+    "Record": "jointlab.analysis.record",
 }
 
 __all__ = ["JointGraph", "errors", "trace", *_LAZY]

@@ -35,6 +35,7 @@ __all__ = [
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
+    "RecordError",
 ]
 
 
@@ -151,3 +152,7 @@ class CheckpointWarning(UserWarning):
 
 class UntestedTorchWarning(UserWarning):
     """The installed torch is outside the versions jointlab's test suite was run on."""
+
+
+class RecordError(JointlabError, ValueError):
+    """``jl.record`` got an invalid option (a byte budget, a grouping depth)."""
