@@ -195,3 +195,23 @@ def test_view_read_after_an_inplace_write_gets_the_written_values():
     copy_of_t = next(n for n in t.users if _meta.op_name(n) == "clone")
     assert rec.table.loc[t.name, "max"] == 11.0  # when t ran
     _assert_row(rec.table.loc[copy_of_t.name], 3 * inputs["x"].t(), "t after mul_")
+
+
+def test_every_row_matches_torch_reductions_of_the_kept_value():
+    """Reused statistics (views, expand) and computed ones alike, on every node."""
+    _, model, inputs, joint = _setup("tiny_lm")
+    small = _WritesThroughView()
+    small_in = {"x": torch.arange(12.0).reshape(3, 4)}
+    cases = [(joint, copy.deepcopy(model), inputs),
+             (jl.trace(small, lambda m, x: m(x), small_in), small, small_in)]
+    checked: dict[str, int] = {}
+    for joint, model, inputs in cases:
+        rec = jl.record(joint, model, inputs, keep_bytes=1 << 30)
+        table = rec.table
+        for node in joint.graph.nodes:
+            row = table.loc[node.name]
+            if row["note"] == "" and node.name in rec.values:
+                _assert_row(row, rec.values[node.name], node.name)
+                checked[_meta.op_name(node)] = checked.get(_meta.op_name(node), 0) + 1
+        assert table["note"].isin(["", "uninitialized", "not a tensor", "not run"]).all()
+    assert checked["expand"] and checked["t"] and checked["view"] and checked["mm"]
