@@ -35,6 +35,7 @@ _LAZY = {
     "report": "jointlab.viz.report",
     "record": "jointlab.analysis.record",
     "Record": "jointlab.analysis.record",
+    "module_summary": "jointlab.analysis.modules",
 }
 
 __all__ = ["JointGraph", "errors", "trace", *_LAZY]
