@@ -38,6 +38,9 @@ _LAZY = {
     "plot_lifetimes": "jointlab.viz",
     "explore": "jointlab.widgets",
     "report": "jointlab.viz.report",
+    "record": "jointlab.analysis.record",
+    "Record": "jointlab.analysis.record",
+    "module_summary": "jointlab.analysis.modules",
 }
 
 __all__ = ["JointGraph", "RunResult", "errors", "trace", *_LAZY]

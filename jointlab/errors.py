@@ -38,6 +38,7 @@ __all__ = [
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
+    "RecordError",
 ]
 
 
@@ -166,3 +167,7 @@ class MemoryQueryError(JointlabError, ValueError):
 
 class StaleAnalysisError(JointlabError, RuntimeError):
     """The graph was edited after its per-node analysis was computed; call ``joint.recompute()``."""
+
+
+class RecordError(JointlabError, ValueError):
+    """``jl.record`` got an invalid option (a byte budget, a grouping depth)."""

@@ -1,0 +1,48 @@
+"""Recording cost: jl.record (statistics of every value) vs one joint.run, same process."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _interleaved_min(fns, repeat):
+    """Best time of each function, run alternately (the least load-disturbed sample)."""
+    best = {k: float("inf") for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
+
+
+def rows(ctx):
+    from run import row
+
+    import jointlab as jl
+    from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+
+    model, inputs = make_gpt2(n_layer=4, d=256), lm_inputs(2, 1024, 64)
+    joint = jl.trace(model, lm_train_fn, inputs)
+    fns = {"run": lambda: joint.run(model, inputs),
+           "record": lambda: jl.record(joint, model, inputs)}
+    repeat = 5 if ctx.quick else 15
+    threads = torch.get_num_threads()
+    out = []
+    for n in sorted({1, threads}):
+        torch.set_num_threads(n)
+        try:
+            t = _interleaved_min(fns, repeat)
+        finally:
+            torch.set_num_threads(threads)
+        ratio = t["record"] / t["run"]
+        # the target holds at one intra-op thread, where neither side waits on busy cores
+        target, ok = ("<= 2", ratio <= 2) if n == 1 else ("", None)
+        out.append(row(f"gpt2-4L d256: jl.record (stats only) / joint.run, {n} thread(s)",
+                       ratio, "x", target, ok, detail=f"{len(joint.graph.nodes)} nodes, "
+                       f"joint.run {t['run'] * 1e3:.0f} ms"))
+    return out

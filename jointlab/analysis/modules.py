@@ -1,0 +1,207 @@
+"""Per-module summary: parameters (tied weights once), shapes, FLOPs, bytes and time.
+
+:func:`module_summary` gives one row per module of the model, in
+``named_modules`` order, every figure covering the module *and its
+submodules* (the root row is the whole model):
+
+- ``params`` / ``trainable``: element counts of the distinct parameter tensors
+  at or below the module; a tensor reachable under two names (tied
+  embeddings) counts once. ``tied`` lists, for the module's own parameters,
+  the other names of the same tensor (``weight=transformer.wte.weight``).
+- ``out_shapes``: the shapes of the tensors the module's first call returned,
+  from the trace's probes (:mod:`jointlab.trace.probes`); ``calls`` counts its calls.
+- ``in_shapes``: the shapes of the tensor arguments of its first call, from
+  a forward pre-hook during a run of ``train_fn`` on fake tensors and fake
+  copies of the state, as the trace saw them (transformers, for one, builds
+  an explicit causal mask when it sees fake tensors where eager passes none).
+  The model, its buffers and the RNG are restored afterwards. None when
+  ``inputs`` are not given, or that run failed (``DataFrame.attrs["in_shapes"]``
+  says why).
+- ``flops_fwd``/``flops_bwd``/``bytes_fwd``/``bytes_bwd``: from the node table.
+- ``time_fwd_s``/``time_bwd_s``: from a :class:`jointlab.analysis.record.Record`
+  of the same graph; NaN without one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from jointlab.analysis.tables import node_table
+from jointlab.errors import RecordError, UnsupportedTorchError
+from jointlab.meta import TRAIN_FN
+from jointlab.torch_compat import torch_attr
+from jointlab.trace.snapshot import ModelSnapshot
+
+if TYPE_CHECKING:
+    from jointlab.analysis.record import Record
+    from jointlab.core import TracedGraph
+
+__all__ = ["module_summary"]
+
+_SUMS = ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd", "time_fwd_s", "time_bwd_s")
+
+
+def _ancestors(fqn: str) -> list[str]:
+    """``fqn`` and every module above it, the root ``""`` included."""
+    if not fqn:
+        return [""]
+    parts = fqn.split(".")
+    return ["", *(".".join(parts[:k]) for k in range(1, len(parts) + 1))]
+
+
+def _param_columns(model: nn.Module, names: list[str]) -> dict[str, list[Any]]:
+    """``params``, ``trainable`` and ``tied`` per module (tensors counted once)."""
+    aliases: dict[int, list[str]] = {}
+    tensors: dict[int, nn.Parameter] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+        tensors[id(p)] = p
+    below: dict[str, set[int]] = {n: set() for n in names}
+    for pid, fqns in aliases.items():
+        for fqn in fqns:
+            for anc in _ancestors(fqn.rpartition(".")[0]):
+                if anc in below:
+                    below[anc].add(pid)
+    tied: dict[str, list[str]] = {n: [] for n in names}
+    for fqns in aliases.values():
+        for fqn in fqns if len(fqns) > 1 else ():
+            owner, _, leaf = fqn.rpartition(".")
+            if owner in tied:
+                others = ", ".join(f for f in fqns if f != fqn)
+                tied[owner].append(f"{leaf}={others}")
+    return {
+        "params": [sum(tensors[i].numel() for i in below[n]) for n in names],
+        "trainable": [sum(tensors[i].numel() for i in below[n] if tensors[i].requires_grad)
+                      for n in names],
+        "tied": ["; ".join(tied[n]) for n in names],
+    }
+
+
+def _out_shapes(joint: TracedGraph, table: pd.DataFrame) -> tuple[dict[str, list], dict]:
+    """First-call output shapes and call counts per module, from the probes."""
+    first: dict[str, dict[int, Any]] = {}
+    calls: dict[str, set[int]] = {}
+    shapes = table["shape"]
+    for node in joint.graph.nodes:
+        for fqn, call, leaf in node.meta.get("jointlab", {}).get("probe_out", []):
+            calls.setdefault(fqn, set()).add(call)
+            if call == 0:
+                first.setdefault(fqn, {})[leaf] = shapes[node.name]
+    return ({m: [leaves[k] for k in sorted(leaves)] for m, leaves in first.items()},
+            {m: len(c) for m, c in calls.items()})
+
+
+def _in_shapes(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any]
+               ) -> tuple[dict[str, list], str]:
+    """First-call tensor-argument shapes per module, from a run on fake tensors."""
+    if joint.train_fn is None:
+        return {}, "this graph has no train_fn (loaded from disk)"
+    try:
+        fake_mode = torch_attr("torch._subclasses", "FakeTensorMode", "find input shapes")
+        reparametrize = torch_attr("torch.nn.utils.stateless", "_reparametrize_module",
+                                   "find input shapes")
+    except UnsupportedTorchError as exc:
+        return {}, str(exc)
+    found: dict[str, list] = {}
+
+    def pre_hook(name: str):
+        def fn(_mod: nn.Module, args: Any, kwargs: Any) -> None:
+            if name not in found:
+                found[name] = [tuple(int(d) for d in t.shape)
+                               for t in pytree.tree_leaves((args, kwargs))
+                               if isinstance(t, torch.Tensor)]
+        return fn
+
+    snapshot = ModelSnapshot.take(model)  # also the RNG state
+    handles = [m.register_forward_pre_hook(pre_hook(n), with_kwargs=True)
+               for n, m in model.named_modules()]
+    try:
+        with fake_mode(allow_non_fake_inputs=True) as mode, torch.no_grad():
+            # fake copies of the state: in-place buffer updates land on them, not the model
+            state = {n: mode.from_tensor(t) for n, t in (
+                *model.named_parameters(remove_duplicate=False),
+                *model.named_buffers(remove_duplicate=False))}
+            fake = pytree.tree_map(
+                lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v, inputs)
+            with reparametrize(model, state, tie_weights=True):
+                joint.train_fn(model, **fake)
+    except Exception as exc:  # the summary still stands without input shapes
+        return {}, f"the fake-tensor run of train_fn raised {type(exc).__name__}: {exc}"
+    finally:
+        for h in handles:
+            h.remove()
+        snapshot.restore()
+    return found, ""
+
+
+def _node_sums(table: pd.DataFrame, record: Record | None, names: list[str]
+               ) -> dict[str, list[float]]:
+    """FLOPs, bytes (and time) of forward and backward nodes per module and below."""
+    parts = table[["module", "phase", "flops", "bytes"]].copy()
+    parts["time_s"] = record.table["time_s"].reindex(table.index) if record else math.nan
+    parts = parts[parts["phase"].isin(["forward", "backward"])]
+    per = parts.groupby(["module", "phase"], sort=False)[["flops", "bytes", "time_s"]].sum(
+        min_count=1)
+    out = {c: dict.fromkeys(names, 0.0) for c in _SUMS}
+    for (mod, phase), row in per.iterrows():
+        if mod == TRAIN_FN:  # the loss, outside the model
+            continue
+        side = "fwd" if phase == "forward" else "bwd"
+        for anc in _ancestors(mod):
+            if anc in out["flops_fwd"]:
+                out[f"flops_{side}"][anc] += row["flops"]
+                out[f"bytes_{side}"][anc] += row["bytes"]
+                out[f"time_{side}_s"][anc] += row["time_s"]
+    return {c: [out[c][n] for n in names] for c in _SUMS}
+
+
+def module_summary(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any] | None = None,
+                   record: Record | None = None, depth: int | None = None) -> pd.DataFrame:
+    """One row per module: parameters, shapes, FLOPs, bytes and time, submodules included.
+
+    Args:
+        joint: A traced joint graph of ``model``.
+        model: The model (read only; no state changes).
+        inputs: Example inputs for the fake-tensor run that finds input shapes.
+        record: A :func:`jointlab.record` of ``joint``, for the time columns.
+        depth: Keep only modules with at most this many FQN components (0: the root).
+
+    Returns:
+        Indexed by module FQN (``""`` is the whole model): ``type, params,
+        trainable, tied, calls, in_shapes, out_shapes`` and :data:`_SUMS`
+        (FLOPs and bytes as ints, times in seconds).
+
+    Raises:
+        RecordError: ``depth`` is invalid or ``record`` belongs to another graph.
+    """
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+        raise RecordError(f"depth must be a non-negative int or None, got {depth!r}")
+    table = joint.cached("nodes", node_table)
+    if record is not None and not record.table.index.equals(table.index):
+        raise RecordError("this record was made on another graph (its nodes differ): "
+                          "record this joint graph with jl.record(joint, model, inputs)")
+    mods = [(n, m) for n, m in model.named_modules()
+            if depth is None or (len(n.split(".")) if n else 0) <= depth]
+    names = [n for n, _ in mods]
+    outs, calls = _out_shapes(joint, table)
+    ins, why = _in_shapes(joint, model, inputs) if inputs is not None else (
+        {}, "no inputs given")
+    df = pd.DataFrame({"type": [type(m).__name__ for _, m in mods],
+                       **_param_columns(model, names),
+                       "calls": [calls.get(n, 0) for n in names],
+                       "in_shapes": [ins.get(n) for n in names],
+                       "out_shapes": [outs.get(n) for n in names],
+                       **_node_sums(table, record, names)},
+                      index=pd.Index(names, name="module"))
+    for c in ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd"):
+        df[c] = df[c].astype("int64")
+    if record is None:
+        df[["time_fwd_s", "time_bwd_s"]] = math.nan
+    df.attrs["in_shapes"] = why
+    return df
