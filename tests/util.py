@@ -79,3 +79,29 @@ def traced_real(name: str, mode: str):
     f = real.get(name)
     model, inputs = f.make_model(), f.make_inputs()
     return f, model, inputs, jl.trace(model, f.train_fn, inputs, mode=mode)
+
+
+def eager_saved_storages(train_fn, model: nn.Module, inputs: dict[str, Any],
+                         seed: int = 0) -> dict[int, int]:
+    """Storages autograd itself saves for backward in one eager forward: ``{data_ptr: nbytes}``.
+
+    Parameters, buffers and inputs are left out (the step does not allocate them).
+    Read through ``torch.autograd.graph.saved_tensors_hooks``, so it is independent of
+    jointlab's own saved-for-backward rule.
+    """
+    known = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    known |= {t.untyped_storage().data_ptr() for t in inputs.values()
+              if isinstance(t, torch.Tensor)}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in known:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            train_fn(model, **inputs)
+    return seen
