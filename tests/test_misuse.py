@@ -18,7 +18,7 @@ from torch import nn
 
 import jointlab as jl
 from jointlab import errors
-from tests.fuzz.state import assert_unchanged, deep_state
+from tests.util import assert_unchanged, deep_state
 
 HERE = "test_misuse.py"
 
