@@ -18,7 +18,7 @@ from torch import nn
 
 import jointlab as jl
 from jointlab import errors
-from tests.util import assert_unchanged, deep_state
+from tests.util import assert_unchanged, deep_state, node_values
 
 HERE = "test_misuse.py"
 
@@ -244,16 +244,7 @@ class Exploding(nn.Module):
 
 def _first_non_finite(joint, net, inp):
     """Independent reference: run the plain fx.Interpreter and scan values in order."""
-    values = {}
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, n):
-            values[n.name] = out = super().run_node(n)
-            return out
-
-    with torch.no_grad():
-        Recorder(joint.graph_module).run(*joint.flat_args(net, {k: v.clone() for k, v in
-                                                                 inp.items()}))
+    values = node_values(joint, net, inp)
     placeholders = {n.name for n in joint.graph.nodes if n.op == "placeholder"}
     for name, v in values.items():
         if name in placeholders:  # given, not produced

@@ -17,22 +17,17 @@ from jointlab.errors import JointlabError, TableQueryError
 from jointlab.meta import KEY, TRAIN_FN
 from jointlab.passes.analyze import ensure_analyzed
 from tests.fixtures import zoo
-from tests.util import eager_saved_storages, eager_step
+from tests.util import eager_saved_storages, eager_step, node_values, traced_zoo
 
 BATCH = 4
 MODES = ["make_fx", "aot"]
 NAMES = ["mlp", "cnn_bn", "tiny_lm", "nested_inputs", "unused_param", "shared_submodule"]
-_TRACES: dict[tuple[str, str], tuple] = {}
 
 
 def traced(name: str, mode: str = "make_fx"):
-    """(model, inputs, joint) of a zoo fixture, traced once per test session."""
-    key = (name, mode)
-    if key not in _TRACES:
-        fx_ = zoo.FIXTURES[name]
-        model, inputs = fx_.make_model(), fx_.make_inputs(BATCH)
-        _TRACES[key] = (model, inputs, jl.trace(model, fx_.train_fn, inputs, mode=mode))
-    return _TRACES[key]
+    """(model, inputs, joint) of a zoo fixture, traced once per test session (read-only)."""
+    _, model, inputs, joint = traced_zoo(name, mode, BATCH)
+    return model, inputs, joint
 
 
 def fresh(name: str, mode: str = "make_fx"):
@@ -40,28 +35,6 @@ def fresh(name: str, mode: str = "make_fx"):
     fx_ = zoo.FIXTURES[name]
     model, inputs = fx_.make_model(), fx_.make_inputs(BATCH)
     return model, inputs, jl.trace(model, fx_.train_fn, inputs, mode=mode)
-
-
-class Recorder(fx.Interpreter):
-    """Runs the graph on real tensors and keeps every node's output alive."""
-
-    def __init__(self, gm: fx.GraphModule) -> None:
-        super().__init__(gm, garbage_collect_values=False)
-        self.values: dict[str, object] = {}
-
-    def run_node(self, n: fx.Node):
-        out = super().run_node(n)
-        self.values[n.name] = out
-        return out
-
-
-def real_values(joint, model, inputs) -> dict[str, object]:
-    rec = Recorder(joint.graph_module)
-    flat = joint.flat_args(copy.deepcopy(model), inputs)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        rec.run(*joint.runtime.prepare(joint, flat))
-    return rec.values
 
 
 # -- shape of the table --------------------------------------------------------------
@@ -175,7 +148,7 @@ def test_saved_bytes_are_autograds_saved_bytes_plus_loss(name):
 @pytest.mark.parametrize("name", ["mlp", "cnn_bn", "tiny_lm", "shared_submodule"])
 def test_bytes_and_aliases_match_a_real_run(name, mode):
     model, inputs, joint = traced(name, mode)
-    values = real_values(joint, model, inputs)
+    values = node_values(joint, model, inputs)
     df = joint.nodes
     seen: set[int] = set()
     fresh_rows = views = 0

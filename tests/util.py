@@ -1,13 +1,15 @@
-"""Shared test helpers: exact model snapshots and eager reference steps."""
+"""Shared test helpers: model snapshots, eager references, recorded node values, trace caches."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import random
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch import nn
 
 
@@ -93,15 +95,53 @@ def eager_step(model: nn.Module, train_fn, inputs: dict[str, Any], seed: int):
                               for k, v in loss_dict.items()}
 
 
+class ValueRecorder(fx.Interpreter):
+    """A plain ``fx.Interpreter`` that keeps every node's value, by node name, in run order."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+
+def node_values(joint, model: nn.Module, inputs: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """Every node's value in one run of ``joint``, an independent reference for the Stepper.
+
+    Runs with torch's own ``fx.Interpreter`` on a deep copy of ``model`` and of
+    ``inputs`` (nothing the caller holds changes, the global RNG included), seeded with
+    ``seed``. Keys are node names, in execution order.
+    """
+    flat = joint.flat_args(copy.deepcopy(model), copy.deepcopy(inputs))
+    rec = ValueRecorder(joint.graph_module)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        rec.run(*joint.runtime.prepare(joint, flat))
+    return rec.values
+
+
 @functools.cache
-def traced_fixture(name: str, mode: str):
-    """Trace a zoo fixture once per mode; return (fixture, inputs, joint). Treat as read-only."""
+def traced_zoo(name: str, mode: str = "make_fx", batch: int = 4):
+    """Trace a zoo fixture once per session; return (fixture, model, inputs, joint).
+
+    The one trace cache for zoo fixtures: treat all four as read-only (trace a fresh
+    one for tests that edit the graph or run the model).
+    """
     import jointlab as jl
     from tests.fixtures import zoo
 
     f = zoo.get(name)
-    inputs = f.make_inputs(4)
-    return f, inputs, jl.trace(f.make_model(), f.train_fn, inputs, mode=mode)
+    model, inputs = f.make_model(), f.make_inputs(batch)
+    return f, model, inputs, jl.trace(model, f.train_fn, inputs, mode=mode)
+
+
+def traced_fixture(name: str, mode: str):
+    """(fixture, inputs, joint) of :func:`traced_zoo` at batch 4. Treat as read-only."""
+    f, _, inputs, joint = traced_zoo(name, mode)
+    return f, inputs, joint
 
 
 @functools.cache
