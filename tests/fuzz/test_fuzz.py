@@ -28,7 +28,7 @@ from tests.fuzz.strategies import model_specs
 from tests.util import FUZZ_SEED_ENV, assert_same_bits, assert_unchanged, deep_state, fuzz_seed
 
 MODES = ["make_fx", "aot"]  # never filtered: a mode that went missing must fail loudly
-RANDOM_EXAMPLES = int(os.environ.get("JOINTLAB_FUZZ_EXAMPLES", "4"))
+RANDOM_EXAMPLES = int(os.environ.get("JOINTLAB_FUZZ_EXAMPLES", "6"))
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
