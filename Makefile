@@ -25,6 +25,9 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check jointlab tests bench
 
+# Besides the 25 fixed fuzz examples per mode, every run fuzzes a fresh random sample
+# (JOINTLAB_FUZZ_EXAMPLES per mode, default 6); its seed is in the pytest header.
+# Replay a failure: JOINTLAB_FUZZ_SEED=<seed> make test (or pytest tests/fuzz -k random_sample).
 test: $(STAMP) lint
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 

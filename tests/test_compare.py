@@ -7,8 +7,9 @@ import torch
 
 import jointlab as jl
 from jointlab import meta as _meta
+from jointlab.analysis.compare import compare as compare_mod
 from tests.fixtures import zoo
-from tests.util import assert_unchanged, deep_state
+from tests.util import assert_unchanged, deep_state, eager_step
 
 aten = torch.ops.aten
 
@@ -32,21 +33,32 @@ def test_untouched_graph_matches_eager(name):
     assert c.ok and c.first_divergence is None
     assert set(c.grads["name"]) == set(joint.param_names)
     assert (c.grads["max_abs_err"] == 0).all() and (c.grads["cosine"] > 0.999999).all()
-    assert list(c.loss_dict["name"]) == joint.loss_dict_keys[: len(c.loss_dict)]
+    # every loss_dict entry eager returns is compared (nested_inputs has two), and matches
+    with torch.random.fork_rng(devices=[]):
+        e_loss, _, e_ld = eager_step(f.make_model(), f.train_fn, inputs, seed=3)
+    assert list(c.loss_dict["name"]) == list(e_ld) == list(joint.loss_dict_keys)
+    assert c.loss_dict["ok"].all() and (c.loss_dict["max_abs_err"] == 0).all()
+    assert c.loss["value"][0] == float(e_loss)
     if f.has_buffers_updated:
         assert len(c.buffers) == len(joint.buffer_names) and c.buffers["ok"].all()
     assert_unchanged(before, model)  # each side ran on its own copy
 
 
-def test_dropout_needs_aligned_rng():
+def test_dropout_needs_aligned_rng(monkeypatch):
     f, model, inputs, joint = _setup("tiny_lm")
     assert f.has_dropout
     c = jl.compare(joint, model, inputs, seed=11, train_fn=f.train_fn)
     torch.manual_seed(11)
     eager_loss = f.train_fn(f.make_model(), **inputs).detach()
     assert c.ok and c.loss["value"][0] == float(eager_loss)
-    other = jl.Stepper(joint, model, inputs, device="cpu", seed=12).run()
-    assert float(other[0]) != float(eager_loss)  # a misaligned seed would be caught
+    # Misalign the seed on the eager side only: compare must report it, not pass.
+    real = compare_mod.capture_eager
+    monkeypatch.setattr(compare_mod, "capture_eager",
+                        lambda *a, seed, **k: real(*a, seed=seed + 1, **k))
+    bad = jl.compare(joint, model, inputs, seed=11, train_fn=f.train_fn)
+    assert not bad.ok and bad.verdict == "MISMATCH"
+    assert not bad.loss["ok"].all() and bad.first_divergence is not None
+    assert bad.first_divergence.phase == "forward"
 
 
 def test_gelu_forward_swapped_for_relu_is_localized():

@@ -12,25 +12,9 @@ import torch
 from torch._functorch._aot_autograd import fx_utils
 
 from jointlab.meta import KEY
-from tests.util import eager_step, traced_fixture
+from tests.util import eager_step, node_values, traced_fixture
 
 MODES = ("make_fx", "aot")
-
-
-def _node_values(joint, model, inputs, seed):
-    """Run the graph with an fx.Interpreter and keep every node's value."""
-    values = {}
-
-    class Keep(torch.fx.Interpreter):
-        def run_node(self, n):
-            values[n] = out = super().run_node(n)
-            return out
-
-    flat = joint.flat_args(model, inputs)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        Keep(joint.graph_module).run(*joint.runtime.prepare(joint, flat))
-    return values
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -45,15 +29,15 @@ def test_unused_param_names_counts_and_grads(mode):
     by_fqn = {ph.meta[KEY].get("fqn", ph.meta[KEY].get("input_path")): g for ph, g in pairs}
     for none in ("unused.weight", "unused.bias", "frozen_scale", "x", "y"):
         assert by_fqn[none] is None, none
-    values = _node_values(joint, model, inputs, seed=0)
+    values = node_values(joint, model, inputs, seed=0)
     _, egrads, _ = eager_step(f.make_model(), f.train_fn, inputs, seed=0)
     for fqn in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
         g = by_fqn[fqn]
         assert g is not None and g in joint.graph.output_node().all_input_nodes
-        torch.testing.assert_close(values[g], egrads[fqn], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(values[g.name], egrads[fqn], rtol=1e-6, atol=1e-7)
     (loss, tangent), = joint.outputs_and_tangents()
     eloss = eager_step(f.make_model(), f.train_fn, inputs, seed=0)[0]
-    torch.testing.assert_close(values[loss], eloss)
+    torch.testing.assert_close(values[loss.name], eloss)
     assert (tangent is None) == (mode == "make_fx")
 
 
@@ -66,12 +50,12 @@ def test_buffers_and_loss_dict_outputs(mode):
     f, inputs, nested = traced_fixture("nested_inputs", mode)
     outs = nested.outputs_and_tangents()
     assert len(outs) == 1 + len(nested.loss_dict_keys)
-    values = _node_values(nested, f.make_model(), inputs, seed=0)
+    values = node_values(nested, f.make_model(), inputs, seed=0)
     eloss, _, eld = eager_step(f.make_model(), f.train_fn, inputs, seed=0)
-    torch.testing.assert_close(values[outs[0][0]], eloss)
+    torch.testing.assert_close(values[outs[0][0].name], eloss)
     for (node, tangent), key in zip(outs[1:], nested.loss_dict_keys):
         assert tangent is None
-        torch.testing.assert_close(values[node], eld[key])
+        torch.testing.assert_close(values[node.name], eld[key])
 
 
 def test_aot_queries_agree_with_torch_fx_utils():

@@ -8,24 +8,20 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import jointlab as jl
 from jointlab.analysis.memory.measure import measure_graph
 from jointlab.analysis.memory.predict import CATEGORIES, predict
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.units import human_bytes
 from tests.fixtures import zoo
+from tests.util import traced_zoo
 
 
 @pytest.fixture(scope="module")
 def traced():
-    cache = {}
-
+    """(joint, model, inputs) of a zoo fixture, from the session's one trace cache."""
     def get(name):
-        if name not in cache:
-            f = zoo.FIXTURES[name]
-            model, inputs = f.make_model(), f.make_inputs(4)
-            cache[name] = (jl.trace(model, f.train_fn, inputs), model, inputs)
-        return cache[name]
+        _, model, inputs, joint = traced_zoo(name)
+        return joint, model, inputs
 
     return get
 

@@ -18,8 +18,7 @@ from torch import nn
 
 import jointlab as jl
 from jointlab import errors
-from jointlab.trace.python_state import no_tensor_printing, warn_baked_constants
-from tests.fuzz.state import assert_unchanged, deep_state
+from tests.util import assert_unchanged, deep_state, node_values
 
 HERE = "test_misuse.py"
 
@@ -131,9 +130,9 @@ def _printing(model, x, y):
 
 def test_printing_a_tensor_while_tracing_is_an_error():
     net = make_net()
-    with no_tensor_printing():  # the hook _trace.py is asked to enter while tracing
-        err = expect(errors.DataDependentError, "prints or formats a tensor",
-                     lambda: jl.trace(net, _printing, inputs()), net)
+    # jl.trace must enter its own printing guard: nothing here enters it for it.
+    err = expect(errors.DataDependentError, "prints or formats a tensor",
+                 lambda: jl.trace(net, _printing, inputs()), net)
     assert HERE in str(err) and 'print("activations:", out)' in str(err)
     assert "DataDependentError" not in repr(torch.ones(1))  # printing works again afterwards
 
@@ -245,16 +244,7 @@ class Exploding(nn.Module):
 
 def _first_non_finite(joint, net, inp):
     """Independent reference: run the plain fx.Interpreter and scan values in order."""
-    values = {}
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, n):
-            values[n.name] = out = super().run_node(n)
-            return out
-
-    with torch.no_grad():
-        Recorder(joint.graph_module).run(*joint.flat_args(net, {k: v.clone() for k, v in
-                                                                 inp.items()}))
+    values = node_values(joint, net, inp)
     placeholders = {n.name for n in joint.graph.nodes if n.op == "placeholder"}
     for name, v in values.items():
         if name in placeholders:  # given, not produced
@@ -316,6 +306,11 @@ class ClosureNet(nn.Module):
         return self.fc(x) * self.gain * SCALE
 
 
+def _baked(records) -> list[str]:
+    """The BakedConstantWarning messages among recorded warnings."""
+    return [str(w.message) for w in records if issubclass(w.category, errors.BakedConstantWarning)]
+
+
 def test_closure_float_is_warned_as_baked():
     net = make_net()
     temperature = 1.7
@@ -323,10 +318,9 @@ def test_closure_float_is_warned_as_baked():
     def train_fn(model, x, y):
         return mse(model, x, y) / temperature
 
-    joint = jl.trace(net, train_fn, inputs())
-    with pytest.warns(errors.BakedConstantWarning, match=r"train_fn: temperature = 1\.7"):
-        found = warn_baked_constants(joint.graph_module, train_fn, net)
-    assert len(found) == 1
+    with pytest.warns(errors.BakedConstantWarning, match=r"train_fn: temperature = 1\.7") as rec:
+        joint = jl.trace(net, train_fn, inputs())
+    assert len(_baked(rec)) == 1
     # ... and it really is baked: changing it changes eager but not the graph.
     loss_before, _, _ = joint.run(net, inputs())
     temperature = 3.0  # noqa: F841 - rebinding the closure cell on purpose
@@ -337,14 +331,12 @@ def test_closure_float_is_warned_as_baked():
 
 def test_global_and_forward_constants_are_warned():
     net = make_net()
-    joint = jl.trace(net, _global_scaled, inputs())
     with pytest.warns(errors.BakedConstantWarning, match=r"train_fn: SCALE = 0\.37"):
-        warn_baked_constants(joint.graph_module, _global_scaled, net)
+        jl.trace(net, _global_scaled, inputs())
     with torch.random.fork_rng(devices=[]):
         cnet = ClosureNet(gain=2.5)
-    joint = jl.trace(cnet, mse, inputs())
     with pytest.warns(errors.BakedConstantWarning, match=r"ClosureNet\.forward: SCALE = 0\.37"):
-        warn_baked_constants(joint.graph_module, mse, cnet)
+        jl.trace(cnet, mse, inputs())
 
 
 def test_captured_tensor_is_warned_as_baked():
@@ -354,14 +346,13 @@ def test_captured_tensor_is_warned_as_baked():
     def train_fn(model, x, y):
         return F.mse_loss(model(x) + offset, y)
 
-    joint = jl.trace(net, train_fn, inputs())
     with pytest.warns(errors.BakedConstantWarning, match=re.escape("tensor[2] torch.float32")):
-        warn_baked_constants(joint.graph_module, train_fn, net)
+        jl.trace(net, train_fn, inputs())
 
 
 def test_no_warning_without_captured_state():
     net = make_net()
-    joint = jl.trace(net, mse, inputs())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert warn_baked_constants(joint.graph_module, mse, net) == []
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        jl.trace(net, mse, inputs())
+    assert _baked(rec) == []

@@ -57,12 +57,22 @@ def test_breakpoint_editor_continue_and_reset(panel):
     assert s.position == 0 and w.position_label.value.startswith("position 0 /")
 
 
+def _module(node) -> str:
+    return node.meta["jointlab"].get("module", "")
+
+
 def test_step_over_module_and_compare_table(panel):
     s, w, *_ = panel
-    w.buttons["step"].click()
+    while _module(s.current) != "fc1":
+        w.buttons["step"].click()
     before = s.position
+    # independent reference: the first later node outside fc1 (and its submodules)
+    inside = [_module(n) == "fc1" or _module(n).startswith("fc1.") for n in s.nodes]
+    want = next(i for i in range(before, len(s.nodes)) if not inside[i])
+    assert want - before >= 2  # fc1's forward is several nodes: a plain Step would stop sooner
     w.buttons["over"].click()
-    assert s.position > before
+    assert s.position == want and _module(s.current) != "fc1"
+    assert w.position_label.value.startswith(f"position {want} /")
     w.buttons["compare"].click()  # "Compare with eager"
     assert "jointlab compare: bit-exact" in w.compare_box.value
 

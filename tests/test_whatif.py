@@ -18,6 +18,7 @@ from jointlab.analysis.memory.measure import measure
 from jointlab.analysis.memory.predict import predict
 from jointlab.analysis.memory.whatif import functional_joint, what_if
 from tests.fixtures import real, zoo
+from tests.util import eager_saved_storages
 
 CASES = [(name, mode) for name in ("mlp", "cnn_bn", "hf_vit") for mode in ("make_fx", "aot")]
 
@@ -49,24 +50,6 @@ def _split_step(joint, model, inputs):
     return loss, dict(zip(joint.param_names, grads))
 
 
-def _eager_saved_bytes(f, model, inputs):
-    """Bytes of distinct storages autograd saves that are not state or inputs."""
-    known = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    known |= {t.untyped_storage().data_ptr() for t in inputs.values()
-              if isinstance(t, torch.Tensor)}
-    seen = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in known:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        f.train_fn(model, **inputs)
-    return sum(seen.values())
-
-
 def test_split_graphs_compute_the_same_gradients(case):
     f, model, inputs, joint = case
     bufs = {n: b.clone() for n, b in model.named_buffers()}
@@ -94,7 +77,7 @@ def test_save_all_matches_eager_saved_tensors(case):
     f, model, inputs, joint = case
     df = what_if(joint, budgets=(0.3,))
     save_all = df.set_index("option").loc["save all (default_partition)"]
-    eager = _eager_saved_bytes(f, model, inputs)
+    eager = sum(eager_saved_storages(f.train_fn, model, inputs).values())
     assert abs(save_all["saved_bytes"] - eager) <= 0.05 * eager
     traced = df.set_index("option").loc["joint graph as traced"]
     assert abs(traced["saved_bytes"] - eager) <= 0.05 * eager

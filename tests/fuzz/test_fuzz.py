@@ -2,25 +2,33 @@
 
 For every spec and tracing mode: tracing leaves the model bitwise unchanged;
 loss, gradients, loss_dict and buffers match eager over two steps (with an
-SGD update in between); a dynamic trace serves a second batch size.
-``-m slow`` (``make fuzz``) runs 500 examples per mode.
+SGD update in between); a dynamic trace serves a second batch size; a Stepper
+run to the end equals ``joint.run`` bitwise; ``jl.compare`` on the untouched
+graph reports no divergence.
+
+Three samples: 25 fixed examples per mode (the same every run), a fresh random
+sample per mode on every run (its seed is printed in the pytest header and in
+any failure; replay with ``JOINTLAB_FUZZ_SEED=<seed>``, size it with
+``JOINTLAB_FUZZ_EXAMPLES``), and ``-m slow`` (``make fuzz``): 500 per mode.
+Both modes always run: a missing AOT mode fails, it is never skipped.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import os
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 
 import jointlab as jl
 from tests.fuzz import models
-from tests.fuzz.state import assert_unchanged, deep_state
 from tests.fuzz.strategies import model_specs
+from tests.util import FUZZ_SEED_ENV, assert_same_bits, assert_unchanged, deep_state, fuzz_seed
 
-MODES = ["make_fx"] + (["aot"] if importlib.util.find_spec("jointlab.trace.aot") else [])
+MODES = ["make_fx", "aot"]  # never filtered: a mode that went missing must fail loudly
+RANDOM_EXAMPLES = int(os.environ.get("JOINTLAB_FUZZ_EXAMPLES", "6"))
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -72,6 +80,21 @@ def _kinds(blocks: list[dict[str, Any]]) -> set[str]:
     return out
 
 
+def _check_stepper_and_compare(joint, spec: dict[str, Any], inputs, seed: int) -> None:
+    """Stepper to the end == joint.run bitwise; compare on the untouched graph finds nothing."""
+    run_model, step_model = models.build(spec), models.build(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        ran = joint.run(run_model, inputs)
+    stepper = jl.Stepper(joint, step_model, inputs, device="cpu", seed=seed)
+    stepped = stepper.run()
+    assert stepped is not None and stepper.done
+    assert_same_bits(stepped, ran, "Stepper.run() vs joint.run")
+    assert_same_bits(stepper.buffers(), dict(run_model.named_buffers()), "Stepper buffers")
+    c = jl.compare(joint, models.build(spec), inputs, seed=seed, train_fn=models.train_fn)
+    assert c.ok and c.first_divergence is None, f"compare on a clean graph: {c!r}"
+
+
 def check_spec(spec: dict[str, Any], mode: str) -> None:
     """The fuzz property for one spec and mode."""
     eager_model, graph_model = models.build(spec), models.build(spec)
@@ -79,6 +102,7 @@ def check_spec(spec: dict[str, Any], mode: str) -> None:
     before = deep_state(graph_model)
     joint = jl.trace(graph_model, models.train_fn, inputs, mode=mode, dynamic=spec["dynamic"])
     assert_unchanged(before, graph_model)
+    _check_stepper_and_compare(joint, spec, inputs, seed=7)
     for step in range(2):
         _compare_step(joint, eager_model, graph_model, inputs, seed=step, what=f"step {step}")
     if spec["dynamic"]:
@@ -92,6 +116,19 @@ def check_spec(spec: dict[str, Any], mode: str) -> None:
 @given(spec=model_specs())
 def test_trace_matches_eager(mode, spec):
     check_spec(spec, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@seed(fuzz_seed())
+@settings(max_examples=RANDOM_EXAMPLES, derandomize=False, **_COMMON)
+@given(spec=model_specs())
+def test_trace_matches_eager_random_sample(mode, spec):
+    try:
+        check_spec(spec, mode)
+    except BaseException as exc:
+        exc.add_note(f"fuzz sample seed {fuzz_seed()}: replay with "
+                     f"{FUZZ_SEED_ENV}={fuzz_seed()} pytest tests/fuzz -k random_sample")
+        raise
 
 
 @pytest.mark.slow
