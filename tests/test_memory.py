@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import jointlab as jl
 from jointlab.analysis.memory.measure import measure_graph
 from jointlab.analysis.memory.predict import CATEGORIES, predict
 from jointlab.passes.analyze import ensure_analyzed
