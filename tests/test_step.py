@@ -269,3 +269,26 @@ def test_cuda_step_matches_run_and_reports_memory():
     assert _same(s.outputs, ref)
     t = s.node_timings()
     assert (t["step_mem_peak"] > 0).any()
+
+
+def test_reading_outputs_never_mutates_buffers_in_aot_mode():
+    """After the last node, buffers hold one BN update (like eager), however often .outputs is read."""
+    f = zoo.FIXTURES["cnn_bn"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs, mode="aot")
+    eager = f.make_model()
+    f.train_fn(eager, **inputs)
+    want = dict(eager.named_buffers())
+    s = jl.Stepper(joint, model, inputs, device="cpu")
+    while not s.done:
+        s.step()
+
+    def buffers_match() -> bool:
+        got = s.buffers()
+        return all(torch.equal(got[k], v) for k, v in want.items())
+
+    assert int(s.buffers()["bn1.num_batches_tracked"]) == 1
+    assert buffers_match()  # before .outputs is ever read
+    s.outputs
+    s.outputs
+    assert buffers_match() and int(s.buffers()["bn1.num_batches_tracked"]) == 1
