@@ -24,8 +24,11 @@ warn_if_untested()
 
 _LAZY = {
     "Stepper": "jointlab.analysis.step.stepper",
-    "compare": "jointlab.analysis.step.stepper",
+    "Breakpoint": "jointlab.analysis.step.breakpoints",
+    "compare": "jointlab.analysis.compare.compare",
     "Comparison": "jointlab.analysis.compare.compare",
+    "Divergence": "jointlab.analysis.compare.compare",
+    "CompiledJoint": "jointlab.analysis.compile",
     "MemoryProfile": "jointlab.analysis.memory.predict",
     "load": "jointlab.io.persist",
     "plot_dag": "jointlab.viz",

@@ -9,32 +9,34 @@ generic handlers keep working.
 from __future__ import annotations
 
 __all__ = [
-    "JointlabError",
-    "InputTypeError",
-    "InputStructureError",
-    "InputMismatchError",
-    "GuardError",
-    "LossError",
-    "NoTrainableParametersError",
-    "DataDependentError",
-    "StateMismatchError",
-    "MetaDeviceError",
-    "TraceError",
-    "TrainFnMisuseError",
-    "TrainFnError",
+    "BakedConstantWarning",
+    "BreakpointError",
+    "CheckpointWarning",
+    "CompareError",
+    "CompiledGraphError",
     "CompiledModuleError",
+    "DataDependentError",
+    "GuardError",
+    "InputMismatchError",
+    "InputStructureError",
+    "InputTypeError",
+    "JointlabError",
+    "LossError",
+    "MetaDeviceError",
+    "NoTrainableParametersError",
+    "NodeExecutionError",
+    "PersistError",
+    "StateMismatchError",
+    "TableQueryError",
+    "TraceError",
+    "TrainFnError",
+    "TrainFnMisuseError",
     "UnsupportedCheckpointError",
     "UnsupportedRandomOpError",
     "UnsupportedTorchError",
-    "NodeExecutionError",
-    "PersistError",
-    "TableQueryError",
-    "ValueNotAvailableError",
-    "CompareError",
-    "WhatIfError",
-    "BakedConstantWarning",
-    "CheckpointWarning",
     "UntestedTorchWarning",
+    "ValueNotAvailableError",
+    "WhatIfError",
 ]
 
 
@@ -151,3 +153,15 @@ class CheckpointWarning(UserWarning):
 
 class UntestedTorchWarning(UserWarning):
     """The installed torch is outside the versions jointlab's test suite was run on."""
+
+
+class CompiledGraphError(JointlabError, TypeError):
+    """A compiled joint graph (``joint.compile()``) was given where the traced graph is needed.
+
+    Stepping, memory and node tables describe the traced graph, not the code
+    ``torch.compile`` generated from it; use ``compiled.source`` for them.
+    """
+
+
+class BreakpointError(JointlabError, ValueError):
+    """A Stepper breakpoint names a condition jointlab does not know."""

@@ -15,22 +15,6 @@ from jointlab.passes.annotate import is_compute
 
 
 # -- small predicates ----------------------------------------------------------
-def in_module(node: fx.Node, prefix: str) -> bool:
-    """True when the node belongs to ``prefix`` or one of its submodules (either phase)."""
-    mod = _meta.module(node)
-    return mod == prefix or mod.startswith(prefix + ".")
-
-
-def op_names(node: fx.Node) -> set[str]:
-    """Names an ``op=`` breakpoint may use: ``aten.mm.default``, ``aten.mm``, ``mm``."""
-    target = node.target
-    names = {str(target), getattr(target, "__name__", "")}
-    if isinstance(target, torch._ops.OpOverload):
-        base = target._schema.name.split("::")[-1]
-        names |= {f"{target.namespace}.{base}", base}
-    return names - {""}
-
-
 def draws_random(node: fx.Node) -> bool:
     """True when the op is tagged as consuming the global RNG."""
     tags = getattr(node.target, "tags", ())
@@ -47,6 +31,9 @@ def non_finite(value: Any) -> bool:
 @dataclass
 class Breakpoint:
     """Stop condition: a node name, a module prefix, an op, and/or a value predicate.
+
+    ``None`` leaves a part out (any node, any module, any op); ``module=""``
+    selects the root module's own nodes (:func:`jointlab.meta.in_module`).
 
     Static parts are ANDed; without ``when`` the stepper stops *before* a
     matching node, with ``when`` it stops *after* a matching node whose value
@@ -66,9 +53,9 @@ class Breakpoint:
         static = self.module is not None or self.op is not None or self.when is not None
         if static and self.node is None and not is_compute(node):
             return False
-        if self.module is not None and not in_module(node, self.module):
+        if self.module is not None and not _meta.in_module(_meta.module(node), self.module):
             return False
-        return self.op is None or self.op in op_names(node)
+        return self.op is None or self.op in _meta.op_aliases(node)
 
 
 def _predicate(when: Any) -> Callable[[Any], bool] | None:
