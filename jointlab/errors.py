@@ -10,7 +10,6 @@ from __future__ import annotations
 
 __all__ = [
     "BakedConstantWarning",
-    "BreakpointError",
     "CheckpointWarning",
     "CompareError",
     "CompiledGraphError",
@@ -27,6 +26,7 @@ __all__ = [
     "NodeExecutionError",
     "PersistError",
     "StateMismatchError",
+    "StepperError",
     "TableQueryError",
     "TraceError",
     "TrainFnError",
@@ -163,5 +163,9 @@ class CompiledGraphError(JointlabError, TypeError):
     """
 
 
-class BreakpointError(JointlabError, ValueError):
-    """A Stepper breakpoint names a condition jointlab does not know."""
+class StepperError(JointlabError, TypeError, ValueError):
+    """``jl.Stepper`` got an argument it cannot use.
+
+    The graph, model or inputs are of the wrong kind, or a breakpoint names a
+    condition jointlab does not know.
+    """

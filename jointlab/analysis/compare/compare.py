@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import html
+import numbers
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -38,7 +39,7 @@ from jointlab.analysis.compare.capture import (
     probe_pairs,
     to_device,
 )
-from jointlab.analysis.step.runner import NodeRunner
+from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompareError
 from jointlab.meta import op_name
@@ -162,7 +163,7 @@ class Tolerance:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Divergence:
     """The first graph node whose value differs from eager."""
 
@@ -173,6 +174,10 @@ class Divergence:
     what: str  # "module output", "output gradient", "parameter gradient", "loss"
     max_abs_err: float
     max_rel_err: float = 0.0
+
+    def __repr__(self) -> str:
+        """``Divergence(<one line>)``: node, what, module, phase, source and errors."""
+        return f"Divergence({self})"
 
     def __str__(self) -> str:
         """One line naming node, the module the value belongs to, and source."""
@@ -259,6 +264,41 @@ def _candidates(joint: Any) -> dict[str, Any]:
     return out
 
 
+def _checked_args(joint: Any, model: Any, inputs: Any, seed: Any, device: Any, train_fn: Any
+                  ) -> tuple[dict[str, Any], Any, torch.device]:
+    """Validate ``compare``'s arguments: ``(candidates, train_fn, device)``.
+
+    Raises:
+        CompareError: An argument is of the wrong kind, or no training step is known.
+    """
+    if isinstance(joint, (list, tuple)) and not joint:
+        raise CompareError("jl.compare got an empty list: pass a joint graph, a compiled one "
+                           "(joint.compile()), or a list of them")
+    cands = _candidates(joint)
+    graph = cands.get("graph")
+    for cand in cands.values():
+        if cand is not graph and not isinstance(cand, CompiledCandidate):
+            raise CompareError(f"jl.compare cannot run a {type(cand).__name__}: pass joint "
+                               "graphs from jl.trace or compiled ones (joint.compile())")
+    check_call(graph, model, inputs, CompareError, "jl.compare")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise CompareError(f"jl.compare: seed must be an int, got {seed!r}")
+    train_fn = train_fn or getattr(graph, "train_fn", None)
+    if train_fn is None:
+        raise CompareError("compare needs the training step: pass train_fn=..., or use a "
+                           "joint graph that records it (joint.train_fn)")
+    if not callable(train_fn):
+        raise CompareError(f"jl.compare: train_fn must be callable, got {type(train_fn).__name__}")
+    try:
+        dev = torch.device(device) if device is not None else next(model.parameters()).device
+    except (RuntimeError, TypeError) as exc:
+        raise CompareError(f"jl.compare: device={device!r} is not a torch device") from exc
+    except StopIteration as exc:
+        raise CompareError("jl.compare: the model has no parameters to compare") from exc
+    graph.flat_args(model, inputs)  # the graph's own checks: structure, shapes, state
+    return cands, train_fn, dev
+
+
 def _run_graph(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], seed: int,
                device: torch.device, keep: set[str]
                ) -> tuple[RunResult, dict[str, torch.Tensor], NodeRunner]:
@@ -304,15 +344,13 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         A :class:`Comparison`.
 
     Raises:
-        jointlab.errors.CompareError: No training step is known for ``joint``.
+        jointlab.errors.CompareError: An argument is of the wrong kind, or no training
+            step is known for ``joint``.
+        jointlab.errors.InputStructureError: ``inputs`` differ from what was traced
+            (and the other checks of ``joint.run``).
     """
-    cands = _candidates(joint)
+    cands, train_fn, dev = _checked_args(joint, model, inputs, seed, device, train_fn)
     graph = cands["graph"]
-    train_fn = train_fn or getattr(graph, "train_fn", None)
-    if train_fn is None:
-        raise CompareError("compare needs the training step: pass train_fn=..., or use a "
-                           "TracedGraph that records it (joint.train_fn)")
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
     eager_model = copy.deepcopy(model).to(dev)
     eager = capture_eager(eager_model, train_fn, to_device(inputs, dev), graph.param_names,
                           seed=seed)

@@ -10,6 +10,7 @@ import torch
 import torch.fx as fx
 
 from jointlab import meta as _meta
+from jointlab.errors import StepperError
 from jointlab.passes.analyze import tensors_of
 from jointlab.passes.annotate import is_compute
 
@@ -28,7 +29,7 @@ def non_finite(value: Any) -> bool:
 
 
 # -- breakpoints ---------------------------------------------------------------
-@dataclass
+@dataclass(repr=False)
 class Breakpoint:
     """Stop condition: a node name, a module prefix, an op, and/or a value predicate.
 
@@ -57,10 +58,18 @@ class Breakpoint:
             return False
         return self.op is None or self.op in _meta.op_aliases(node)
 
+    def __repr__(self) -> str:
+        """Only the parts that are set: ``Breakpoint(module='h.1', when=non_finite)``."""
+        parts = [f"{k}={v!r}" for k, v in (("node", self.node), ("module", self.module),
+                                           ("op", self.op)) if v is not None]
+        if self.when is not None:
+            parts.append(f"when={getattr(self.when, '__name__', 'predicate')}")
+        return f"Breakpoint({', '.join(parts)})"
+
 
 def _predicate(when: Any) -> Callable[[Any], bool] | None:
     if when is None or callable(when):
         return when
     if when in ("nonfinite", "non-finite", "nan"):
         return non_finite
-    raise ValueError(f"when= must be a callable or 'non-finite', got {when!r}")
+    raise StepperError(f"when= must be a callable or 'non-finite', got {when!r}")

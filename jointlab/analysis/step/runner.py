@@ -19,7 +19,7 @@ the buffer updates land), so reading the result never changes state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from jointlab.errors import NodeExecutionError, ValueNotAvailableError
 from jointlab.meta import node_error
 from jointlab.passes.analyze import written_in_place
 
-__all__ = ["NodeRunner", "resolve_device"]
+__all__ = ["NodeRunner", "check_call", "resolve_device"]
 
 _FAST_MIN_NODES = 16  # below this, stepping node by node is cheaper than codegen
 
@@ -43,6 +43,30 @@ Segment = tuple[Callable[..., Any], list[fx.Node], list[fx.Node]]
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``device``, or ``"cuda"`` when available, else ``"cpu"``."""
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def check_call(joint: Any, model: Any, inputs: Any, error: type[Exception], where: str) -> None:
+    """Refuse a graph, model or inputs of the wrong kind before anything runs.
+
+    Args:
+        joint: Should be a traced joint graph.
+        model: Should be the ``nn.Module`` that was traced.
+        inputs: Should be the dict of keyword inputs for ``train_fn``.
+        error: The jointlab error class to raise.
+        where: The public call, e.g. ``"jl.Stepper"``.
+
+    Raises:
+        error: One of them is of the wrong kind (the message says which).
+    """
+    if not (hasattr(joint, "graph_module") and hasattr(joint, "flat_args")):
+        raise error(f"{where} needs the joint graph from jl.trace(...) as its first argument, "
+                    f"got {type(joint).__name__}")
+    if not isinstance(model, nn.Module):
+        raise error(f"{where}: model must be the traced torch.nn.Module (or one with the same "
+                    f"parameters and buffers), got {type(model).__name__}")
+    if not isinstance(inputs, Mapping):
+        raise error(f"{where}: inputs must be the dict of keyword inputs for train_fn, as "
+                    f"given to jl.trace, got {type(inputs).__name__}")
 
 
 def _clone_tensor(value: Any) -> Any:

@@ -24,9 +24,9 @@ from jointlab import meta as _meta
 from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.compile import refuse_compiled_joint
 from jointlab.analysis.step.breakpoints import Breakpoint, _predicate
-from jointlab.analysis.step.runner import NodeRunner
+from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
-from jointlab.errors import ValueNotAvailableError
+from jointlab.errors import StepperError, ValueNotAvailableError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,8 +60,10 @@ class Stepper:
 
         Raises:
             jointlab.errors.CompiledGraphError: ``joint`` is a compiled joint graph.
+            jointlab.errors.StepperError: ``joint``, ``model`` or ``inputs`` is of the wrong kind.
         """
         refuse_compiled_joint(joint, "jl.Stepper")
+        check_call(joint, model, inputs, StepperError, "jl.Stepper")
         self.joint, self.model, self.inputs, self.seed = joint, model, inputs, seed
         self.runner = NodeRunner(joint, model, inputs, device=device, seed=seed, keep=keep)
         self.device = self.runner.device
