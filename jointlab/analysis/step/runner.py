@@ -19,6 +19,7 @@ the buffer updates land), so reading the result never changes state.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -111,11 +112,9 @@ class NodeRunner(fx.Interpreter):
         self.nodes: list[fx.Node] = list(self.graph.nodes)
         self._placeholder_index = {n: i for i, n in enumerate(self.nodes)
                                    if n.op == "placeholder"}
-        self._free = self._free_lists()
         self._snap = self._snapshot_nodes()
         self._bind(joint.flat_args(model, inputs))
         self._rng = StepRng(seed, self.device)
-        self._random = [draws_random(n) for n in self.nodes]
         self._segments: dict[tuple[int, int], Segment] = {}
         self.reset()
 
@@ -184,7 +183,14 @@ class NodeRunner(fx.Interpreter):
                 return self.raw_outputs[outs.index(node)]
         return None
 
-    def _free_lists(self) -> list[list[fx.Node]]:
+    @functools.cached_property
+    def _random(self) -> list[bool]:
+        """Per node, whether it draws from the RNG (built on first stepping, not for whole runs)."""
+        return [draws_random(n) for n in self.nodes]
+
+    @functools.cached_property
+    def _free(self) -> list[list[fx.Node]]:
+        """Per node, the values that die after it runs (built on first stepping)."""
         last: dict[fx.Node, int] = {}
         for i, n in enumerate(self.nodes):
             for a in n.all_input_nodes:
@@ -271,10 +277,15 @@ class NodeRunner(fx.Interpreter):
     def _keeps_any(self) -> bool:
         return self.keep_all or bool(self.keep)
 
-    def _guarded_call(self, fn: Callable[..., Any], args: list[Any], a: int, b: int) -> Any:
-        """``fn(*args)`` for nodes ``a..b``; on failure, replay them one by one to the culprit."""
+    def _guarded_call(self, fn: Callable[..., Any], args: list[Any], a: int, b: int,
+                      random: bool = True) -> Any:
+        """``fn(*args)`` for nodes ``a..b``; on failure, replay them one by one to the culprit.
+
+        With ``random`` the call runs in the runner's RNG stream (harmless where
+        no node draws: the stream is left as it was).
+        """
         rng_state = self._rng.state
-        user = self._rng.enter() if any(self._random[a:b]) else None
+        user = self._rng.enter() if random else None
         try:
             with torch.no_grad():
                 results = fn(*args)
@@ -295,7 +306,8 @@ class NodeRunner(fx.Interpreter):
 
     def _run_segment(self, a: int, b: int) -> None:
         fn, live_in, live_out = self._segment(a, b)
-        results = self._guarded_call(fn, [self.env[n] for n in live_in], a, b)
+        results = self._guarded_call(fn, [self.env[n] for n in live_in], a, b,
+                                     any(self._random[a:b]))
         for n, v in zip(live_out, results):
             self.env[n] = v
         snapped = [n for n in self.nodes[a:b] if n in self._snap]
