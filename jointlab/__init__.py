@@ -29,8 +29,11 @@ warn_if_untested()
 
 _LAZY = {
     "Stepper": "jointlab.analysis.step.stepper",
-    "compare": "jointlab.analysis.step.stepper",
+    "Breakpoint": "jointlab.analysis.step.breakpoints",
+    "compare": "jointlab.analysis.compare.compare",
     "Comparison": "jointlab.analysis.compare.compare",
+    "Divergence": "jointlab.analysis.compare.compare",
+    "CompiledJoint": "jointlab.analysis.compile",
     "MemoryProfile": "jointlab.analysis.memory.result",
     "load": "jointlab.graph",
     "plot_dag": "jointlab.viz",

@@ -9,36 +9,38 @@ generic handlers keep working.
 from __future__ import annotations
 
 __all__ = [
-    "JointlabError",
-    "InputTypeError",
-    "InputStructureError",
-    "InputMismatchError",
-    "GuardError",
-    "LossError",
-    "NoTrainableParametersError",
-    "DataDependentError",
-    "StateMismatchError",
-    "MetaDeviceError",
-    "TraceError",
-    "TrainFnMisuseError",
-    "TrainFnError",
+    "BakedConstantWarning",
+    "CheckpointWarning",
+    "CompareError",
+    "CompiledGraphError",
     "CompiledModuleError",
+    "DataDependentError",
+    "GuardError",
+    "InputMismatchError",
+    "InputStructureError",
+    "InputTypeError",
+    "JointlabError",
+    "LossError",
+    "MemoryQueryError",
+    "MetaDeviceError",
+    "NoTrainableParametersError",
+    "NodeExecutionError",
+    "PersistError",
+    "PlotArgumentError",
+    "RecordError",
+    "StaleAnalysisError",
+    "StateMismatchError",
+    "StepperError",
+    "TableQueryError",
+    "TraceError",
+    "TrainFnError",
+    "TrainFnMisuseError",
     "UnsupportedCheckpointError",
     "UnsupportedRandomOpError",
     "UnsupportedTorchError",
-    "NodeExecutionError",
-    "PersistError",
-    "TableQueryError",
-    "ValueNotAvailableError",
-    "CompareError",
-    "WhatIfError",
-    "PlotArgumentError",
-    "MemoryQueryError",
-    "StaleAnalysisError",
-    "BakedConstantWarning",
-    "CheckpointWarning",
     "UntestedTorchWarning",
-    "RecordError",
+    "ValueNotAvailableError",
+    "WhatIfError",
 ]
 
 
@@ -171,3 +173,19 @@ class StaleAnalysisError(JointlabError, RuntimeError):
 
 class RecordError(JointlabError, ValueError):
     """``jl.record`` got an invalid option (a byte budget, a grouping depth)."""
+
+
+class CompiledGraphError(JointlabError, TypeError):
+    """A compiled joint graph (``joint.compile()``) was given where the traced graph is needed.
+
+    Stepping, memory and node tables describe the traced graph, not the code
+    ``torch.compile`` generated from it; use ``compiled.source`` for them.
+    """
+
+
+class StepperError(JointlabError, TypeError, ValueError):
+    """``jl.Stepper`` got an argument it cannot use.
+
+    The graph, model or inputs are of the wrong kind, or a breakpoint names a
+    condition jointlab does not know.
+    """

@@ -161,3 +161,40 @@ def test_untouched_graph_matches_in_both_modes_without_passing_train_fn(name, mo
     c = jl.compare(joint, model, inputs)
     assert c.ok and c.first_divergence is None
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"model": "a string"}, "torch.nn.Module"),
+    ({"inputs": ["x"]}, "dict of keyword inputs"),
+    ({"joint": "graph"}, "joint graph from jl.trace"),
+    ({"joint": []}, "empty list"),
+    ({"seed": "11"}, "seed must be an int"),
+    ({"train_fn": 3}, "train_fn must be callable"),
+    ({"device": "nodev"}, "not a torch device"),
+])
+def test_bad_arguments_are_compare_errors(change, says):
+    f, model, inputs, joint = _setup("mlp")
+    before = deep_state(model)
+    args = {"joint": joint, "model": model, "inputs": inputs, "train_fn": f.train_fn, **change}
+    with pytest.raises(jl.errors.CompareError, match=says) as err:
+        jl.compare(args.pop("joint"), args.pop("model"), args.pop("inputs"), **args)
+    assert isinstance(err.value, TypeError)  # generic handlers keep working
+    assert_unchanged(before, model)
+
+
+def test_inputs_of_another_structure_get_the_graphs_own_error():
+    f, model, inputs, joint = _setup("mlp")
+    with pytest.raises(jl.errors.InputStructureError, match="missing: y"):
+        jl.compare(joint, model, {"x": inputs["x"]}, train_fn=f.train_fn)
+
+
+def test_divergence_and_comparison_are_exported_with_short_reprs():
+    f, model, inputs, joint = _setup("mlp")
+    relu = _node(joint, aten.relu.default, "")
+    relu.target = aten.sigmoid.default
+    joint.graph_module.recompile()
+    c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
+    d = c.first_divergence
+    assert isinstance(c, jl.Comparison) and isinstance(d, jl.Divergence)
+    assert repr(d) == f"Divergence({d})" and d.node in repr(d) and len(repr(d)) < 200
+    assert len(repr(c)) < 1000

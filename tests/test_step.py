@@ -269,3 +269,92 @@ def test_cuda_step_matches_run_and_reports_memory():
     assert _same(s.outputs, ref)
     t = s.node_timings()
     assert (t["step_mem_peak"] > 0).any()
+
+
+def test_reading_outputs_never_mutates_buffers_in_aot_mode():
+    """After the last node the buffers hold one BN update, like eager's, however often read."""
+    f = zoo.FIXTURES["cnn_bn"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs, mode="aot")
+    eager = f.make_model()
+    f.train_fn(eager, **inputs)
+    want = dict(eager.named_buffers())
+    s = jl.Stepper(joint, model, inputs, device="cpu")
+    while not s.done:
+        s.step()
+
+    def buffers_match() -> bool:
+        got = s.buffers()
+        return all(torch.equal(got[k], v) for k, v in want.items())
+
+    assert int(s.buffers()["bn1.num_batches_tracked"]) == 1
+    assert buffers_match()  # before .outputs is ever read
+    for _ in range(2):
+        assert s.outputs is not None
+    assert buffers_match() and int(s.buffers()["bn1.num_batches_tracked"]) == 1
+
+
+@pytest.mark.parametrize("args, says", [
+    (("graph", "model", "inputs"), "joint graph from jl.trace"),
+    (("joint", "a string", "inputs"), "torch.nn.Module"),
+    (("joint", "model", ["x"]), "dict of keyword inputs"),
+])
+def test_stepper_refuses_arguments_of_the_wrong_kind(mlp, args, says):
+    _, model, inputs, joint = mlp
+    real = {"joint": joint, "model": model, "inputs": inputs}
+    call = [real.get(a, a) if isinstance(a, str) else a for a in args]
+    with pytest.raises(jl.errors.StepperError, match=says):
+        jl.Stepper(*call, device="cpu")
+
+
+def test_unknown_breakpoint_condition_is_a_stepper_error(mlp):
+    _, model, inputs, joint = mlp
+    s = jl.Stepper(joint, model, inputs, device="cpu")
+    with pytest.raises(jl.errors.StepperError, match="non-finite"):
+        s.add_breakpoint(when="sometimes")
+    assert s.breakpoints == []
+
+
+def test_breakpoint_is_exported_with_a_short_repr(mlp):
+    _, model, inputs, joint = mlp
+    s = jl.Stepper(joint, model, inputs, device="cpu")
+    bp = s.add_breakpoint(module="fc3", when="non-finite")
+    assert isinstance(bp, jl.Breakpoint)
+    assert repr(bp) == "Breakpoint(module='fc3', when=non_finite)"
+    assert repr(s.add_breakpoint(node="relu")) == "Breakpoint(node='relu')"
+
+
+def _imports(path) -> set[str]:
+    """Every module a file imports, at top level, in functions or under TYPE_CHECKING."""
+    import ast
+
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_compare_and_the_panel_do_not_import_the_stepper():
+    import pathlib
+
+    root = pathlib.Path(jl.__file__).parent
+    stepper = "jointlab.analysis.step.stepper"
+    for path in [*(root / "analysis" / "compare").glob("*.py"),
+                 root / "analysis" / "step" / "runner.py", root / "analysis" / "compile.py"]:
+        assert stepper not in _imports(path), path
+    panel = _imports(root / "widgets" / "_stepper.py")
+    assert not [m for m in panel if m.startswith(("jointlab.analysis.step",
+                                                  "jointlab.analysis.compare"))], panel
+    to_widgets = {m for m in _imports(root / "analysis" / "step" / "stepper.py")
+                  if m.startswith(("jointlab.widgets", "jointlab.viz"))}
+    assert to_widgets <= {"jointlab.widgets._stepper", "jointlab.widgets._stepper.stepper_widget"}
+    mine = [*(root / "analysis" / "step").glob("*.py"),
+            *(root / "analysis" / "compare").glob("*.py"), root / "analysis" / "compile.py"]
+    for path in mine:  # they annotate with jointlab.core.TracedGraph
+        assert not [m for m in _imports(path) if m.startswith("jointlab.graph")], path
+    from jointlab.analysis.compare import compare as compare_module
+
+    assert jl.compare is compare_module.compare

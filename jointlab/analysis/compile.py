@@ -1,15 +1,28 @@
-"""``JointGraph.compile``: run the joint graph through ``torch.compile``."""
+"""``joint.compile()``: the joint graph run through ``torch.compile``, as a :class:`CompiledJoint`.
+
+A :class:`CompiledJoint` has a small, explicit surface: :meth:`~CompiledJoint.run`
+(one training step through the compiled code), :meth:`~CompiledJoint.compare`
+(compiled vs graph vs eager), :attr:`~CompiledJoint.source` (the traced graph it
+came from) and a short repr. It does not pass itself off as the traced graph:
+stepping, the memory picture and the node table describe the traced graph,
+not the code ``torch.compile`` generates, so ``jl.Stepper(compiled)``,
+``compiled.memory()`` and ``compiled.nodes`` refuse with
+:class:`jointlab.errors.CompiledGraphError` and point at ``compiled.source``.
+Stepping the compiled code itself would be a separate feature.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from jointlab.core import TracedGraph as JointGraph
+from jointlab.analysis.compare.compare import Comparison, compare
+from jointlab.core import RunResult, TracedGraph
+from jointlab.errors import CompiledGraphError
 
+__all__ = ["CompiledJoint", "compile_joint", "refuse_compiled_joint"]
 
 # Inductor replaces random ops by its own generator unless told to call the ATen
 # ones: with fallback_random the compiled graph draws what eager draws.
@@ -18,28 +31,92 @@ _EXACT_RANDOM = {"fallback_random": True}
 
 # -- compiled execution ----------------------------------------------------------
 class CompiledJoint:
-    """A joint graph whose :meth:`run` goes through ``torch.compile``."""
+    """A joint graph whose :meth:`run` goes through ``torch.compile``.
 
-    def __init__(self, joint: JointGraph, backend: str) -> None:
-        """Wrap ``joint``; compilation happens on the first :meth:`run`."""
-        self.joint = joint
+    Attributes:
+        source: The traced joint graph it was compiled from (step and analyse this one).
+        backend: The ``torch.compile`` backend name.
+        compiled: The compiled callable (compilation happens on the first run).
+    """
+
+    def __init__(self, source: TracedGraph, backend: str) -> None:
+        """Wrap ``source``; compilation happens on the first :meth:`run`."""
+        self.source = source
         self.backend = backend
-        self.compiled = torch.compile(joint.graph_module, backend=backend,
+        self.compiled = torch.compile(source.graph_module, backend=backend,
                                       options=_EXACT_RANDOM if backend == "inductor" else None)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.joint, name)
+    def run(self, model: nn.Module, inputs: dict[str, Any], *,
+            accumulate: bool = False) -> RunResult:
+        """Run one step like ``JointGraph.run``, through the compiled graph.
 
-    def run(self, model: nn.Module, inputs: dict[str, Any], *, accumulate: bool = False):
-        """Run one step like :meth:`JointGraph.run`, through the compiled graph."""
-        return self.joint.run_with(self.compiled, model, inputs, accumulate=accumulate)
+        Args:
+            model: The live model (buffer updates land in it, as with ``joint.run``).
+            inputs: Keyword inputs with the traced structure.
+            accumulate: Also add the gradients into ``param.grad``.
+
+        Returns:
+            ``(loss, grads by FQN, loss_dict)``.
+        """
+        return self.source.run_with(self.compiled, model, inputs, accumulate=accumulate)
+
+    def compare(self, model: nn.Module, inputs: dict[str, Any], **options: Any) -> Comparison:
+        """Compare the compiled code and its source graph with eager autograd in one call.
+
+        Args:
+            model: The user's model (never changed).
+            inputs: Keyword inputs for the training step.
+            **options: More keywords for :func:`jointlab.compare` (``seed``, ``rtol``, ...).
+
+        Returns:
+            A :class:`jointlab.Comparison` with one candidate per backend plus ``graph``.
+        """
+        return compare(self, model, inputs, **options)
+
+    def memory(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the memory picture describes the traced graph (``compiled.source.memory()``).
+
+        Raises:
+            jointlab.errors.CompiledGraphError: Always.
+        """
+        refuse_compiled_joint(self, "memory()")
+
+    @property
+    def nodes(self) -> NoReturn:
+        """Refused: the node table describes the traced graph (``compiled.source.nodes``).
+
+        Raises:
+            jointlab.errors.CompiledGraphError: Always.
+        """
+        refuse_compiled_joint(self, "nodes")
 
     def __repr__(self) -> str:
-        """Name the backend."""
-        return f"CompiledJoint(backend={self.backend!r}, {self.joint!r})"
+        """Backend, mode and size of the source graph, in one line."""
+        n = len(self.source.graph.nodes)
+        return (f"CompiledJoint(backend={self.backend!r}, source: {self.source.mode} graph, "
+                f"{n} nodes)")
 
 
-def compile_joint(joint: JointGraph, backend: str = "inductor") -> CompiledJoint:
+def refuse_compiled_joint(joint: Any, what: str) -> None:
+    """Raise when ``joint`` is a :class:`CompiledJoint` (``what`` describes the traced graph).
+
+    Args:
+        joint: What the caller was given.
+        what: The call, e.g. ``"jl.Stepper"`` or ``"memory()"``.
+
+    Raises:
+        jointlab.errors.CompiledGraphError: ``joint`` is compiled.
+    """
+    if isinstance(joint, CompiledJoint):
+        raise CompiledGraphError(
+            f"{what} works on the traced joint graph, not on code compiled from it: on a "
+            f"CompiledJoint ({joint.backend}) it would describe the uncompiled graph. Pass "
+            "compiled.source (the original graph from jl.trace) instead; stepping or "
+            "profiling the compiled code itself is a separate feature jointlab does not "
+            "offer yet. compiled.run(...) and jl.compare(compiled, ...) run the compiled code.")
+
+
+def compile_joint(joint: TracedGraph, backend: str = "inductor") -> CompiledJoint:
     """Compile ``joint`` with ``torch.compile``.
 
     Args:
@@ -47,6 +124,10 @@ def compile_joint(joint: JointGraph, backend: str = "inductor") -> CompiledJoint
         backend: A ``torch.compile`` backend name (``"inductor"``, ``"aot_eager"``, ...).
 
     Returns:
-        An object with the same ``run(model, inputs)`` as the JointGraph.
+        A :class:`CompiledJoint`: ``run``, ``compare`` and ``source``.
+
+    Raises:
+        jointlab.errors.CompiledGraphError: ``joint`` is compiled already.
     """
+    refuse_compiled_joint(joint, "compile()")
     return CompiledJoint(joint, backend)

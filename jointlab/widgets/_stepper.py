@@ -207,12 +207,7 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None,
         return inspect_name.value.strip() or None
 
     def do_compare():
-        from jointlab.analysis.compare.compare import compare
-
-        fn = train_fn or getattr(stepper.joint, "train_fn", None)
-        result = compare(stepper.joint, stepper.model, stepper.inputs, train_fn=fn,
-                         device=stepper.device, seed=stepper.seed or 0)
-        compare_box.value = result._repr_html_()
+        compare_box.value = stepper.compare(train_fn=train_fn)._repr_html_()
 
     b_step.on_click(guarded(do_step))
     b_over.on_click(guarded(do_over))

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import copy
 import html
+import numbers
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 import torch.fx as fx
@@ -38,14 +39,14 @@ from jointlab.analysis.compare.capture import (
     probe_pairs,
     to_device,
 )
+from jointlab.analysis.step.runner import NodeRunner, check_call
+from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompareError
 from jointlab.meta import op_name
 from jointlab.trace.refusals import torch_errors
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from jointlab.core import TracedGraph as JointGraph
 
 __all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
 
@@ -72,7 +73,7 @@ def _lower(a: torch.dtype | None, b: torch.dtype | None) -> torch.dtype | None:
     return max(ranked, key=_PRECISION.index) if ranked else (a or b)
 
 
-def compute_dtype(joint: JointGraph) -> torch.dtype | None:
+def compute_dtype(joint: TracedGraph) -> torch.dtype | None:
     """The lowest-precision floating dtype any compute node of the graph produces."""
     low = None
     for n in joint.graph.nodes:
@@ -98,7 +99,7 @@ _ORDER_DEPENDENT = {
 }
 
 
-def order_dependent_ops(joint: JointGraph, devices: set[str]) -> list[str]:
+def order_dependent_ops(joint: TracedGraph, devices: set[str]) -> list[str]:
     """Ops of the graph whose results may differ bitwise between two eager runs."""
     risky = frozenset().union(*(_ORDER_DEPENDENT.get(d, _ORDER_DEPENDENT["cuda"])
                                 for d in devices))
@@ -106,7 +107,7 @@ def order_dependent_ops(joint: JointGraph, devices: set[str]) -> list[str]:
                    if n.op == "call_function" and op_name(n) in risky})
 
 
-def expects_exact(joint: JointGraph, devices: set[str]) -> bool:
+def expects_exact(joint: TracedGraph, devices: set[str]) -> bool:
     """True when graph and eager run the same kernels, so they must agree bitwise.
 
     That holds for a make_fx graph (it records the ATen ops eager dispatches)
@@ -138,7 +139,7 @@ class Tolerance:
             atol = scaled * float(big)
         return (r if self.rtol is None else self.rtol), atol
 
-    def reasons(self, joint: JointGraph, devices: set[str]) -> list[str]:
+    def reasons(self, joint: TracedGraph, devices: set[str]) -> list[str]:
         """Why differences from eager may (or may not) be expected under these settings."""
         if self.exact and not expects_exact(joint, devices):
             return ["exact=True: every value must be bitwise equal"]
@@ -162,7 +163,7 @@ class Tolerance:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Divergence:
     """The first graph node whose value differs from eager."""
 
@@ -173,6 +174,10 @@ class Divergence:
     what: str  # "module output", "output gradient", "parameter gradient", "loss"
     max_abs_err: float
     max_rel_err: float = 0.0
+
+    def __repr__(self) -> str:
+        """``Divergence(<one line>)``: node, what, module, phase, source and errors."""
+        return f"Divergence({self})"
 
     def __str__(self) -> str:
         """One line naming node, the module the value belongs to, and source."""
@@ -236,27 +241,70 @@ def _rows(pairs: dict[str, tuple[Any, Any]], tol: Tolerance, candidate: str) -> 
 
 
 # -- running the candidates ------------------------------------------------------
-def _candidates(joint: Any) -> dict[str, Any]:
-    from jointlab.analysis.compile import CompiledJoint
+@runtime_checkable
+class CompiledCandidate(Protocol):
+    """A compiled joint graph: :class:`jointlab.CompiledJoint` satisfies it."""
 
+    source: TracedGraph
+    backend: str
+
+    def run(self, model: nn.Module, inputs: dict[str, Any]) -> RunResult:
+        """One step through the compiled code."""
+
+
+def _candidates(joint: Any) -> dict[str, Any]:
     items = joint if isinstance(joint, (list, tuple)) else [joint]
     out: dict[str, Any] = {}
     for j in items:
-        if isinstance(j, CompiledJoint):
+        if isinstance(j, CompiledCandidate):
             out[j.backend] = j
-            out.setdefault("graph", j.joint)
+            out.setdefault("graph", j.source)
         else:
             out["graph" if "graph" not in out else f"graph{len(out)}"] = j
     return out
 
 
-def _run_graph(joint: JointGraph, model: nn.Module, inputs: dict[str, Any], seed: int,
-               device: torch.device, keep: set[str]):
-    from jointlab.analysis.step.stepper import Stepper
+def _checked_args(joint: Any, model: Any, inputs: Any, seed: Any, device: Any, train_fn: Any
+                  ) -> tuple[dict[str, Any], Any, torch.device]:
+    """Validate ``compare``'s arguments: ``(candidates, train_fn, device)``.
 
-    s = Stepper(joint, copy.deepcopy(model), inputs, device=device, seed=seed, keep=keep)
-    out = s.run()
-    return out, s.buffers(), s
+    Raises:
+        CompareError: An argument is of the wrong kind, or no training step is known.
+    """
+    if isinstance(joint, (list, tuple)) and not joint:
+        raise CompareError("jl.compare got an empty list: pass a joint graph, a compiled one "
+                           "(joint.compile()), or a list of them")
+    cands = _candidates(joint)
+    graph = cands.get("graph")
+    for cand in cands.values():
+        if cand is not graph and not isinstance(cand, CompiledCandidate):
+            raise CompareError(f"jl.compare cannot run a {type(cand).__name__}: pass joint "
+                               "graphs from jl.trace or compiled ones (joint.compile())")
+    check_call(graph, model, inputs, CompareError, "jl.compare")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise CompareError(f"jl.compare: seed must be an int, got {seed!r}")
+    train_fn = train_fn or getattr(graph, "train_fn", None)
+    if train_fn is None:
+        raise CompareError("compare needs the training step: pass train_fn=..., or use a "
+                           "joint graph that records it (joint.train_fn)")
+    if not callable(train_fn):
+        raise CompareError(f"jl.compare: train_fn must be callable, got {type(train_fn).__name__}")
+    try:
+        dev = torch.device(device) if device is not None else next(model.parameters()).device
+    except (RuntimeError, TypeError) as exc:
+        raise CompareError(f"jl.compare: device={device!r} is not a torch device") from exc
+    except StopIteration as exc:
+        raise CompareError("jl.compare: the model has no parameters to compare") from exc
+    graph.flat_args(model, inputs)  # the graph's own checks: structure, shapes, state
+    return cands, train_fn, dev
+
+
+def _run_graph(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], seed: int,
+               device: torch.device, keep: set[str]
+               ) -> tuple[RunResult, dict[str, torch.Tensor], NodeRunner]:
+    runner = NodeRunner(joint, copy.deepcopy(model), inputs, device=device, seed=seed, keep=keep)
+    runner.advance(len(runner.nodes))
+    return runner.result, runner.buffers(), runner
 
 
 def _run_compiled(compiled: Any, model: nn.Module, inputs: dict[str, Any], seed: int,
@@ -277,7 +325,7 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     """Run the joint graph and eager autograd from the same state and seed, and compare.
 
     Args:
-        joint: A JointGraph, a compiled one (``joint.compile()``), or a list of them.
+        joint: A TracedGraph, a compiled one (``joint.compile()``), or a list of them.
         model: The user's model (never changed: each side runs on a deep copy).
         inputs: Keyword inputs for ``train_fn``.
         seed: RNG seed used by both sides (every random op draws exactly what eager draws).
@@ -296,15 +344,13 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         A :class:`Comparison`.
 
     Raises:
-        jointlab.errors.CompareError: No training step is known for ``joint``.
+        jointlab.errors.CompareError: An argument is of the wrong kind, or no training
+            step is known for ``joint``.
+        jointlab.errors.InputStructureError: ``inputs`` differ from what was traced
+            (and the other checks of ``joint.run``).
     """
-    cands = _candidates(joint)
+    cands, train_fn, dev = _checked_args(joint, model, inputs, seed, device, train_fn)
     graph = cands["graph"]
-    train_fn = train_fn or getattr(graph, "train_fn", None)
-    if train_fn is None:
-        raise CompareError("compare needs the training step: pass train_fn=..., or use a "
-                           "JointGraph that records it (joint.train_fn)")
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
     eager_model = copy.deepcopy(model).to(dev)
     eager = capture_eager(eager_model, train_fn, to_device(inputs, dev), graph.param_names,
                           seed=seed)
@@ -315,19 +361,19 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     tol = Tolerance(rtol, atol, exact, compute_dtype(graph))
     loose = Tolerance(rtol, atol, False, tol.floor)  # compiled candidates: other kernels
     results: dict[str, tuple] = {}
-    stepper = None
+    runner = None
     for name, cand in cands.items():
         if cand is graph:
-            out, bufs, stepper = _run_graph(graph, model, inputs, seed, dev,
+            out, bufs, runner = _run_graph(graph, model, inputs, seed, dev,
                                             {p.node.name for p in probes})
         else:
             out, bufs = _run_compiled(cand, model, inputs, seed, dev)
         results[name] = (out, bufs)
     checks = divergence_checks(graph, eager, probes)
-    first = first_divergence(graph, stepper, checks, tol)
-    inexact = first_divergence(graph, stepper, checks, Tolerance(exact=True))
+    first = first_divergence(graph, runner, checks, tol)
+    inexact = first_divergence(graph, runner, checks, Tolerance(exact=True))
     notes = tol.reasons(graph, {dev.type})
-    if exact and first is not None and close_by_dtype(stepper, graph, checks, first, loose):
+    if exact and first is not None and close_by_dtype(runner, graph, checks, first, loose):
         notes.append(f"{first.node} differs by max rel err {first.max_rel_err:.3g}, within "
                      "dtype tolerance: a reordered reduction would look like this too, so "
                      "check it, or pass exact=False to judge by tolerance")
@@ -335,18 +381,18 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     return Comparison.build(results, eager, first, inexact, tols, notes, unpaired)
 
 
-def close_by_dtype(stepper: Any, joint: JointGraph, checks: list, first: Divergence,
+def close_by_dtype(runner: NodeRunner, joint: TracedGraph, checks: list, first: Divergence,
                    tol: Tolerance) -> bool:
     """True when the first (exact) divergence would pass the dtype tolerances."""
     for node, want, _what, _owner in checks:
         if node.name == first.node:
-            got = _graph_value(stepper, node, joint)
+            got = runner.lookup(node)
             if isinstance(got, torch.Tensor) and got.numel() == want.numel():
                 return close(got, want.reshape(got.shape), tol)
     return False
 
 
-def divergence_checks(joint: JointGraph, eager: EagerCapture,
+def divergence_checks(joint: TracedGraph, eager: EagerCapture,
                       probes: list[Probe]) -> list[tuple[fx.Node, torch.Tensor, str, str]]:
     """Every ``(graph node, eager value, what, module)`` to check, in graph order."""
     checks = [(p.node, p.want, p.what, p.module) for p in probes]
@@ -366,11 +412,11 @@ def divergence_checks(joint: JointGraph, eager: EagerCapture,
     return checks
 
 
-def first_divergence(joint: JointGraph, stepper: Any, checks: list, tol: Tolerance
+def first_divergence(joint: TracedGraph, runner: NodeRunner, checks: list, tol: Tolerance
                      ) -> Divergence | None:
     """The first checked graph node, in graph order, whose value differs from eager."""
     for node, want, what, owner in checks:
-        got = _graph_value(stepper, node, joint)
+        got = runner.lookup(node)
         if isinstance(got, torch.Tensor) and got.shape != want.shape \
                 and got.numel() == want.numel():
             want = want.reshape(got.shape)
@@ -380,17 +426,6 @@ def first_divergence(joint: JointGraph, stepper: Any, checks: list, tol: Toleran
         abs_err, rel_err, _ = errors(got, want)
         return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""),
                           what, abs_err, rel_err)
-    return None
-
-
-def _graph_value(stepper: Any, node: fx.Node, joint: JointGraph) -> Any:
-    if node in stepper.snapshots:
-        return stepper.snapshots[node]
-    if node in stepper.env:
-        return stepper.env[node]
-    outs = list(joint.graph.output_node().args[0])
-    if node in outs and stepper._outputs is not None:
-        return stepper._outputs[outs.index(node)]
     return None
 
 

@@ -10,28 +10,12 @@ import torch
 import torch.fx as fx
 
 from jointlab import meta as _meta
+from jointlab.errors import StepperError
 from jointlab.passes.analyze import tensors_of
 from jointlab.passes.annotate import is_compute
-from jointlab.torch_compat import is_op_overload, op_schema
 
 
 # -- small predicates ----------------------------------------------------------
-def in_module(node: fx.Node, prefix: str) -> bool:
-    """True when the node belongs to ``prefix`` or one of its submodules (either phase)."""
-    mod = _meta.module(node)
-    return mod == prefix or mod.startswith(prefix + ".")
-
-
-def op_names(node: fx.Node) -> set[str]:
-    """Names an ``op=`` breakpoint may use: ``aten.mm.default``, ``aten.mm``, ``mm``."""
-    target = node.target
-    names = {str(target), getattr(target, "__name__", "")}
-    if is_op_overload(target):
-        base = op_schema(target).name.split("::")[-1]
-        names |= {f"{target.namespace}.{base}", base}
-    return names - {""}
-
-
 def draws_random(node: fx.Node) -> bool:
     """True when the op is tagged as consuming the global RNG."""
     tags = getattr(node.target, "tags", ())
@@ -45,9 +29,12 @@ def non_finite(value: Any) -> bool:
 
 
 # -- breakpoints ---------------------------------------------------------------
-@dataclass
+@dataclass(repr=False)
 class Breakpoint:
     """Stop condition: a node name, a module prefix, an op, and/or a value predicate.
+
+    ``None`` leaves a part out (any node, any module, any op); ``module=""``
+    selects the root module's own nodes (:func:`jointlab.meta.in_module`).
 
     Static parts are ANDed; without ``when`` the stepper stops *before* a
     matching node, with ``when`` it stops *after* a matching node whose value
@@ -67,9 +54,17 @@ class Breakpoint:
         static = self.module is not None or self.op is not None or self.when is not None
         if static and self.node is None and not is_compute(node):
             return False
-        if self.module is not None and not in_module(node, self.module):
+        if self.module is not None and not _meta.in_module(_meta.module(node), self.module):
             return False
-        return self.op is None or self.op in op_names(node)
+        return self.op is None or self.op in _meta.op_aliases(node)
+
+    def __repr__(self) -> str:
+        """Only the parts that are set: ``Breakpoint(module='h.1', when=non_finite)``."""
+        parts = [f"{k}={v!r}" for k, v in (("node", self.node), ("module", self.module),
+                                           ("op", self.op)) if v is not None]
+        if self.when is not None:
+            parts.append(f"when={getattr(self.when, '__name__', 'predicate')}")
+        return f"Breakpoint({', '.join(parts)})"
 
 
 def _predicate(when: Any) -> Callable[[Any], bool] | None:
@@ -77,4 +72,4 @@ def _predicate(when: Any) -> Callable[[Any], bool] | None:
         return when
     if when in ("nonfinite", "non-finite", "nan"):
         return non_finite
-    raise ValueError(f"when= must be a callable or 'non-finite', got {when!r}")
+    raise StepperError(f"when= must be a callable or 'non-finite', got {when!r}")

@@ -11,12 +11,19 @@ import torch.fx as fx
 
 # -- RNG kept apart from the user's --------------------------------------------
 class StepRng:
-    """The stepper's own RNG stream, swapped in only around random ops."""
+    """The stepper's own RNG stream, swapped in only around random ops.
+
+    The seeded start state is computed once: on CPU from a private
+    ``torch.Generator`` (the same state ``torch.manual_seed`` gives the default
+    generator), so creating or resetting a stepper never touches the user's RNG
+    and costs no global reseed.
+    """
 
     def __init__(self, seed: int | None, device: torch.device) -> None:
         self.seed, self.cuda = seed, device.type == "cuda"
         self.device = device
         self.state: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._start = None if seed is None else self._seeded(seed)
         self.reset()
 
     def _get(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -28,14 +35,19 @@ class StepRng:
         if state[1] is not None:
             torch.cuda.set_rng_state(state[1], self.device)
 
+    def _seeded(self, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The generator states ``torch.manual_seed(seed)`` would set, the user's left alone."""
+        if not self.cuda:
+            return torch.Generator().manual_seed(seed).get_state(), None
+        user = self._get()
+        torch.manual_seed(seed)
+        start = self._get()
+        self._set(user)
+        return start
+
     def reset(self) -> None:
         """Start the stream from ``seed`` again (no-op without a seed)."""
-        if self.seed is None:
-            return
-        user = self._get()
-        torch.manual_seed(self.seed)
-        self.state = self._get()
-        self._set(user)
+        self.state = self._start
 
     def enter(self) -> Any:
         """Swap the stepper's stream in; return the user's to hand to :meth:`exit`."""

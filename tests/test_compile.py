@@ -1,0 +1,69 @@
+"""joint.compile(): a CompiledJoint runs compiled code and refuses to pass for the traced graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import jointlab as jl
+from jointlab.errors import CompiledGraphError
+from tests.fixtures import zoo
+from tests.util import assert_unchanged, deep_state, eager_step
+
+
+@pytest.fixture(scope="module")
+def compiled_mlp():
+    f = zoo.FIXTURES["mlp"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    return f, model, inputs, joint, joint.compile("aot_eager")
+
+
+def test_run_goes_through_the_compiled_code_and_matches_eager(compiled_mlp):
+    f, model, inputs, joint, compiled = compiled_mlp
+    calls = []
+    compiled.compiled = _counting(compiled.compiled, calls)
+    loss, grads, _ = compiled.run(model, inputs)
+    assert calls == [1]  # the compiled callable ran, not the GraphModule
+    want_loss, want_grads, _ = eager_step(f.make_model(), f.train_fn, inputs, seed=0)
+    torch.testing.assert_close(loss, want_loss)
+    assert grads.keys() == want_grads.keys()
+    for k, g in want_grads.items():
+        torch.testing.assert_close(grads[k], g)
+
+
+def _counting(fn, calls):
+    def wrapped(*args):
+        calls.append(1)
+        return fn(*args)
+    return wrapped
+
+
+def test_stepper_memory_and_nodes_refuse_a_compiled_graph(compiled_mlp):
+    _, model, inputs, joint, compiled = compiled_mlp
+    before = deep_state(model)
+    for attempt in (lambda: jl.Stepper(compiled, model, inputs, device="cpu"),
+                    lambda: compiled.memory(),
+                    lambda: compiled.nodes):
+        with pytest.raises(CompiledGraphError, match=r"compiled\.source") as err:
+            attempt()
+        assert "separate feature" in str(err.value)
+    assert_unchanged(before, model)
+    s = jl.Stepper(compiled.source, model, inputs, device="cpu", seed=0)  # the way out
+    assert s.run() is not None and compiled.source is joint
+
+
+def test_no_silent_delegation_to_the_traced_graph(compiled_mlp):
+    *_, joint, compiled = compiled_mlp
+    for name in ("graph_module", "graph", "summary", "select", "save", "param_grads"):
+        assert hasattr(joint, name) and not hasattr(compiled, name), name
+
+
+def test_compare_method_repr_and_export(compiled_mlp):
+    f, model, inputs, joint, compiled = compiled_mlp
+    c = compiled.compare(model, inputs, train_fn=f.train_fn)
+    assert c.ok and set(c.grads["candidate"]) == {"aot_eager", "graph"}
+    text = repr(compiled)
+    assert text.startswith("CompiledJoint(backend='aot_eager'") and len(text) < 100
+    assert f"{len(joint.graph.nodes)} nodes" in text
+    assert isinstance(compiled, jl.CompiledJoint)
