@@ -192,7 +192,7 @@ def test_divergence_and_comparison_are_exported_with_short_reprs():
     f, model, inputs, joint = _setup("mlp")
     relu = _node(joint, aten.relu.default, "")
     relu.target = aten.sigmoid.default
-    joint.graph_module.recompile()
+    joint.recompute()
     c = jl.compare(joint, model, inputs, train_fn=f.train_fn)
     d = c.first_divergence
     assert isinstance(c, jl.Comparison) and isinstance(d, jl.Divergence)

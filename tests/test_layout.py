@@ -167,3 +167,49 @@ def test_import_jointlab_loads_neither_plotly_nor_ipywidgets():
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]", f"import jointlab loads {r.stdout.strip()}"
+
+
+def _meta_writes(tree: ast.AST) -> list[int]:
+    """Lines that write into a node's meta: ``x.meta[k] = v`` or ``x.meta.setdefault/update``."""
+
+    def is_meta(expr: ast.AST) -> bool:
+        return isinstance(expr, ast.Attribute) and expr.attr == "meta"
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            lines += [node.lineno for t in targets
+                      if isinstance(t, ast.Subscript) and is_meta(t.value)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("setdefault", "update", "pop", "clear") \
+                and is_meta(node.func.value):
+            lines.append(node.lineno)
+    return lines
+
+
+#: Modules that build graphs of their own and set the meta of *those* nodes only.
+GRAPH_BUILDERS = {
+    "jointlab.io.persist": "decodes an archive into a new graph and restores its saved meta",
+    "jointlab.analysis.memory.whatif": "tags its private copies for torch's partitioners",
+}
+
+
+def test_only_passes_write_node_meta():
+    """Passes are the only writers of ``node.meta``; the tracer may set torch's own keys.
+
+    The tracer builds the graph, so it may set torch-level keys while doing so
+    (``stack_trace``, ``nn_module_stack``, the checkpoint recompute tag); no
+    reader (analysis, io, viz, widgets, the graph object) writes meta at all.
+    """
+    found = []
+    for mod, path in _modules().items():
+        if mod.startswith(("jointlab.passes", "jointlab.trace")) or mod in GRAPH_BUILDERS:
+            continue
+        found += [f"{mod}:{line}" for line in _meta_writes(ast.parse(path.read_text()))]
+    assert not found, f"node.meta written outside jointlab/passes: {found}"
+    # the tracer writes no jointlab annotation itself: those come from passes
+    for mod, path in _modules().items():
+        if mod.startswith("jointlab.trace"):
+            text = path.read_text()
+            assert "setdefault(KEY" not in text and "meta[KEY]" not in text, mod

@@ -35,6 +35,7 @@ from jointlab.inputs import state_on_meta
 from jointlab.meta import TRAIN_FN
 from jointlab.passes.annotate import annotate, is_user_frame
 from jointlab.passes.classify import AotRules
+from jointlab.passes.probes import write_probes
 from jointlab.runtime import AotRuntime
 from jointlab.torch_compat import pytree, torch_attr, torch_module
 from jointlab.trace.checkpoint import checkpoint_tracing
@@ -206,7 +207,7 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequest
     sum_alias_grads_like_eager(gm, canon)
     runtime = _build_runtime(gm, req.state_spec.fqns, req.param_names, canon, box)
     annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon))
-    probes.write(gm)
+    write_probes(gm, probes.outputs, probes.grads)
     return req.parts(gm, "aot", box, guards, runtime)
 
 

@@ -23,6 +23,7 @@ from jointlab.guards import fakeify, symbolic_dispatch, symbolic_fake_mode
 from jointlab.inputs import model_state, state_on_meta
 from jointlab.passes.annotate import annotate
 from jointlab.passes.classify import MakeFxRules
+from jointlab.passes.probes import write_probes
 from jointlab.torch_compat import (
     FakeTensorMode,
     TracingContext,
@@ -93,7 +94,7 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     ] + [{"phase": "input", "input_path": p} for p, _ in req.tensors]
     annotate(gm, MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
                              len(box.keys)))
-    probes.write(gm)
+    write_probes(gm, probes.outputs, probes.grads)
     return req.parts(gm, "make_fx", box, guards)
 
 

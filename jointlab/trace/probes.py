@@ -7,7 +7,8 @@ These are identities recorded by the tracer itself, not guesses from shapes
 or graph structure, so ``compare`` can pair a graph value with the eager value
 recorded at the same point (same module, same call, same output leaf).
 
-The pass writes, on the graph nodes it found (see :mod:`jointlab.meta`):
+The pass :func:`jointlab.passes.probes.write_probes` then writes, on the
+graph nodes the hooks found (see :mod:`jointlab.meta`):
 
 - ``probe_out``: list of ``[fqn, call, leaf]``: this node is output ``leaf``
   of call number ``call`` (0-based, per module, in execution order) of module ``fqn``;
@@ -33,7 +34,6 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab.errors import UnsupportedTorchError
-from jointlab.meta import KEY
 from jointlab.torch_compat import pytree
 
 try:  # private torch APIs, present in torch 2.13 and 2.14
@@ -83,25 +83,6 @@ class ProbeRecorder:
         self.outputs.clear()
         self.grads.clear()
         self.calls.clear()
-
-    def write(self, gm: fx.GraphModule) -> None:
-        """Write ``probe_out`` / ``probe_grad`` on the nodes of ``gm`` that were recorded."""
-        by_name = {n.name: n for n in gm.graph.nodes}
-        for key_name, found in (("probe_out", self.outputs), ("probe_grad", self.grads)):
-            for key, node in found.items():
-                same = _same_node(by_name.get(node.name), node)
-                if same is not None:
-                    same.meta.setdefault(KEY, {}).setdefault(key_name, []).append(list(key))
-
-
-def _same_node(candidate: fx.Node | None, recorded: fx.Node) -> fx.Node | None:
-    """``candidate`` when it is the recorded node, or its copy in a copied graph."""
-    if candidate is None or candidate.op == "output":
-        return None
-    if candidate is recorded or (candidate.op, candidate.target) == (recorded.op,
-                                                                    recorded.target):
-        return candidate
-    return None
 
 
 def _grad_hook(rec: ProbeRecorder, key: Key):
