@@ -35,6 +35,9 @@ __all__ = [
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
+    "GradientLostError",
+    "MetaAttentionWarning",
+    "UnsupportedWrapperError",
 ]
 
 
@@ -151,3 +154,15 @@ class CheckpointWarning(UserWarning):
 
 class UntestedTorchWarning(UserWarning):
     """The installed torch is outside the versions jointlab's test suite was run on."""
+
+
+class GradientLostError(TraceError):
+    """The traced backward lost gradients: they do not depend on the loss in the graph."""
+
+
+class MetaAttentionWarning(UserWarning):
+    """Attention took the math path (S x S scores) only because the trace ran on meta."""
+
+
+class UnsupportedWrapperError(TraceError):
+    """The model is wrapped in a way jointlab cannot trace (e.g. FSDP2 ``fully_shard``)."""
