@@ -33,6 +33,7 @@ _LAZY = {
     "plot_lifetimes": "jointlab.viz",
     "explore": "jointlab.widgets",
     "report": "jointlab.viz.report",
+    "fake_cpu": "jointlab.trace.fake_cpu",
 }
 
 __all__ = ["JointGraph", "errors", "trace", *_LAZY]

@@ -24,6 +24,7 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from jointlab.errors import GuardError, InputStructureError, TraceError
+from jointlab.trace.fake_cpu import cpu_fake, wants_cpu_fake
 
 
 def resolve_dynamic_dims(
@@ -100,6 +101,8 @@ def symbolic_dispatch(dynamic: bool) -> contextlib.AbstractContextManager[Any]:
 
 def fakeify(mode: FakeTensorMode, t: torch.Tensor, dyn: set[int] | None) -> torch.Tensor:
     """Make a fake tensor, with the dims in ``dyn`` symbolic."""
+    if wants_cpu_fake(t) and not dyn:  # jl.fake_cpu(): a meta tensor faked as CPU
+        return cpu_fake(mode, t)
     if not dyn or mode.shape_env is None:
         return mode.from_tensor(t, static_shapes=True)
     sizes = [DimDynamic.DYNAMIC if d in dyn else DimDynamic.STATIC for d in range(t.dim())]

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
-from jointlab.errors import GradientLostError
+from jointlab.errors import GradientLostError, MetaAttentionWarning
+from jointlab.trace.meta_attention import meta_attention_notes
 from tests.fixtures import zoo
 from tests.fixtures.real import hf_config
 from tests.util import assert_unchanged, deep_state, eager_step
@@ -38,7 +39,7 @@ def cpu_llama() -> nn.Module:
 def llama_inputs() -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, VOCAB, (2, 8), generator=gen)
-    return {"input_ids": ids, "labels": ids}
+    return {"input_ids": ids, "labels": ids.clone()}  # separate storages, as on meta
 
 
 def ce_step(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -152,3 +153,33 @@ def test_op_without_autograd_kernel_is_refused(mode, step, lost):
     msg = str(info.value)
     assert "first.weight" in msg and f"gradients of {lost} " in msg and "spare" not in msg
     assert_unchanged(before, model)
+
+
+# -- attention on meta: math path flagged, CPU fakes pick the fused kernel ------------
+def _ops(joint: jl.JointGraph) -> list[str]:
+    return [str(n.target) for n in joint.graph.nodes if n.op == "call_function"]
+
+
+def test_meta_attention_takes_math_path_and_says_so():
+    with pytest.warns(MetaAttentionWarning, match="math path only because"):
+        joint = jl.trace(meta_llama(), mse_step, llama_inputs())
+    notes = meta_attention_notes(joint)
+    assert len(notes) == 2 and notes[0]["q_shape"] == (2, 4, 8, 8)  # two layers, 4 heads
+    assert not any("flash" in op for op in _ops(joint))
+
+
+def test_fake_cpu_trace_matches_a_real_cpu_trace_and_is_not_flagged():
+    model = meta_llama()
+    before = meta_state(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MetaAttentionWarning)
+        with jl.fake_cpu():
+            fake = jl.trace(model, mse_step, llama_inputs())
+        real = jl.trace(cpu_llama(), mse_step, llama_inputs())  # the reference
+    assert meta_state(model) == before
+    assert meta_attention_notes(fake) == []
+    assert _ops(fake) == _ops(real) and any("flash_attention" in op for op in _ops(real))
+    assert fake.memory().peak_bytes == real.memory().peak_bytes
+    with pytest.warns(MetaAttentionWarning):
+        meta = jl.trace(model, mse_step, llama_inputs())
+    assert meta.memory().peak_bytes > fake.memory().peak_bytes

@@ -51,6 +51,7 @@ from jointlab.torch_compat import unsupported
 from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.hf_compat import hf_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
+from jointlab.trace.meta_attention import flag_meta_attention, meta_attention_calls
 from jointlab.trace.probes import module_probes
 from jointlab.trace.python_state import no_tensor_printing, warn_baked_constants
 from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
@@ -102,7 +103,8 @@ def trace(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
-            hf_refusals(model), random_op_refusals(), no_kernel_warnings() as no_kernel:
+            hf_refusals(model), random_op_refusals(), no_kernel_warnings() as no_kernel, \
+            meta_attention_calls() as sdpa_calls:
         if mode == "aot":
             from jointlab.trace.aot import trace_aot
 
@@ -113,6 +115,7 @@ def trace(
     refuse_explicit_generators(joint.graph_module)
     repair_views(joint.graph_module)
     refuse_lost_backward(joint, no_kernel)
+    flag_meta_attention(joint, sdpa_calls)
     warn_baked_constants(joint.graph_module, train_fn, model)
     joint.train_fn = train_fn
     return joint
