@@ -2,9 +2,9 @@
 
 On the meta device ``F.scaled_dot_product_attention`` decomposes into the
 math path (see :mod:`jointlab.trace.meta_attention`). Inside :func:`fake_cpu`,
-``jl.trace`` (``mode="make_fx"``) makes the fakes of a meta model's parameters, buffers and inputs report the
-CPU device (their data stays on meta, nothing is allocated), so torch picks
-the CPU fused attention kernel::
+``jl.trace`` (``mode="make_fx"``) makes the fakes of a meta model's
+parameters, buffers and inputs report the CPU device (their data stays on
+meta, nothing is allocated), so torch picks the CPU fused attention kernel::
 
     with torch.device("meta"):
         model = build()
