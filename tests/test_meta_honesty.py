@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 import jointlab as jl
+from jointlab.analysis.memory.whatif import functional_joint, what_if
 from jointlab.errors import GradientLostError, MetaAttentionWarning
 from jointlab.trace.meta_attention import meta_attention_notes
 from tests.fixtures import zoo
@@ -183,3 +185,30 @@ def test_fake_cpu_trace_matches_a_real_cpu_trace_and_is_not_flagged():
     with pytest.warns(MetaAttentionWarning):
         meta = jl.trace(model, mse_step, llama_inputs())
     assert meta.memory().peak_bytes > fake.memory().peak_bytes
+
+
+# -- what_if on meta and CPU-fake traces ------------------------------------------------
+def _scores(table):
+    cols = ["saved_bytes", "forward_peak_bytes", "backward_peak_bytes", "peak_bytes"]
+    assert "error" not in table or table["error"].isna().all(), table.get("error")
+    return table[cols].iloc[1:].to_dict("records")  # the partitioner options
+
+
+def test_what_if_works_on_meta_in_both_modes_and_allocates_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        joints = [jl.trace(meta_llama(), mse_step, llama_inputs(), mode=m)
+                  for m in ("make_fx", "aot")]
+    make_fx_rows, aot_rows = (_scores(what_if(j)) for j in joints)
+    assert make_fx_rows == aot_rows  # two independent traces of one step split alike
+    for joint in joints:
+        _, _, args = functional_joint(joint)
+        assert all(isinstance(a, FakeTensor) and a.device.type == "meta"
+                   for a in args if isinstance(a, torch.Tensor))
+
+
+def test_what_if_on_cpu_fakes_equals_what_if_on_real_weights():
+    with jl.fake_cpu():
+        fake = jl.trace(meta_llama(), mse_step, llama_inputs())
+    real = jl.trace(cpu_llama(), mse_step, llama_inputs())
+    assert _scores(what_if(fake)) == _scores(what_if(real))
