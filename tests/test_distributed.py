@@ -1,0 +1,58 @@
+"""Distributed graphs on a fake world: functional collectives in the memory picture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import jointlab as jl
+
+fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+funcol = pytest.importorskip("torch.distributed._functional_collectives")
+
+
+@pytest.fixture
+def fake_world():
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=4)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+class AllReduceMLP(nn.Module):
+    def __init__(self, collective: bool = True) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.collective = collective
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        # The reference allocates one buffer of the same size where the collective does.
+        h = funcol.all_reduce(h, "sum", dist.group.WORLD) if self.collective else h.clone()
+        return self.fc2(torch.relu(h))
+
+
+def _step(model, x, y):
+    return F.mse_loss(model(x), y)
+
+
+def test_wait_tensor_output_is_not_a_new_allocation(fake_world):
+    torch.manual_seed(0)
+    model, x, y = AllReduceMLP(), torch.randn(8, 16), torch.randn(8, 16)
+    joint = jl.trace(model, _step, {"x": x, "y": y})
+    waits = [n for n in joint.graph.nodes if "wait_tensor" in str(n.target)]
+    assert waits, "the trace has no functional collective"
+    life = joint.memory().lifetimes
+    for w in waits:
+        buffer = w.args[0]  # the collective's output: one storage for both
+        assert w.name not in set(life.storage)
+        row = life[life.storage == buffer.meta["jointlab"]["storage"]]
+        assert len(row) == 1 and int(row.bytes.iloc[0]) == buffer.meta["val"].numel() * 4
+    reference = AllReduceMLP(collective=False)
+    reference.load_state_dict(model.state_dict())
+    ref = jl.trace(reference, _step, {"x": x, "y": y}).memory()
+    assert joint.memory().peak_bytes == ref.peak_bytes
