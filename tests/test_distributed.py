@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
+from jointlab.errors import UnsupportedWrapperError
+from tests.util import assert_unchanged, deep_state
 
 fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
 funcol = pytest.importorskip("torch.distributed._functional_collectives")
@@ -56,3 +58,19 @@ def test_wait_tensor_output_is_not_a_new_allocation(fake_world):
     reference.load_state_dict(model.state_dict())
     ref = jl.trace(reference, _step, {"x": x, "y": y}).memory()
     assert joint.memory().peak_bytes == ref.peak_bytes
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_fsdp2_fully_shard_is_refused_and_model_unchanged(fake_world, mode):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = AllReduceMLP(collective=False)
+    fully_shard(model.fc1, mesh=init_device_mesh("cpu", (4,)))
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    before = deep_state(model)
+    with pytest.raises(UnsupportedWrapperError, match="module 'fc1'.*FSDP2 fully_shard") as info:
+        jl.trace(model, _step, {"x": x, "y": y}, mode=mode)
+    assert "parallelize_module" in str(info.value) and "SimpleFSDP" in str(info.value)
+    assert_unchanged(before, model)

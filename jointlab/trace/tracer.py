@@ -49,6 +49,7 @@ from jointlab.passes.annotate import annotate, frame_text, innermost_user_frame
 from jointlab.passes.repair import repair_views
 from jointlab.torch_compat import unsupported
 from jointlab.trace.checkpoint import checkpoint_tracing
+from jointlab.trace.distributed import refuse_unsupported_wrappers
 from jointlab.trace.hf_compat import hf_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.meta_attention import flag_meta_attention, meta_attention_calls
@@ -102,6 +103,7 @@ def trace(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
+    refuse_unsupported_wrappers(model)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
             hf_refusals(model), random_op_refusals(), no_kernel_warnings() as no_kernel, \
             meta_attention_calls() as sdpa_calls:
