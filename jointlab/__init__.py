@@ -34,6 +34,7 @@ _LAZY = {
     "explore": "jointlab.widgets",
     "report": "jointlab.viz.report",
     "fake_cpu": "jointlab.trace.fake_cpu",
+    "fake_world": "jointlab.trace.distributed",
 }
 
 __all__ = ["JointGraph", "errors", "trace", *_LAZY]

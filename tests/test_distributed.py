@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
+from jointlab.analysis.distributed import collectives
 from jointlab.errors import UnsupportedWrapperError
 from tests.util import assert_unchanged, deep_state
 
@@ -74,3 +75,33 @@ def test_fsdp2_fully_shard_is_refused_and_model_unchanged(fake_world, mode):
         jl.trace(model, _step, {"x": x, "y": y}, mode=mode)
     assert "parallelize_module" in str(info.value) and "SimpleFSDP" in str(info.value)
     assert_unchanged(before, model)
+
+
+def test_collectives_table_lists_each_collective_with_its_wait(fake_world):
+    torch.manual_seed(0)
+    model, x, y = AllReduceMLP(), torch.randn(8, 16), torch.randn(8, 16)
+    joint = jl.trace(model, _step, {"x": x, "y": y})
+    table = collectives(joint)
+    # Reference: the forward all_reduce, and autograd's all_reduce of its gradient.
+    assert table.op.tolist() == ["all_reduce", "all_reduce"]
+    assert table.phase.tolist() == ["forward", "backward"]
+    assert (table.module == "").all() and (table.bytes == 8 * 32 * 4).all()
+    waits = {n.name: n for n in joint.graph.nodes if "wait_tensor" in str(n.target)}
+    assert all(waits[w].args[0].name == c for c, w in zip(table.node, table.wait))
+    assert (table.group == dist.group.WORLD.group_name).all()
+
+
+def test_fake_world_builds_a_mesh_and_dtensor_state_is_refused():
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    with jl.fake_world(8, mesh={"dp": 4, "tp": 2}) as world:
+        assert dist.get_world_size() == 8 and world.mesh.mesh_dim_names == ("dp", "tp")
+        torch.manual_seed(0)
+        model = AllReduceMLP(collective=False)
+        parallelize_module(model, world.mesh["tp"], {"fc1": ColwiseParallel()})
+        inputs = {"x": torch.randn(8, 16), "y": torch.randn(8, 16)}
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError, match="'fc1.weight' is a DTensor"):
+            jl.trace(model, _step, inputs)
+        assert_unchanged(before, model)
+    assert not dist.is_initialized()
