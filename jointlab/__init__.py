@@ -44,6 +44,8 @@ _LAZY = {
     "record": "jointlab.analysis.record",
     "Record": "jointlab.analysis.record",
     "module_summary": "jointlab.analysis.modules",
+    "fake_cpu": "jointlab.trace.fake_cpu",
+    "fake_world": "jointlab.trace.distributed",
 }
 
 __all__ = ["JointGraph", "RunResult", "errors", "trace", *_LAZY]

@@ -15,6 +15,7 @@ __all__ = [
     "CompiledGraphError",
     "CompiledModuleError",
     "DataDependentError",
+    "GradientLostError",
     "GuardError",
     "InputMismatchError",
     "InputStructureError",
@@ -22,6 +23,7 @@ __all__ = [
     "JointlabError",
     "LossError",
     "MemoryQueryError",
+    "MetaAttentionWarning",
     "MetaDeviceError",
     "NoTrainableParametersError",
     "NodeExecutionError",
@@ -38,6 +40,7 @@ __all__ = [
     "UnsupportedCheckpointError",
     "UnsupportedRandomOpError",
     "UnsupportedTorchError",
+    "UnsupportedWrapperError",
     "UntestedTorchWarning",
     "ValueNotAvailableError",
     "WhatIfError",
@@ -189,3 +192,15 @@ class StepperError(JointlabError, TypeError, ValueError):
     The graph, model or inputs are of the wrong kind, or a breakpoint names a
     condition jointlab does not know.
     """
+
+
+class GradientLostError(TraceError):
+    """The traced backward lost gradients: they do not depend on the loss in the graph."""
+
+
+class MetaAttentionWarning(UserWarning):
+    """Attention took the math path (S x S scores) only because the trace ran on meta."""
+
+
+class UnsupportedWrapperError(TraceError):
+    """The model is wrapped in a way jointlab cannot trace (e.g. FSDP2 ``fully_shard``)."""

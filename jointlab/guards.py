@@ -20,6 +20,7 @@ import torch
 from jointlab import torch_compat
 from jointlab.errors import GuardError, InputStructureError
 from jointlab.torch_compat import DimDynamic, FakeTensorMode, ShapeEnv, StatelessSymbolicContext
+from jointlab.trace.fake_cpu import cpu_fake, wants_cpu_fake
 
 
 def resolve_dynamic_dims(
@@ -89,6 +90,8 @@ def symbolic_dispatch(dynamic: bool) -> contextlib.AbstractContextManager[Any]:
 
 def fakeify(mode: FakeTensorMode, t: torch.Tensor, dyn: set[int] | None) -> torch.Tensor:
     """Make a fake tensor, with the dims in ``dyn`` symbolic."""
+    if wants_cpu_fake(t) and not dyn:  # jl.fake_cpu(): a meta tensor faked as CPU
+        return cpu_fake(mode, t)
     if not dyn or mode.shape_env is None:
         return mode.from_tensor(t, static_shapes=True)
     sizes = [DimDynamic.DYNAMIC if d in dyn else DimDynamic.STATIC for d in range(t.dim())]

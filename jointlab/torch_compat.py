@@ -198,6 +198,8 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                              "trace with the parameters as graph inputs"),
     "non_strict_tracing_context": ("torch.compiler", "_non_strict_tracing_context",
                                    "trace a training step"),
+    "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore",
+                  "simulate a distributed world with the fake process group"),
 }
 
 
@@ -244,6 +246,15 @@ def op_schema(target: Any) -> Any:
     if not is_op_overload(target):
         return None
     return _required(target, "_schema", "OpOverload._schema", "read operator schemas")
+
+
+def graph_codegen(graph: Any) -> Any:
+    """The code generator of an ``fx.Graph`` (FX has ``set_codegen`` but no public getter).
+
+    Raises:
+        UnsupportedTorchError: This torch's ``fx.Graph`` keeps no ``_codegen``.
+    """
+    return _required(graph, "_codegen", "fx.Graph._codegen", "copy a graph's calling convention")
 
 
 def op_parts(target: Any) -> tuple[str, str, str]:

@@ -30,12 +30,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from jointlab.analysis.tables import node_table
 from jointlab.errors import RecordError, UnsupportedTorchError
 from jointlab.meta import TRAIN_FN
-from jointlab.torch_compat import torch_attr
+from jointlab.torch_compat import pytree, torch_attr
 from jointlab.trace.snapshot import ModelSnapshot
 
 if TYPE_CHECKING:

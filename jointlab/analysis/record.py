@@ -30,7 +30,8 @@ import torch
 import torch.fx as fx
 
 from jointlab.errors import RecordError, ValueNotAvailableError
-from jointlab.meta import in_module, node_error, op_name
+from jointlab.meta import in_module, is_aten_op, node_error, op_name
+from jointlab.torch_compat import graph_codegen, op_schema
 from jointlab.units import human_bytes
 
 if TYPE_CHECKING:
@@ -204,8 +205,7 @@ class _Recorder:
 
 
 def _is_mutating(node: fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return bool(node.op == "call_function" and schema is not None and schema.is_mutable)
+    return is_aten_op(node) and bool(op_schema(node.target).is_mutable)
 
 
 def _instrument(joint: TracedGraph) -> tuple[fx.GraphModule, _Recorder]:
@@ -214,7 +214,7 @@ def _instrument(joint: TracedGraph) -> tuple[fx.GraphModule, _Recorder]:
     nodes = list(src.nodes)
     rec = _Recorder(nodes)
     g = fx.Graph()
-    g._codegen = copy.copy(src._codegen)
+    g.set_codegen(copy.copy(graph_codegen(src)))
     env: dict[fx.Node, fx.Node] = {}
     placeholders = [i for i, n in enumerate(nodes) if n.op == "placeholder"]
     for i, n in enumerate(nodes):

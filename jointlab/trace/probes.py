@@ -66,6 +66,8 @@ def _traced_node(t: torch.Tensor) -> fx.Node | None:
     if isinstance(inner, FunctionalTensor):  # AOT mode: the fake value under the wrapper
         sync_functional(inner)
         inner = from_functional_tensor(inner.elem)
+    if not isinstance(inner, torch.Tensor):  # a gradient no kernel produced (meta AOT)
+        return None
     slot = get_proxy_slot(inner, mode.tracer, None)
     return None if slot is None else slot.proxy.node
 

@@ -19,8 +19,11 @@ from jointlab.errors import TraceError
 from jointlab.graph import JointGraph
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.repair import repair_views
+from jointlab.trace.distributed import refuse_unsupported_wrappers
 from jointlab.trace.hf_compat import hf_refusals
+from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
+from jointlab.trace.meta_attention import flag_meta_attention, meta_attention_calls
 from jointlab.trace.python_state import no_tensor_printing, warn_baked_constants
 from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
 from jointlab.trace.refusals import refuse_compiled, torch_errors, tracing_guard
@@ -65,8 +68,10 @@ def trace(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
+    refuse_unsupported_wrappers(model)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
-            hf_refusals(model), random_op_refusals():
+            hf_refusals(model), random_op_refusals(), no_kernel_warnings() as no_kernel, \
+            meta_attention_calls() as sdpa_calls:
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         if mode == "aot":
             from jointlab.trace.aot import trace_aot
@@ -80,6 +85,8 @@ def trace(
     warn_baked_constants(gm, train_fn, model)
     ensure_analyzed(gm)
     joint = JointGraph.from_parts(parts)
+    refuse_lost_backward(joint, no_kernel)
+    flag_meta_attention(joint, sdpa_calls)
     joint.train_fn = train_fn
     return joint
 

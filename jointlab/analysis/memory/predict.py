@@ -157,6 +157,11 @@ def _unread_outputs(node: fx.Node, sizes: Sizes | None = None) -> list[tuple[int
     return out
 
 
+def _is_wait_tensor(node: fx.Node) -> bool:
+    return (node.op == "call_function" and "wait_tensor" in str(node.target)
+            and bool(node.args) and isinstance(node.args[0], fx.Node))
+
+
 def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
              ) -> tuple[list[fx.Node], dict[str, _Storage]]:
     """Every storage of one run with its birth step, death step and size.
@@ -177,6 +182,7 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
     out_node = nodes[-1]
     outputs = set(out_node.all_input_nodes) if out_node.op == "output" else set()
     st: dict[str, _Storage] = {}
+    waited: dict[str, str] = {}  # a wait_tensor's storage -> the collective's
     for i, node in enumerate(nodes):
         m = node_info(node)
         if is_multi_output(node):
@@ -187,6 +193,10 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
         if m.shape is None:  # no tensor value
             continue
         owner = m.storage or node.name
+        if _is_wait_tensor(node):  # returns the collective's own buffer: an alias
+            src = node_info(node.args[0]).storage or node.args[0].name
+            waited[owner] = waited.get(src, src)
+        owner = waited.get(owner, owner)
         s = st.get(owner)
         if s is None:
             birth = 0 if lives_whole_run(node) else born_at(node, index)

@@ -35,7 +35,7 @@ from jointlab.analysis.memory.predict import predict
 from jointlab.errors import WhatIfError
 from jointlab.meta import KEY, op_name, storage_owner
 from jointlab.passes.analyze import ensure_analyzed, hint
-from jointlab.torch_compat import make_fx, torch_attr, torch_module
+from jointlab.torch_compat import FakeTensorMode, make_fx, torch_attr, torch_module
 
 D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
 
@@ -48,12 +48,14 @@ def is_loss_seed(node: fx.Node, loss: fx.Node) -> bool:
             and node.args[:1] == (loss,))
 
 
-def _empty_like_val(v: Any) -> Any:
+def _empty_like_val(v: Any, mode: FakeTensorMode) -> Any:
+    # A fake on the value's own device (meta, CPU or CUDA): nothing is allocated.
     if not isinstance(v, torch.Tensor):
         return hint(v) if isinstance(v, torch.SymInt) else v
     shape = [hint(s) for s in v.shape]
     stride = [hint(s) for s in v.stride()]
-    return torch.empty_strided(shape, stride, dtype=v.dtype, device="cpu")
+    with mode:
+        return torch.empty_strided(shape, stride, dtype=v.dtype, device=v.device)
 
 
 def functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]]:
@@ -106,7 +108,9 @@ def _aot_functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]]:
         # Fresh analysis per split graph: the partitioners copy node meta shallowly,
         # so a shared jointlab dict would let one graph's storages overwrite another's.
         node.meta.pop(KEY, None)
-    args = [_empty_like_val(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    args = [_empty_like_val(n.meta.get("val"), mode) for n in gm.graph.nodes
+            if n.op == "placeholder"]
     return gm, k, args
 
 
@@ -131,7 +135,8 @@ def _makefx_functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]
     graph.erase_node(seed)
     out.args = ([loss, *extra, *grads],)
     gm.recompile()
-    args = [_empty_like_val(n.meta.get("val")) for n in graph.nodes if n.op == "placeholder"]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    args = [_empty_like_val(n.meta.get("val"), mode) for n in graph.nodes if n.op == "placeholder"]
     fgm = make_fx(torch.func.functionalize(gm, remove="mutations"),
                   tracing_mode="fake")(*args)
     _drop_input_writebacks(fgm)
