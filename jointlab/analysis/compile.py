@@ -26,10 +26,10 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
+from jointlab import torch_compat
 from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError
-from jointlab import torch_compat
 from jointlab.torch_compat import inductor_provenance
 
 __all__ = ["CompiledJoint", "compile_joint", "refuse_compiled_joint"]

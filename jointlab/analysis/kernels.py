@@ -117,10 +117,11 @@ def kernel_table(compiled: Any) -> pd.DataFrame:
     """
     import pandas as pd
 
+    mapping = kernel_map(compiled)
     by_name = {n.name: n for n in compiled.source.graph.nodes}
     code = compiled.compiled.source_code or ""
     rows = []
-    for kernel, names in kernel_map(compiled).items():
+    for kernel, names in mapping.items():
         nodes = [by_name[n] for n in names]
         mods = sorted({_meta.info(n).get("module", "") for n in nodes} - {""})
         phases = sorted({_meta.info(n).get("phase", "") for n in nodes} - {""})
