@@ -22,6 +22,7 @@ imported on first use, so ``import jointlab`` stays light.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import warnings
 from collections.abc import Callable
@@ -200,6 +201,8 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                                    "trace a training step"),
     "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore",
                   "simulate a distributed world with the fake process group"),
+    "inductor_compile": ("torch._inductor", "compile",
+                         "compile the joint graph itself and map its kernels onto it"),
 }
 
 
@@ -405,3 +408,28 @@ def checkpoint_internals() -> tuple[Callable[..., Any], type]:
         raise unsupported("torch.utils.checkpoint._run_fn_with_dynamo_disabled or "
                           "CheckpointFunction", "trace gradient checkpointing exactly")
     return run, func
+
+
+def inductor_provenance(compiled: Callable[..., Any]) -> tuple[dict[str, Any], str]:
+    """Inductor's kernel provenance and output code for a ``torch._inductor.compile`` result.
+
+    Inductor (``trace.provenance_tracking_level=1``) leaves, on the callable it
+    returns, a JSON mapping between the graph it was given ("pre-grad" nodes),
+    its post-grad nodes and its kernels (``preToPost``, ``postToPre``,
+    ``cppCodeToPost``, ``postToCppCode``), and the generated Python wrapper code.
+
+    Args:
+        compiled: What ``torch._inductor.compile`` returned.
+
+    Returns:
+        ``(mapping, source code)``.
+
+    Raises:
+        UnsupportedTorchError: This torch leaves no such attributes.
+    """
+    text = getattr(compiled, "inductor_provenance_mapping_str", None)
+    source = getattr(compiled, "source_code", None)
+    if not isinstance(text, str) or not text or not isinstance(source, str):
+        raise unsupported("inductor_provenance_mapping_str/source_code on compiled graphs",
+                          "map Inductor's kernels onto the joint graph")
+    return json.loads(text), source

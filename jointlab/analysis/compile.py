@@ -9,24 +9,66 @@ not the code ``torch.compile`` generates, so ``jl.Stepper(compiled)``,
 ``compiled.memory()`` and ``compiled.nodes`` refuse with
 :class:`jointlab.errors.CompiledGraphError` and point at ``compiled.source``.
 Stepping the compiled code itself would be a separate feature.
+
+With ``backend="inductor"`` on a static-shape graph the joint graph is handed to
+Inductor directly (``torch._inductor.compile``, no Dynamo re-trace), with
+provenance tracking on, so the graph Inductor sees is the traced graph itself,
+node names included. Its kernels can then be mapped back onto the joint graph's
+nodes (:mod:`jointlab.analysis.kernels`). Dynamic-shape graphs still go
+through ``torch.compile`` (and have no kernel map).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, NoReturn
 
 import torch
 from torch import nn
 
+from jointlab import torch_compat
 from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError
+from jointlab.torch_compat import inductor_provenance
 
 __all__ = ["CompiledJoint", "compile_joint", "refuse_compiled_joint"]
 
 # Inductor replaces random ops by its own generator unless told to call the ATen
 # ones: with fallback_random the compiled graph draws what eager draws.
 _EXACT_RANDOM = {"fallback_random": True}
+# Inductor records which joint-graph nodes each kernel covers (its provenance).
+_MAPPED = {**_EXACT_RANDOM, "trace.provenance_tracking_level": 1}
+
+
+class InductorGraph:
+    """The joint graph compiled by Inductor directly, on its first call.
+
+    Attributes:
+        provenance: Inductor's node/kernel mapping (None before the first call).
+        source_code: Inductor's generated wrapper and kernels (None before).
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        """Keep a copy of ``gm`` (same node names); Inductor never edits the traced graph."""
+        self.gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        self.fn: Any = None
+        self.provenance: dict[str, Any] | None = None
+        self.source_code: str | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        """Compile for these inputs on the first call, then run the compiled code."""
+        if self.fn is None:
+            with torch.no_grad():
+                fn = torch_compat.inductor_compile(self.gm, list(args), options=_MAPPED)
+            self.provenance, self.source_code = inductor_provenance(fn)
+            self.fn = fn
+        return self.fn(*args)
+
+
+def is_static(source: TracedGraph) -> bool:
+    """True when ``source`` was traced without dynamic dimensions."""
+    return not getattr(source, "dynamic_dims", None)
 
 
 # -- compiled execution ----------------------------------------------------------
@@ -43,8 +85,12 @@ class CompiledJoint:
         """Wrap ``source``; compilation happens on the first :meth:`run`."""
         self.source = source
         self.backend = backend
-        self.compiled = torch.compile(source.graph_module, backend=backend,
-                                      options=_EXACT_RANDOM if backend == "inductor" else None)
+        if backend == "inductor" and is_static(source):
+            self.compiled: Any = InductorGraph(source.graph_module)
+        else:
+            self.compiled = torch.compile(
+                source.graph_module, backend=backend,
+                options=_EXACT_RANDOM if backend == "inductor" else None)
 
     def run(self, model: nn.Module, inputs: dict[str, Any], *,
             accumulate: bool = False) -> RunResult:

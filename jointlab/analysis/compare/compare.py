@@ -21,6 +21,7 @@ came from, so "inductor vs graph vs eager" is one call.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import html
 import numbers
 from collections import Counter
@@ -378,7 +379,69 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
                      "dtype tolerance: a reordered reduction would look like this too, so "
                      "check it, or pass exact=False to judge by tolerance")
     tols = {name: tol if cand is graph else loose for name, cand in cands.items()}
-    return Comparison.build(results, eager, first, inexact, tols, notes, unpaired)
+    comp = Comparison.build(results, eager, first, inexact, tols, notes, unpaired)
+    compiled = [n for n, c in cands.items() if c is not graph]
+    if compiled and not _compiled_exact(comp, compiled):
+        ref = fp64_reference(model, train_fn, inputs, graph.param_names, seed, dev)
+        comp = dataclasses.replace(comp, fp64=fp64_table(results, eager, ref, compiled))
+    return comp
+
+
+def _compiled_exact(comp: Comparison, names: list[str]) -> bool:
+    rows = [t[t["candidate"].isin(names)] for t in (comp.loss, comp.grads) if len(t)]
+    return all(bool(r["exact"].all()) for r in rows)
+
+
+def _double(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.double()
+    if isinstance(value, dict):
+        return {k: _double(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_double(v) for v in value)
+    return value
+
+
+def fp64_reference(model: nn.Module, train_fn: Any, inputs: dict[str, Any], names: list[str],
+                   seed: int, device: torch.device) -> EagerCapture:
+    """Eager autograd in float64 (model and floating inputs cast), same seed: the reference.
+
+    Returns:
+        The float64 eager capture.
+    """
+    m = copy.deepcopy(model).to(device).double()
+    return capture_eager(m, train_fn, _double(to_device(inputs, device)), names, seed=seed)
+
+
+def fp64_table(results: dict[str, tuple], eager: EagerCapture, ref: EagerCapture,
+               compiled: list[str]) -> pd.DataFrame:
+    """Per compiled candidate and value: its and eager's max abs distance to float64.
+
+    ``closer`` says which side is nearer the float64 reference, so a mismatch
+    caused by an ill-conditioned eager computation shows as ``closer == name``.
+    """
+    import pandas as pd
+
+    rows = []
+    for name in compiled:
+        (loss, grads, _ld), _bufs = results[name]
+        pairs = {"loss": (loss, eager.loss, ref.loss)}
+        pairs.update({k: (g, eager.grads[k], ref.grads[k]) for k, g in grads.items()
+                      if eager.grads.get(k) is not None and ref.grads.get(k) is not None})
+        for key, (got, want, exact64) in pairs.items():
+            c_err = _dist(got, exact64)
+            e_err = _dist(want, exact64)
+            rows.append({"candidate": name, "name": key, "candidate_vs_fp64": c_err,
+                         "eager_vs_fp64": e_err,
+                         "closer": name if c_err < e_err else "eager" if e_err < c_err
+                         else "tie"})
+    return pd.DataFrame(rows, columns=["candidate", "name", "candidate_vs_fp64",
+                                       "eager_vs_fp64", "closer"])
+
+
+def _dist(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max abs difference of ``a`` from the float64 ``ref``, computed in float64."""
+    return errors(a, ref.reshape(a.shape) if a.numel() == ref.numel() else ref)[0]
 
 
 def close_by_dtype(runner: NodeRunner, joint: TracedGraph, checks: list, first: Divergence,
@@ -449,6 +512,9 @@ class Comparison:
         notes: Why differences from eager are expected here (dtype, mode, device).
         unchecked: Modules whose intermediate values could not be paired with
             eager's (their call counts differ), so they were not checked.
+        fp64: When a compiled candidate is not bit-exact: per value, its and eager's
+            max abs distance to eager run in float64, and which side is closer
+            (None otherwise).
     """
 
     ok: bool
@@ -462,6 +528,7 @@ class Comparison:
     first_inexact: Divergence | None
     notes: tuple[str, ...]
     unchecked: tuple[str, ...]
+    fp64: pd.DataFrame | None = None
 
     @classmethod
     def build(cls, results: dict[str, tuple], eager: EagerCapture, first: Divergence | None,
@@ -504,6 +571,11 @@ class Comparison:
         lines += [f"  note: {n}" for n in self.notes if not self.exact]
         if self.unchecked:
             lines.append(f"  not checked module by module: {', '.join(self.unchecked)}")
+        if self.fp64 is not None and len(self.fp64):
+            n = int((self.fp64["closer"] == "eager").sum())
+            lines.append(f"  vs float64 eager: eager closer on {n} of {len(self.fp64)} values, "
+                         "the compiled side on "
+                         f"{int((~self.fp64['closer'].isin(['eager', 'tie'])).sum())}")
         return "\n".join(lines) + ")"
 
     def _repr_html_(self) -> str:
