@@ -361,7 +361,8 @@ class JointGraph:
         for n in self.graph.nodes:
             ph = _meta.phase(n)
             counts[ph] = counts.get(ph, 0) + 1
-        body = ", ".join(f"{k}={v}" for k, v in counts.items())
+        order = [p for p in _meta.PHASES if p in counts] + sorted(set(counts) - set(_meta.PHASES))
+        body = ", ".join(f"{k}={counts[k]}" for k in order)
         return f"JointGraph(mode={self.mode!r}, nodes={len(self.graph.nodes)}: {body})"
 
 

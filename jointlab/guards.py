@@ -21,6 +21,7 @@ from jointlab import torch_compat
 from jointlab.errors import GuardError, InputStructureError
 from jointlab.torch_compat import DimDynamic, FakeTensorMode, ShapeEnv, StatelessSymbolicContext
 from jointlab.trace.fake_cpu import cpu_fake, wants_cpu_fake
+from jointlab.units import source_location
 
 
 def resolve_dynamic_dims(
@@ -105,7 +106,7 @@ def _where(sloc: Any) -> str:
     if frame is None or isinstance(frame, str):
         return str(frame or sloc or "")
     code = f": {frame.line.strip()}" if getattr(frame, "line", None) else ""
-    return f"{frame.filename}:{frame.lineno} in {frame.name}{code}"
+    return f"{source_location(frame.filename, frame.lineno)} in {frame.name}{code}"
 
 
 @dataclass

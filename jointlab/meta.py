@@ -33,7 +33,8 @@ Keys written by :func:`jointlab.passes.analyze.ensure_analyzed` (cost and storag
 - ``flops``: from ``torch.utils.flop_counter``'s registry, 0 where no formula
   applies; ``flops_unknown``: a registered formula failed on this node, so its
   count is unknown (``flops`` is 0 there and any total is a lower bound).
-- ``saved_for_backward``: a forward node that a backward node reads.
+- ``saved_for_backward``: the node owns a forward storage the backward reads
+  (marked once per storage, on its allocating node; views are never marked).
 
 :class:`NodeInfo` is the typed view of all of these, with the one default of
 each key; readers use :func:`node_info` (or the small getters below) instead

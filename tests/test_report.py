@@ -124,3 +124,101 @@ def test_hostile_name_is_shown_as_text_and_never_runs(evil_report, tmp_path):
         context.close()
     assert dialogs == [], dialogs
     assert errors.errors == []
+
+
+def test_report_header_names_model_mode_versions_and_each_section(evil_report):
+    from importlib.metadata import version
+
+    page = evil_report.read_text(encoding="utf-8")
+    header = re.search(r"<div class='jl-header'>(.*?)</div>", page).group(1)
+    n_params = sum(p.numel() for p in _evil_model().parameters())
+    for text in ("model <b>Sequential</b>", f"parameters <b>{n_params:,}</b>",
+                 "mode <b>make_fx</b>", f"torch <b>{torch.__version__}</b>",
+                 f"jointlab <b>{version('jointlab')}</b>",
+                 f"date <b>{__import__('datetime').date.today():%Y-%m-%d}"):
+        assert text in header, (text, header)
+    titles = re.findall(r"<h2>(.*?)</h2>\n<p class='jl-lede'>(.*?)</p>", page)
+    assert [t for t, _ in titles] == ["Summary", "Nodes", "Forward/backward DAG", "Memory",
+                                      "Comparison with eager"]
+    assert all(len(lede) > 20 for _, lede in titles)
+
+
+def _broken_gradient_joint():
+    """A traced model whose graph emits 1.5 x the gradient of ``out.weight``."""
+    model = _evil_model()
+    inputs = {"x": torch.randn(3, 4), "y": torch.randn(3, 2)}
+    joint = jl.trace(model, lambda m, x, y: F.mse_loss(m(x), y), inputs)
+    graph = joint.graph
+    grad = next(n for n in graph.nodes if n.meta["jointlab"].get("grad_of") == "out.weight")
+    with graph.inserting_after(grad):
+        wrong = graph.call_function(torch.ops.aten.mul.Tensor, (grad, 1.5))
+    wrong.meta.update(grad.meta)
+    graph.output_node().replace_input_with(grad, wrong)
+    joint.graph_module.recompile()
+    return joint, model, inputs
+
+
+def test_comparison_section_puts_the_verdict_and_worst_tensor_first():
+    from jointlab.viz.comparison import comparison_html, worst_first
+
+    joint, model, inputs = _broken_gradient_joint()
+    cmp = jl.compare(joint, model, inputs)
+    assert cmp.verdict == "MISMATCH"
+    rows = worst_first(cmp)
+    assert len(rows) == len(cmp.loss) + len(cmp.grads) + len(cmp.loss_dict) + len(cmp.buffers)
+    assert rows.iloc[0]["name"] == "out.weight" and not rows.iloc[0]["ok"]
+    assert rows["ok"].iloc[1:].all()
+    page = comparison_html(cmp)
+    assert page.index("jl-badge bad'>MISMATCH") < page.index("<table>")
+    first_row = re.search(r"<tbody><tr class='jl-fail'><td>gradient</td><td>(.*?)</td>", page)
+    assert first_row and first_row.group(1) == "out.weight"
+    assert "1 beyond tolerance" in page
+
+
+def _names_on_every_page(page) -> list[str]:
+    names: list[str] = []
+    while True:
+        names += page.locator("#jl-nodes tbody tr td:nth-child(1)").all_inner_texts()
+        where = page.locator("#jl-page").inner_text()
+        current, total = map(int, re.fullmatch(r"page (\d+) of (\d+)", where).groups())
+        if current == total:
+            return names
+        page.click("#jl-next")
+
+
+@pytest.mark.browser
+def test_demo_report_every_row_reachable_compute_first_sorted_with_units(demo_report, tmp_path):
+    with browser() as b:
+        context, page, errors, _, _ = _open_offline(b, demo_report)
+        page.wait_for_selector("#jl-nodes tbody tr")
+        data = page.evaluate("JSON.parse(document.getElementById('jl-node-data').textContent)")
+        phase = data["columns"].index("phase") + 1
+        compute = [r[0] for r in data["rows"] if r[phase] in ("forward", "backward")]
+        assert "model <b>GPT</b>" in page.inner_html(".jl-header")
+        # opens on the compute nodes, every one reachable through the pager
+        assert _names_on_every_page(page) == compute
+        page.check("#jl-all")
+        assert _names_on_every_page(page) == [r[0] for r in data["rows"]]
+        assert len(data["rows"]) > 200
+        # sizes in human units, the exact value on hover
+        col = data["columns"].index("bytes") + 2
+        cell = page.locator(f"#jl-nodes tbody tr td:nth-child({col})").first
+        first = page.locator("#jl-nodes tbody tr td:nth-child(1)").first.inner_text()
+        exact = next(r[col - 1] for r in data["rows"] if r[0] == first)
+        assert cell.get_attribute("title") == f"{exact:,} bytes"
+        # the sort indicator follows the clicked header, largest first on the second click
+        th = page.locator(f"#jl-nodes thead th:nth-child({col})")
+        th.click()
+        assert th.get_attribute("aria-sort") == "ascending"
+        th.click()
+        assert th.get_attribute("aria-sort") == "descending"
+        top = page.locator(f"#jl-nodes tbody tr td:nth-child({col})").first.get_attribute("title")
+        assert top == f"{max(r[col - 1] for r in data['rows']):,} bytes"
+        assert "KiB" in page.locator(f"#jl-nodes tbody tr td:nth-child({col})").first.inner_text()
+        # the source column is fully visible inside the table's box
+        src = page.locator("#jl-nodes tbody tr td:last-child").first.bounding_box()
+        box = page.locator(".jl-scroll").bounding_box()
+        assert src["x"] + src["width"] <= box["x"] + box["width"] + 1
+        save_screenshot(page, tmp_path, "report_table")
+        context.close()
+    assert errors.errors == []

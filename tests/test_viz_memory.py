@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -46,7 +48,52 @@ def test_boundary_and_peak_marked(profile):
     assert profile.boundary_step - 0.5 in xs
     peak = _trace(fig, "peak")
     assert profile.timeline["node"].iloc[peak.x[0]] == profile.peak_node
-    assert profile.peak_node in peak.text[0]
+    assert any(profile.peak_node in a.text for a in fig.layout.annotations)
+
+
+def _peak_label(fig):
+    return next(a for a in fig.layout.annotations if a.text.startswith("peak "))
+
+
+def test_peak_label_clear_of_the_top_and_the_boundary(profile):
+    fig = plot_memory(profile)
+    top = fig.layout.yaxis.range[1]
+    peak = _trace(fig, "peak")
+    label = _peak_label(fig)
+    assert (label.x, label.y) == (peak.x[0], peak.y[0])
+    # room above the peak for the label (28 px up in a ~300 px plot is < 15% of it)
+    assert top >= 1.2 * peak.y[0]
+    # the label extends away from the forward|backward line
+    boundary = profile.boundary_step - 0.5
+    if peak.x[0] >= boundary:
+        assert label.xanchor == "left" and label.ax > 0
+    else:
+        assert label.xanchor == "right" and label.ax < 0
+    assert label.bgcolor == "white"
+
+
+def test_boundary_label_above_the_bands_and_legend_beside_the_plot(profile):
+    for fig in (plot_memory(profile), plot_lifetimes(profile, top=10)):
+        label = next(a for a in fig.layout.annotations if "backward" in a.text)
+        assert label.yref == "paper" and label.y >= 1 and label.yanchor == "bottom"
+        assert fig.layout.legend.orientation == "v" and fig.layout.legend.x > 1
+
+
+def test_lifetime_bars_labelled_by_module_and_op(profile):
+    fig = plot_lifetimes(profile, top=30)
+    life = profile.lifetimes.set_index("storage")
+    ticks = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext))
+    assert set(ticks) == {y for t in fig.data for y in t.y}
+    for storage, text in ticks.items():
+        row = life.loc[storage]
+        op = (row["filled_by"] or row["op"]).removeprefix("aten.")
+        assert text == html.escape(f"{row['module'] or '(root)'} · {op}")  # plotly renders HTML
+    assert fig.layout.yaxis.tickfont.size >= 12
+    # CPU dropout draws its mask into an empty_like: the label names the draw, not the empty
+    masks = life[(life["op"] == "aten.empty_like") & (life["module"] == "drop")]
+    assert len(masks) and (masks["filled_by"] == "aten.bernoulli_").all()
+    assert "drop · bernoulli_" in ticks.values()
+    assert not any(t.endswith("empty_like") for t in ticks.values())
 
 
 def test_downsampling_keeps_peaks_and_bounds_points():

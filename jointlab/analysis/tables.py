@@ -26,7 +26,7 @@ from jointlab.passes.analyze import require_analyzed
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
 
-__all__ = ["COLUMNS", "card_facts", "node_table", "select", "summary"]
+__all__ = ["COLUMNS", "ModuleSummary", "card_facts", "node_table", "select", "summary"]
 
 #: Column order of :func:`node_table`; short columns first, long text last.
 COLUMNS = (
@@ -199,6 +199,41 @@ def _side_by_side(df: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
     return out.fillna(0).astype("int64")
 
 
+class ModuleSummary(pd.DataFrame):
+    """A by-module summary: a plain DataFrame whose display names the root module.
+
+    The index keeps the FQN ``""`` for the root module's own ops (``s.loc[""]``);
+    printed, and in a notebook, that row reads ``(root) GPT2LMHeadModel``.
+    """
+
+    _metadata = ["root_type"]
+    root_type = ""
+
+    @property
+    def _constructor(self) -> type[ModuleSummary]:
+        return ModuleSummary
+
+    def shown(self) -> pd.DataFrame:
+        """A plain copy for display, the root row labelled ``(root) <class>``."""
+        plain = pd.DataFrame(self)
+        if "" not in plain.index:
+            return plain
+        return plain.rename(index={"": f"(root) {self.root_type}".rstrip()})
+
+    def __repr__(self) -> str:
+        return repr(self.shown())
+
+    def _repr_html_(self) -> str | None:
+        return self.shown()._repr_html_()
+
+
+def _module_summary(df: pd.DataFrame, key: pd.Series) -> ModuleSummary:
+    out = ModuleSummary(_side_by_side(df, key))
+    root = df["module_type"][(df["module"] == "") & (df["module_type"] != "")]
+    out.root_type = str(root.iloc[0]) if len(root) else ""
+    return out
+
+
 def summary(joint: TracedGraph, by: str = "module", depth: int | None = None) -> pd.DataFrame:
     """Aggregate the node table by module, phase or op.
 
@@ -215,6 +250,8 @@ def summary(joint: TracedGraph, by: str = "module", depth: int | None = None) ->
         backward nodes. For ``phase``: ``nodes, flops, bytes, saved_bytes,
         flops_unknown`` per phase. ``flops_unknown`` counts the nodes whose
         FLOP formula failed: where it is not 0, the FLOPs are a lower bound.
+        By module, a :class:`ModuleSummary`: the root module's row keeps the
+        index ``""`` and displays as ``(root) <class name>``.
 
     Raises:
         TableQueryError: ``by`` or ``depth`` is invalid.
@@ -236,7 +273,7 @@ def summary(joint: TracedGraph, by: str = "module", depth: int | None = None) ->
     key = df["module"]
     if depth is not None:
         key = key.map(lambda f: truncate_module(f, depth))
-    return _side_by_side(df, key.rename("module"))
+    return _module_summary(df, key.rename("module"))
 
 
 def _by_phase(df: pd.DataFrame) -> pd.DataFrame:

@@ -30,7 +30,12 @@ Keys this pass writes into ``node.meta["jointlab"]`` (the trace-time keys of
 - ``inplace``: the op writes one of its inputs (schema write annotation).
 - ``flops``: from ``torch.utils.flop_counter``'s registry, 0 where none applies;
   ``flops_unknown``: the registered formula failed, so the count is unknown.
-- ``saved_for_backward``: a forward node that a backward node reads.
+- ``saved_for_backward``: the node allocated a forward storage that the
+  backward reads (through the node itself or any view or alias of it), so the
+  storage stays alive from the forward into the backward: what autograd's
+  saved tensors keep. Marked once per storage, on the node that owns it;
+  views are never marked, and neither are parameters, buffers or inputs, nor
+  storages the backward only reads sizes of (``ones_like(loss)``).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
 from jointlab.errors import StaleAnalysisError
-from jointlab.meta import KEY, is_aten_op, op_name
+from jointlab.meta import KEY, is_aten_op, op_name, phase
 from jointlab.torch_compat import op_schema, storage_id
 
 _STAMP = "_jointlab_analyzed"
@@ -58,6 +63,11 @@ _COPY = {"copy_", "copy", "clone", "_to_copy", "contiguous", "_copy_from", "inde
          "index_put", "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones",
          "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_empty", "fill_",
          "new_full", "zero_"}
+#: Ops whose output depends only on their input's sizes, dtype and device.
+_METADATA_ONLY = {"ones_like", "zeros_like", "empty_like", "full_like", "rand_like",
+                  "randn_like", "randint_like", "new_zeros", "new_ones", "new_empty",
+                  "new_full", "new_empty_strided", "sym_size", "sym_stride", "sym_numel",
+                  "sym_storage_offset"}
 _REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "var", "std", "prod", "argmax",
               "argmin", "_softmax", "_log_softmax", "softmax", "log_softmax", "logsumexp",
               "var_mean", "norm", "linalg_vector_norm", "cumsum", "nll_loss_forward",
@@ -123,6 +133,42 @@ def written_in_place(gm: fx.GraphModule) -> set[str]:
     storage = {n.name: n.meta.get(KEY, {}).get("storage", n.name) for n in gm.graph.nodes}
     hit = {storage[a.name] for n in gm.graph.nodes for a in written_args(n)}
     return {name for name, root in storage.items() if root in hit}
+
+
+def reads_metadata_only(node: fx.Node) -> bool:
+    """True for an op that reads only its inputs' sizes, dtype and device (``ones_like``)."""
+    return node.op == "call_function" and op_name(node) in _METADATA_ONLY
+
+
+def is_forward_value(node: fx.Node) -> bool:
+    """True for a value the forward computes.
+
+    A forward node, or a ``getitem`` of a forward multi-output node even when
+    the tracer created it late and tagged it backward (the ``total_weight`` of
+    ``nll_loss_forward`` that only its backward reads).
+    """
+    if phase(node) == "forward":
+        return True
+    return is_getitem(node) and phase(node.args[0]) == "forward"
+
+
+def saved_storages(graph: fx.Graph) -> set[str]:
+    """Owners of the forward storages the backward reads (see ``saved_for_backward``).
+
+    Args:
+        graph: A joint graph whose nodes carry the ``storage`` annotation.
+
+    Returns:
+        Names of the nodes that allocated those storages.
+    """
+    storage = {n: n.meta.get(KEY, {}).get("storage") or n.name for n in graph.nodes}
+    read: set[str] = set()
+    for node in graph.nodes:
+        if phase(node) != "backward" or is_forward_value(node) or reads_metadata_only(node):
+            continue
+        read.update(storage[a] for a in node.all_input_nodes if is_forward_value(a))
+    return {n.name for n in graph.nodes
+            if n.name in read and storage[n] == n.name and is_forward_value(n)}
 
 
 def category(node: fx.Node) -> str:
@@ -214,6 +260,9 @@ def ensure_analyzed(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         meta = node.meta.setdefault(KEY, {})
         _analyze_node(node, meta, owner)
+    saved = saved_storages(gm.graph)
+    for node in gm.graph.nodes:
+        node.meta[KEY]["saved_for_backward"] = node.name in saved
     mark_analyzed(gm)
 
 
@@ -306,8 +355,6 @@ def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) ->
     meta["out_bytes"] = sum(tensor_bytes(t) for t in tensors)
     flops = node_flops(node)
     meta["flops"], meta["flops_unknown"] = (0, True) if flops is None else (flops, False)
-    meta["saved_for_backward"] = meta.get("phase") == "forward" and any(
-        u.meta.get(KEY, {}).get("phase") == "backward" for u in node.users)
     meta["storage"], meta["alias_of"], meta["is_view"], meta["bytes"] = node.name, None, False, 0
     if isinstance(val, (list, tuple)) and not isinstance(val, torch.Tensor):
         return  # a multi-output node: each getitem owns its output

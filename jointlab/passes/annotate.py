@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 
 from jointlab.meta import KEY, RECOMPUTE_TAG, TRAIN_FN
+from jointlab.units import source_location
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 #: The jointlab package directory (this module lives in its ``passes/``).
@@ -96,10 +97,10 @@ def innermost_user_frame(frames: Sequence[traceback.FrameSummary],
 
 
 def frame_text(frame: traceback.FrameSummary) -> str:
-    """``file:line: code`` of a frame (``file:line`` when its source is unknown)."""
+    """``file:line: code`` of a frame (``cell [3], line 9: code`` for a notebook cell)."""
+    where = source_location(frame.filename, frame.lineno)  # a notebook cell: cell [3], line 9
     code = (frame.line or "").strip()
-    return f"{frame.filename}:{frame.lineno}: {code}" if code else (
-        f"{frame.filename}:{frame.lineno}")
+    return f"{where}: {code}" if code else where
 
 
 # -- helpers ------------------------------------------------------------------
@@ -109,16 +110,16 @@ def node_inputs(node: fx.Node) -> Iterable[fx.Node]:
 
 
 def user_source(stack_trace: str | None) -> str:
-    """Return ``file.py:line`` of the innermost user frame in a stack trace."""
+    """``file.py:line`` (or ``cell [3], line 9``) of a stack trace's innermost user frame."""
     if not stack_trace:
         return ""
     frames = _FRAME.findall(stack_trace)
     for path, line, _fn in reversed(frames):
         if is_user_frame(path):
-            return f"{os.path.basename(path)}:{line}"
+            return source_location(path, line, short=True)
     if frames:
         path, line, _fn = frames[-1]
-        return f"{os.path.basename(path)}:{line}"
+        return source_location(path, line, short=True)
     return ""
 
 

@@ -36,6 +36,7 @@ from torch import nn
 
 from jointlab.errors import BakedConstantWarning, DataDependentError
 from jointlab.passes.annotate import is_user_frame
+from jointlab.units import source_location
 
 _SCALARS = (int, float)
 
@@ -225,9 +226,10 @@ def no_tensor_printing() -> Iterator[None]:
             caller = sys._getframe(1)
             if is_user_frame(caller.f_code.co_filename):
                 line = inspect.getframeinfo(caller).code_context or [""]
+                where = source_location(caller.f_code.co_filename, caller.f_lineno)
                 raise DataDependentError(
                     "the training step prints or formats a tensor while tracing at "
-                    f"{caller.f_code.co_filename}:{caller.f_lineno}: {line[0].strip()}. "
+                    f"{where}: {line[0].strip()}. "
                     "A traced tensor has no value yet, so this would show a placeholder. "
                     "Remove the print, or inspect values with jointlab.Stepper after tracing.")
             return orig(self, *args)

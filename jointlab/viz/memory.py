@@ -104,34 +104,68 @@ def plot_memory(profile: Any, *, max_points: int = 4000, measured: bool = True) 
                 hovertemplate=f"with workspace %{{y:.3f}} {unit}<extra></extra>"))
     _mark_boundary(fig, profile.boundary_step, len(full))
     pk = int(full["total"].to_numpy().argmax())
-    fig.add_trace(go.Scatter(
-        x=[pk], y=[profile.peak_bytes / scale], mode="markers+text", name="peak",
-        marker={"color": "black", "size": 9, "symbol": "triangle-down"},
-        text=[f"peak {profile.peak_bytes / scale:.2f} {unit} at {profile.peak_node}"],
-        textposition=_label_side(pk, len(full)), hoverinfo="skip", showlegend=False))
+    _mark_peak(fig, pk, profile.peak_bytes / scale, f"peak {profile.peak_bytes / scale:.2f} "
+               f"{unit} at {html.escape(profile.peak_node)}", profile.boundary_step, len(full))
     title = "Memory per node step"
     if profile.measured:
         title += (f" — predicted peak {profile.peak_bytes / scale:.2f} {unit}, measured "
                   f"{profile.measured_peak_bytes / scale:.2f} {unit} "
                   f"({100 * profile.peak_error:+.2f}%)")
     fig.update_layout(title=title, xaxis_title="node step", yaxis_title=f"live {unit}",
-                      hovermode="x", template="plotly_white",
-                      yaxis={"range": [0, 1.12 * peak / scale]},
-                      legend={"orientation": "h", "y": -0.25})
+                      hovermode="x", template="plotly_white", height=480,
+                      margin={"t": 90, "r": 20},
+                      yaxis={"range": [0, _HEADROOM * peak / scale]}, legend=_SIDE_LEGEND)
     return fig
 
 
-def _label_side(x: int, n: int) -> str:
-    """Keep the peak label inside the plot near either edge."""
+#: Room above the peak for its label, as a multiple of the peak.
+_HEADROOM = 1.3
+#: A legend to the right of the plot: it never eats the plot's height.
+_SIDE_LEGEND = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"}
+
+
+def _mark_peak(fig: go.Figure, x: int, y: float, text: str, boundary: int, n: int) -> None:
+    """A marker on the peak and its label, on the side away from the phase boundary."""
+    fig.add_trace(go.Scatter(
+        x=[x], y=[y], mode="markers", name="peak", hoverinfo="skip", showlegend=False,
+        marker={"color": "black", "size": 9, "symbol": "triangle-down"}))
+    right = _label_right(x, boundary, n)
+    fig.add_annotation(x=x, y=y, text=text, showarrow=True, arrowhead=0, ax=30 if right else -30,
+                       ay=-28, xanchor="left" if right else "right", bgcolor="white",
+                       bordercolor="#888", borderwidth=1, borderpad=3, font={"size": 12})
+
+
+def _label_right(x: int, boundary: int, n: int) -> bool:
+    """Label right of the peak when that side is away from the boundary and has room."""
     if x > 0.7 * n:
-        return "top left"
-    return "top right" if x < 0.3 * n else "top center"
+        return False
+    if x < 0.3 * n:
+        return True
+    return x >= boundary
 
 
 def _mark_boundary(fig: go.Figure, boundary: int, n: int) -> None:
+    """The forward | backward line, labelled above the plot area (clear of every band)."""
     if 0 < boundary < n:
-        fig.add_vline(x=boundary - 0.5, line={"color": "gray", "dash": "dash"},
-                      annotation_text="forward | backward", annotation_position="bottom left")
+        fig.add_vline(x=boundary - 0.5, line={"color": "gray", "dash": "dash", "width": 1})
+        fig.add_annotation(x=boundary - 0.5, xref="x", y=1, yref="paper", yanchor="bottom",
+                           text="forward ◀ | ▶ backward", showarrow=False,
+                           font={"size": 12, "color": "#555"})
+
+
+def lifetime_label(module: str, op: str, filled_by: str = "") -> str:
+    """A storage as a user recognises it: ``h.0.mlp.1 · gelu``, ``drop · bernoulli_``.
+
+    Args:
+        module: The owner's module FQN (``""`` is the root module).
+        op: The owner's target (``aten.gelu``).
+        filled_by: The in-place op that first writes an uninitialised storage.
+
+    Returns:
+        The label.
+    """
+    name = (filled_by or op).removeprefix("aten.")
+    return f"{module or '(root)'} · {name}"
 
 
 def plot_lifetimes(profile: Any, top: int = 50, *, include_state: bool = False) -> go.Figure:
@@ -155,21 +189,25 @@ def plot_lifetimes(profile: Any, top: int = 50, *, include_state: bool = False) 
         sub = life[life["category"] == c]
         if sub.empty:
             continue
-        text = _escaped(sub[["op", "module", "shape"]])
+        text = _escaped(sub[["op", "module", "shape", "storage"]])
         custom = np.stack([text["op"], text["module"], text["shape"], sub["bytes"] / scale,
-                           sub["first_step"], sub["last_step"]], axis=1)
+                           sub["first_step"], sub["last_step"], text["storage"]], axis=1)
         fig.add_trace(go.Bar(
             y=sub["storage"], x=sub["last_step"] - sub["first_step"] + 1,
             base=sub["first_step"], orientation="h", name=c,
             marker={"color": COLORS[c]}, customdata=custom,
-            hovertemplate=("<b>%{y}</b> %{customdata[0]}<br>module %{customdata[1]}"
+            hovertemplate=("<b>%{customdata[6]}</b> %{customdata[0]}<br>module %{customdata[1]}"
                            "<br>shape %{customdata[2]}<br>%{customdata[3]:.2f} " + unit +
                            "<br>steps %{customdata[4]}–%{customdata[5]}<extra></extra>")))
     _mark_boundary(fig, profile.boundary_step, len(profile.timeline))
+    filled = life["filled_by"] if "filled_by" in life else pd.Series("", index=life.index)
+    labels = [html.escape(lifetime_label(m, o, f))
+              for m, o, f in zip(life["module"], life["op"], filled)]
     fig.update_layout(
         title=f"Lifetimes of the {len(life)} largest storages", barmode="overlay",
-        xaxis_title="node step", template="plotly_white",
+        xaxis_title="node step", template="plotly_white", margin={"t": 90},
         yaxis={"categoryorder": "array", "categoryarray": list(life["storage"]),
-               "tickfont": {"size": 9}},
-        height=max(350, 16 * len(life) + 120), legend={"orientation": "h", "y": -0.12})
+               "tickmode": "array", "tickvals": list(life["storage"]), "ticktext": labels,
+               "tickfont": {"size": 12}, "automargin": True},
+        height=max(380, 22 * len(life) + 150), legend=_SIDE_LEGEND)
     return fig

@@ -1,8 +1,12 @@
 """``jointlab.report``: one self-contained HTML file about a JointGraph.
 
-The page holds the summary card, a sortable and filterable node table, the
-DAG, the memory plot and, given a model and inputs, the comparison with
-eager. plotly.js is inlined once; nothing is fetched from a CDN or a server.
+The page opens with a header (model class, parameter count, mode, date,
+jointlab and torch versions) and holds the summary card, a sortable,
+filterable and paged node table (compute nodes first, sizes in human units
+with exact values on hover), the DAG, the memory plot and, given a model and
+inputs, a summary of the comparison with eager (:mod:`jointlab.viz.comparison`).
+Each section opens with one sentence saying what it shows. plotly.js is
+inlined once; nothing is fetched from a CDN or a server.
 Every string that comes from the model is treated as data: table cells are
 written with ``textContent`` from escaped JSON, and the HTML fragments come
 from renderers that escape their own text.
@@ -17,40 +21,74 @@ from typing import Any
 
 from torch import nn
 
+from jointlab.analysis.tables import card_facts
 from jointlab.core import TracedGraph as JointGraph
+from jointlab.viz.comparison import COMPARISON_STYLE, comparison_html
 
 TABLE_COLUMNS = ["phase", "module", "target", "shape", "dtype", "bytes", "flops", "category",
                  "saved_for_backward", "stack_trace"]
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222}
-h1{font-size:22px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+.jl-header{color:#444;font-size:13px;margin-bottom:8px} .jl-header b{color:#222}
+.jl-lede{color:#555;font-size:13px;margin:4px 0 8px}
 table.jl-nodes{border-collapse:collapse;font-size:12px;width:100%}
-table.jl-nodes th{cursor:pointer;background:#f3f3f3;position:sticky;top:0;text-align:left}
+table.jl-nodes th{cursor:pointer;background:#f3f3f3;position:sticky;top:0;text-align:left;
+  user-select:none}
+table.jl-nodes th[aria-sort=ascending]::after{content:" \\25B2";font-size:10px}
+table.jl-nodes th[aria-sort=descending]::after{content:" \\25BC";font-size:10px}
 table.jl-nodes td,table.jl-nodes th{padding:2px 6px;border-bottom:1px solid #eee;white-space:nowrap}
-#jl-filter{width:360px;padding:4px;margin:6px 0}
+table.jl-nodes td.num{text-align:right}
+table.jl-nodes td.jl-wrap{white-space:normal;overflow-wrap:anywhere;max-width:260px}
+table.jl-nodes td.jl-src{white-space:normal;overflow-wrap:anywhere;min-width:160px}
+.jl-tools{margin:6px 0} .jl-tools button{margin:0 2px}
+#jl-filter{width:360px;padding:4px}
 .jl-note{color:#666;font-size:12px}
-.jl-scroll{max-height:460px;overflow:auto;border:1px solid #ddd}
+.jl-scroll{max-height:560px;overflow:auto;border:1px solid #ddd}
 """
 
 _TABLE_JS = """
 (function(){
   const data = JSON.parse(document.getElementById('jl-node-data').textContent);
-  const cols = data.columns, rows = data.rows, PAGE = 200;
-  let shown = rows, sortCol = -1, asc = true;
+  const cols = data.columns, rows = data.rows, PAGE = 100;
+  const phase = cols.indexOf('phase') + 1, src = cols.indexOf('stack_trace') + 1;
+  const WRAP = new Set(['name', 'module', 'target']);
+  const COMPUTE = new Set(['forward', 'backward']);
+  let shown = rows, sortCol = -1, asc = true, page = 0;
   const table = document.getElementById('jl-nodes');
-  const info = document.getElementById('jl-count');
+  const info = document.getElementById('jl-count'), where = document.getElementById('jl-page');
+  const all = document.getElementById('jl-all'), filter = document.getElementById('jl-filter');
+  function human(v, col){
+    if (typeof v !== 'number') return null;
+    const bytes = col === 'bytes', base = bytes ? 1024 : 1000;
+    const units = bytes ? ['B', 'KiB', 'MiB', 'GiB', 'TiB'] : ['', 'k', 'M', 'G', 'T', 'P'];
+    let x = v, i = 0;
+    while (Math.abs(x) >= base && i < units.length - 1) { x /= base; i++; }
+    const num = i === 0 ? String(x) : x.toPrecision(3);
+    return bytes ? num + ' ' + units[i] : num + (units[i] ? ' ' + units[i] : '');
+  }
   function head(){
     const tr = document.createElement('tr');
     ['name'].concat(cols).forEach((c, i) => {
       const th = document.createElement('th'); th.textContent = c;
-      th.onclick = () => { asc = sortCol === i ? !asc : true; sortCol = i; sort(); draw(); };
+      th.title = 'sort by ' + c;
+      th.onclick = () => {
+        asc = sortCol === i ? !asc : true; sortCol = i; sort(); page = 0; draw();
+      };
       tr.appendChild(th);
     });
     table.tHead.appendChild(tr);
   }
+  function marks(){
+    [...table.tHead.rows[0].cells].forEach((th, i) => {
+      if (i === sortCol) th.setAttribute('aria-sort', asc ? 'ascending' : 'descending');
+      else th.removeAttribute('aria-sort');
+    });
+  }
   function sort(){
     const k = sortCol;
+    if (k < 0) return;
     shown = shown.slice().sort((a, b) => {
       const x = a[k], y = b[k];
       const num = typeof x === 'number' && typeof y === 'number';
@@ -58,29 +96,58 @@ _TABLE_JS = """
       return asc ? c : -c;
     });
   }
+  function select(){
+    const q = filter.value.toLowerCase();
+    shown = rows.filter(r => (all.checked || COMPUTE.has(r[phase])) &&
+                             (!q || r.some(v => String(v).toLowerCase().includes(q))));
+    sort(); page = 0;
+  }
+  function pages(){ return Math.max(1, Math.ceil(shown.length / PAGE)); }
   function draw(){
+    page = Math.min(Math.max(page, 0), pages() - 1);
     const body = table.tBodies[0]; body.textContent = '';
-    shown.slice(0, PAGE).forEach(r => {
+    shown.slice(page * PAGE, (page + 1) * PAGE).forEach(r => {
       const tr = document.createElement('tr');
-      r.forEach(v => {
+      r.forEach((v, i) => {
         const td = document.createElement('td');
-        td.textContent = v === null ? '' : String(v);
+        const col = i === 0 ? 'name' : cols[i - 1];
+        const h = (col === 'bytes' || col === 'flops') ? human(v, col) : null;
+        td.textContent = h !== null ? h : (v === null ? '' : String(v));
+        if (h !== null) {
+          td.title = v.toLocaleString('en-US') + (col === 'bytes' ? ' bytes' : ' FLOPs');
+          td.className = 'num';
+        }
+        if (i === src) td.className = 'jl-src';
+        else if (WRAP.has(col)) td.className = 'jl-wrap';
         tr.appendChild(td);
       });
       body.appendChild(tr);
     });
-    const more = shown.length > PAGE ? ' (first ' + PAGE + ' shown)' : '';
-    info.textContent = shown.length + ' of ' + rows.length + ' nodes' + more;
+    const hidden = all.checked ? '' : ' (compute nodes; placeholders and output hidden)';
+    info.textContent = shown.length + ' of ' + rows.length + ' nodes' + hidden;
+    where.textContent = 'page ' + (page + 1) + ' of ' + pages();
+    marks();
   }
-  document.getElementById('jl-filter').addEventListener('input', e => {
-    const q = e.target.value.toLowerCase();
-    shown = rows.filter(r => r.some(v => String(v).toLowerCase().includes(q)));
-    if (sortCol >= 0) sort();
-    draw();
-  });
-  head(); draw();
+  document.getElementById('jl-prev').onclick = () => { page--; draw(); };
+  document.getElementById('jl-next').onclick = () => { page++; draw(); };
+  filter.addEventListener('input', () => { select(); draw(); });
+  all.addEventListener('change', () => { select(); draw(); });
+  head(); select(); draw();
 })();
 """
+
+#: One sentence per section: what it shows.
+LEDES = {
+    "Summary": "Node counts per phase, parameters, FLOPs and the bytes saved for the backward.",
+    "Nodes": "Every node of the joint graph, forward and backward; click a header to sort, "
+             "filter by any text, hover a size for its exact value.",
+    "Forward/backward DAG": "The graph's data flow: forward on top, the backward mirrored "
+                            "below, saved activations linking the two.",
+    "Memory": "Live bytes after each node step by category, the predicted peak, and the "
+              "measured allocations when a model was given.",
+    "Comparison with eager": "The graph's loss and gradients against eager autograd from the "
+                             "same seed, the worst tensors first.",
+}
 
 
 def _json_for_script(obj: Any) -> str:
@@ -130,8 +197,13 @@ def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] 
     live = model is not None and inputs is not None
     out = [("Summary", joint._repr_html_())]
     out.append(("Nodes", (
-        '<input id="jl-filter" placeholder="filter: op, module, phase, source ...">'
-        ' <span id="jl-count" class="jl-note"></span>'
+        '<div class="jl-tools"><input id="jl-filter" '
+        'placeholder="filter: op, module, phase, source ..."> '
+        '<label><input type="checkbox" id="jl-all"> show placeholders and output</label> '
+        '<button id="jl-prev" type="button">&lsaquo; prev</button>'
+        '<span id="jl-page" class="jl-note"></span>'
+        '<button id="jl-next" type="button">next &rsaquo;</button> '
+        '<span id="jl-count" class="jl-note"></span></div>'
         '<div class="jl-scroll"><table id="jl-nodes" class="jl-nodes"><thead></thead>'
         '<tbody></tbody></table></div>'
         f'<script type="application/json" id="jl-node-data">{_json_for_script(_table_data(joint))}'
@@ -145,8 +217,50 @@ def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] 
             from jointlab.analysis.compare.compare import compare
 
             comparison = compare(joint, model, inputs)
-        out.append(("Comparison with eager", comparison._repr_html_()))
+        out.append(("Comparison with eager", comparison_html(comparison)))
     return out
+
+
+def header_html(joint: JointGraph, model: nn.Module | None) -> str:
+    """The line under the title: model class, parameters, mode, date, versions.
+
+    Args:
+        joint: The traced graph.
+        model: The model, when given (its class is named; else the graph's root class).
+
+    Returns:
+        An HTML fragment, every value escaped.
+    """
+    import datetime
+
+    import torch
+
+    import jointlab
+
+    facts = card_facts(joint)
+    cls = type(model).__name__ if model is not None else _root_class(joint)
+    items = [("model", cls or "unknown"), ("parameters", f"{facts['param_numel']:,}"),
+             ("mode", facts["mode"]),
+             ("date", datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")),
+             ("jointlab", getattr(jointlab, "__version__", _version("jointlab"))),
+             ("torch", torch.__version__)]
+    return "<div class='jl-header'>" + " · ".join(
+        f"{html.escape(k)} <b>{html.escape(str(v))}</b>" for k, v in items) + "</div>"
+
+
+def _root_class(joint: JointGraph) -> str:
+    df = joint.nodes
+    root = df["module_type"][(df["module"] == "") & (df["module_type"] != "")]
+    return str(root.iloc[0]) if len(root) else ""
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def report(joint: JointGraph, path: str | pathlib.Path, *, model: nn.Module | None = None,
@@ -167,13 +281,15 @@ def report(joint: JointGraph, path: str | pathlib.Path, *, model: nn.Module | No
     """
     from plotly.offline import get_plotlyjs
 
-    body = "".join(f"<h2>{html.escape(t)}</h2>\n<section>{h}</section>\n"
+    body = "".join(f"<h2>{html.escape(t)}</h2>\n<p class='jl-lede'>{html.escape(LEDES.get(t, ''))}"
+                   f"</p>\n<section>{h}</section>\n"
                    for t, h in sections(joint, model, inputs, comparison))
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}{COMPARISON_STYLE}</style>"
         f"<script>{get_plotlyjs()}</script></head><body>"
-        f"<h1>{html.escape(title)}</h1>{body}<script>{_TABLE_JS}</script></body></html>"
+        f"<h1>{html.escape(title)}</h1>{header_html(joint, model)}{body}"
+        f"<script>{_TABLE_JS}</script></body></html>"
     )
     out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -242,6 +242,7 @@ def lifetimes_table(nodes: list[fx.Node], st: dict[str, _Storage],
                     sizes: Sizes | None = None) -> pd.DataFrame:
     """One row per storage (see :attr:`MemoryProfile.lifetimes`)."""
     by_name = {n.name: n for n in nodes}
+    filled = filled_by(nodes)
     rows = []
     for s in st.values():
         base = s.owner.split("[", 1)[0]
@@ -249,10 +250,34 @@ def lifetimes_table(nodes: list[fx.Node], st: dict[str, _Storage],
         m = node_info(node) if node is not None else NodeInfo()
         rows.append((s.owner, m.target, m.module, storage_category(s, node), m.phase,
                      s.birth, s.death, s.nbytes,
-                     str(_shape(node, sizes)) if s.owner == base else "", m.dtype, s.aliases))
+                     str(_shape(node, sizes)) if s.owner == base else "", m.dtype, s.aliases,
+                     filled.get(s.owner, "")))
     cols = ["storage", "op", "module", "category", "phase", "first_step", "last_step",
-            "bytes", "shape", "dtype", "aliases"]
+            "bytes", "shape", "dtype", "aliases", "filled_by"]
     return pd.DataFrame(rows, columns=cols)
+
+
+_UNINITIALISED = {"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+                  "aten.new_empty_strided"}
+
+
+def filled_by(nodes: list[fx.Node]) -> dict[str, str]:
+    """The op that first writes each storage allocated uninitialised (``empty_like``).
+
+    Args:
+        nodes: The graph's nodes in order.
+
+    Returns:
+        Owner name -> target of its first in-place writer (``aten.bernoulli_``
+        for the dropout mask CPU eager draws into an ``empty_like``).
+    """
+    owners = {n.name for n in nodes if node_info(n).target in _UNINITIALISED}
+    out: dict[str, str] = {}
+    for n in nodes:
+        m = node_info(n)
+        if m.inplace and m.storage in owners:
+            out.setdefault(m.storage, m.target)
+    return out
 
 
 def timeline_table(nodes: list[fx.Node], life: pd.DataFrame,

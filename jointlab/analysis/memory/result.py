@@ -29,7 +29,9 @@ class MemoryProfile:
 
     Attributes:
         lifetimes: One row per storage: owner node, op, module, category,
-            first/last step, bytes, shape, dtype, number of aliases.
+            first/last step, bytes, shape, dtype, number of aliases, and
+            ``filled_by``: the in-place op that first writes a storage allocated
+            uninitialised (``aten.bernoulli_`` for a dropout mask), else "".
         timeline: One row per node step: node, op, module, phase, shape, live
             bytes per category, ``total``; with ``measured``, ``measured_total``
             and ``workspace`` columns when measured.
