@@ -41,6 +41,8 @@ _LAZY = {
     "record": "jointlab.analysis.record",
     "Record": "jointlab.analysis.record",
     "module_summary": "jointlab.analysis.modules",
+    "diff": "jointlab.analysis.diff",
+    "GraphDiff": "jointlab.analysis.diff",
 }
 
 __all__ = ["JointGraph", "RunResult", "errors", "trace", *_LAZY]

@@ -35,6 +35,8 @@ __all__ = [
     "PlotArgumentError",
     "MemoryQueryError",
     "StaleAnalysisError",
+    "DiffError",
+    "ExportError",
     "BakedConstantWarning",
     "CheckpointWarning",
     "UntestedTorchWarning",
@@ -143,6 +145,14 @@ class CompareError(JointlabError, TypeError):
 
 class WhatIfError(JointlabError, ValueError):
     """A joint graph cannot be split into forward and backward for ``what_if``."""
+
+
+class DiffError(JointlabError, ValueError):
+    """``jl.diff`` got an invalid option (only one of model/inputs, a bad tolerance or budget)."""
+
+
+class ExportError(JointlabError, ValueError):
+    """``jl.export_figure`` cannot write this object or path (unknown kind, no renderer)."""
 
 
 class BakedConstantWarning(UserWarning):
