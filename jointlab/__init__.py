@@ -36,6 +36,8 @@ _LAZY = {
     "plot_dag": "jointlab.viz",
     "plot_memory": "jointlab.viz",
     "plot_lifetimes": "jointlab.viz",
+    "plot_diff": "jointlab.viz",
+    "export_figure": "jointlab.viz",
     "explore": "jointlab.widgets",
     "report": "jointlab.viz.report",
     "record": "jointlab.analysis.record",

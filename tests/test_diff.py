@@ -208,3 +208,38 @@ def test_budget_too_small_is_said_not_hidden():
     d = jl.diff(a, b, model, inputs, keep_bytes=0)
     assert d.compared == 0 and d.first_value_difference is None
     assert len(d.not_compared) > 0 and "not compared" in repr(d)
+
+
+def _positions(fig) -> dict[str, tuple[float, float]]:
+    """Node name -> (x, y), read from the DAG's own node traces."""
+    out = {}
+    for tr in fig.data:
+        if tr.customdata is not None:
+            out.update({n: (x, y) for n, x, y in zip(tr.customdata, tr.x, tr.y)})
+    return out
+
+
+def test_plot_diff_marks_every_change_where_its_node_is_drawn():
+    model, inputs, a = _trace()
+    _, _, b = _trace()
+    det, src = drop_detach(b)
+    made = bf16_roundtrip(b, _forward(b, aten.addmm.default, "fc1"))
+    d = jl.diff(a, b, model, inputs)
+    fig = jl.plot_diff(d, a, b)
+    pos = _positions(fig)
+    traces = {tr.name.split(" (")[0]: tr for tr in fig.data if tr.name and " (" in tr.name}
+    for kind in ("added", "changed"):
+        want = sorted(pos[n] for n in d.table[d.table["change"] == kind]["node_b"])
+        assert sorted(zip(traces[kind].x, traces[kind].y)) == want, kind
+    assert {n.name for n in made} <= set(d.added["node_b"])
+    # the removed detach is drawn at its input's partner (the relu it read)
+    assert list(zip(traces["removed"].x, traces["removed"].y)) == [pos[src.name]]
+    first = d.first_value_difference
+    assert first is not None
+    assert list(zip(traces["first value difference"].x,
+                    traces["first value difference"].y)) == [pos[first.node_b]]
+    assert det in traces["removed"].text[0]
+    other = jl.trace(zoo.get("mlp").make_model(), zoo.get("mlp").train_fn, inputs)
+    unfuse_addmm(other, "fc2")
+    with pytest.raises(jl.errors.PlotArgumentError, match="the two graphs given to jl.diff"):
+        jl.plot_diff(d, a, other)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,7 @@ from jointlab.analysis.compare.compare import errors as value_errors
 from jointlab.analysis.record import record
 from jointlab.errors import DiffError
 from jointlab.meta import node_info, op_name
-from jointlab.passes.analyze import require_analyzed
+from jointlab.passes.analyze import graph_fingerprint, require_analyzed, same_version
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -113,6 +113,20 @@ class GraphDiff:
     first_value_difference: ValueDifference | None = None
     compared: int = 0
     not_compared: tuple[str, ...] = ()
+    versions: tuple[Any, Any] = field(default=(None, None), repr=False)
+
+    def describes(self, joint_a: TracedGraph, joint_b: TracedGraph) -> bool:
+        """Whether this diff was computed from these two graphs, as they are now.
+
+        Args:
+            joint_a: The graph before.
+            joint_b: The graph after.
+
+        Returns:
+            False when either is another graph or was edited since.
+        """
+        return (same_version(self.versions[0], graph_fingerprint(joint_a.graph_module))
+                and same_version(self.versions[1], graph_fingerprint(joint_b.graph_module)))
 
     def _rows(self, change: str) -> pd.DataFrame:
         return self.table[self.table["change"] == change]
@@ -357,7 +371,8 @@ def diff(joint_a: TracedGraph, joint_b: TracedGraph, model: nn.Module | None = N
     pairs = match_nodes(ga, gb)
     table = _table(ga, gb, pairs)
     matched = MappingProxyType({a.name: b.name for a, b in pairs.items()})
-    sizes = {"nodes_a": len(ga.graph.nodes), "nodes_b": len(gb.graph.nodes)}
+    sizes = {"nodes_a": len(ga.graph.nodes), "nodes_b": len(gb.graph.nodes),
+             "versions": (graph_fingerprint(ga), graph_fingerprint(gb))}
     if model is None:
         return GraphDiff(table, matched, **sizes)
     rec_a = _record_copy(joint_a, model, inputs, seed, keep_bytes)
