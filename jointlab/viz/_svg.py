@@ -40,7 +40,7 @@ def group_lines(info: dict[str, Any]) -> tuple[str, str]:
     """The two label lines of a group box: module, then ops / FLOPs / bytes."""
     second = f"{info['count']} ops"
     if info.get("flops"):
-        second += f" · {human_count(info['flops'])}FLOP"
+        second += f" · {human_count(info['flops'], 'FLOP')}"
     elif info.get("bytes"):
         second += f" · {human_bytes(info['bytes'])}"
     return short(str(info["module"])), second
