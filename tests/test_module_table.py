@@ -20,6 +20,10 @@ _SCALE = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "B": 1, "KiB": 2**10, 
           "GiB": 2**30, "s": 1, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
 
 
+_UNIT = {"count": r"[\d.]+( [kMGT])?", "flops": r"0|[\d.]+ [kMGT]?FLOP",
+         "bytes": r"[\d.]+ (B|KiB|MiB|GiB)", "time": r"[\d.]+ (s|ms|µs|ns)"}
+
+
 class _Cells(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -70,6 +74,7 @@ def test_every_cell_is_its_frame_value_in_human_units(summary):
                 assert text == ("—" if want is None else
                                 ", ".join("×".join(map(str, s)) for s in want)), (name, col)
             else:
+                assert re.fullmatch(_UNIT[kind], text), (name, col, text)
                 got = _number(text)
                 assert math.isclose(got, want, rel_tol=5e-3, abs_tol=1e-12), (name, col, text)
     tied = {name: cells[0][0] for name, cells in zip(summary.index, rows)}
