@@ -39,6 +39,8 @@ _LAZY = {
     "plot_dag": "jointlab.viz",
     "plot_memory": "jointlab.viz",
     "plot_lifetimes": "jointlab.viz",
+    "plot_diff": "jointlab.viz",
+    "export_figure": "jointlab.viz",
     "explore": "jointlab.widgets",
     "report": "jointlab.viz.report",
     "record": "jointlab.analysis.record",
@@ -46,6 +48,8 @@ _LAZY = {
     "module_summary": "jointlab.analysis.modules",
     "fake_cpu": "jointlab.trace.fake_cpu",
     "fake_world": "jointlab.trace.distributed",
+    "diff": "jointlab.analysis.diff",
+    "GraphDiff": "jointlab.analysis.diff",
 }
 
 __all__ = ["JointGraph", "RunResult", "errors", "trace", *_LAZY]

@@ -15,6 +15,8 @@ __all__ = [
     "CompiledGraphError",
     "CompiledModuleError",
     "DataDependentError",
+    "DiffError",
+    "ExportError",
     "GradientLostError",
     "GuardError",
     "InputMismatchError",
@@ -148,6 +150,14 @@ class CompareError(JointlabError, TypeError):
 
 class WhatIfError(JointlabError, ValueError):
     """A joint graph cannot be split into forward and backward for ``what_if``."""
+
+
+class DiffError(JointlabError, ValueError):
+    """``jl.diff`` got an invalid option (only one of model/inputs, a bad tolerance or budget)."""
+
+
+class ExportError(JointlabError, ValueError):
+    """``jl.export_figure`` cannot write this object or path (unknown kind, no renderer)."""
 
 
 class BakedConstantWarning(UserWarning):

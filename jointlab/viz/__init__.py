@@ -12,6 +12,8 @@ _LAZY = {
     "plot_dag": "jointlab.viz.dag",
     "plot_memory": "jointlab.viz.memory",
     "plot_lifetimes": "jointlab.viz.memory",
+    "plot_diff": "jointlab.viz.diff",
+    "export_figure": "jointlab.viz.export",
 }
 
 __all__ = list(_LAZY)

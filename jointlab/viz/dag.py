@@ -432,4 +432,5 @@ def plot_dag(joint: Any, *, color_by: str = "phase", depth: int | None = None,
              "font": {"color": PHASE_COLORS["backward"]}}])
     fig.update_layout(modebar_add=["select2d", "lasso2d"])
     fig._jointlab_data = data  # for explore(); plotly ignores unknown attributes
+    fig._jointlab_layout = lay  # node positions, for overlays (viz/diff.py)
     return fig
