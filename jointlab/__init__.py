@@ -34,6 +34,8 @@ _LAZY = {
     "Comparison": "jointlab.analysis.compare.compare",
     "Divergence": "jointlab.analysis.compare.compare",
     "CompiledJoint": "jointlab.analysis.compile",
+    "bisect": "jointlab.analysis.bisect",
+    "Bisection": "jointlab.analysis.bisect",
     "MemoryProfile": "jointlab.analysis.memory.result",
     "load": "jointlab.graph",
     "plot_dag": "jointlab.viz",

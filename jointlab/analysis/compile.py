@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from jointlab import torch_compat
+from jointlab.analysis.bisect import Bisection, bisect
 from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError
@@ -119,6 +120,19 @@ class CompiledJoint:
         """
         return compare(self, model, inputs, **options)
 
+    def bisect(self, model: nn.Module, inputs: dict[str, Any], **options: Any) -> Bisection:
+        """The first region of the graph whose compiled outputs diverge (:func:`jointlab.bisect`).
+
+        Args:
+            model: The live model (not changed).
+            inputs: Keyword inputs for the training step.
+            **options: More keywords for :func:`jointlab.bisect` (``regions``, ``rtol``, ...).
+
+        Returns:
+            A :class:`jointlab.Bisection` (region by region, not kernel by kernel).
+        """
+        return bisect(self, model, inputs, **options)
+
     def memory(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused: the memory picture describes the traced graph (``compiled.source.memory()``).
 
@@ -157,9 +171,12 @@ def refuse_compiled_joint(joint: Any, what: str) -> None:
         raise CompiledGraphError(
             f"{what} works on the traced joint graph, not on code compiled from it: on a "
             f"CompiledJoint ({joint.backend}) it would describe the uncompiled graph. Pass "
-            "compiled.source (the original graph from jl.trace) instead; stepping or "
-            "profiling the compiled code itself is a separate feature jointlab does not "
-            "offer yet. compiled.run(...) and jl.compare(compiled, ...) run the compiled code.")
+            "compiled.source (the original graph from jl.trace) instead. Stepping the compiled "
+            "code kernel by kernel is a separate feature jointlab does not offer yet; "
+            "jl.bisect(compiled, model, inputs) "
+            "compiles and runs it region by region against the uncompiled graph and names "
+            "the first region that diverges. compiled.run(...) and jl.compare(compiled, ...) "
+            "run the compiled code.")
 
 
 def compile_joint(joint: TracedGraph, backend: str = "inductor") -> CompiledJoint:
