@@ -21,6 +21,7 @@ from torch import nn
 from jointlab import meta as _meta
 from jointlab._deprecation import warn_renamed
 from jointlab.core import GraphParts, RunResult
+from jointlab.display import rich_html
 from jointlab.errors import NodeExecutionError
 from jointlab.inputs import (
     InputSpec,
@@ -311,9 +312,7 @@ class JointGraph:
         return select(self, module=module, phase=phase, op=op)
 
     def _repr_html_(self) -> str:
-        from jointlab.viz.cards import summary_card_html
-
-        return summary_card_html(self)
+        return rich_html("graph", self)
 
     def memory(self, model: nn.Module | None = None, inputs: dict[str, Any] | None = None,
                *, device: str | None = None) -> Any:

@@ -24,8 +24,6 @@ RENDERERS = ("jointlab.viz", "jointlab.widgets")
 HANDOFFS: set[tuple[str, str, str]] = {
     # Stepper.widget() builds the stepper panel: the one documented widget hand-off
     ("jointlab.analysis.step.stepper", "jointlab.widgets._stepper", "widget"),
-    # MemoryProfile._repr_html_ shows the memory card in a notebook
-    ("jointlab.analysis.memory.result", "jointlab.viz.cards", "_repr_html_"),
 }
 MAX_HANDOFFS = 3
 

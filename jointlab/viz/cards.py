@@ -15,6 +15,7 @@ from typing import Any
 
 from jointlab.analysis.tables import card_facts
 from jointlab.units import human_bytes, human_count
+from jointlab.viz.comparison import COMPARISON_STYLE, comparison_html
 
 __all__ = ["memory_card_html", "summary_card_html"]
 
@@ -87,3 +88,25 @@ def memory_card_html(profile: Any) -> str:
     return (f"<div class='jointlab-memory'><b>{title}</b> "
             f"({len(profile.timeline)} steps, {len(profile.lifetimes)} storages, "
             f"{html.escape(profile.device)})<table>{body}</table></div>")
+
+
+def card_html(kind: str, obj: Any) -> str:
+    """Draw ``obj`` as the card ``kind`` names (see :func:`jointlab.display.rich_html`).
+
+    Args:
+        kind: ``"graph"``, ``"memory"`` or ``"comparison"``.
+        obj: The object to read.
+
+    Returns:
+        An HTML fragment.
+
+    Raises:
+        ValueError: ``kind`` is none of these.
+    """
+    if kind == "graph":
+        return summary_card_html(obj)
+    if kind == "memory":
+        return memory_card_html(obj)
+    if kind == "comparison":
+        return f"<style>{COMPARISON_STYLE}</style>{comparison_html(obj)}"
+    raise ValueError(f"no card for {kind!r}")

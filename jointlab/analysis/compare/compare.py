@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import html
 import numbers
 from collections import Counter
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from jointlab.analysis.compare.capture import (
 )
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
+from jointlab.display import rich_html
 from jointlab.errors import CompareError
 from jointlab.meta import op_name
 from jointlab.trace.refusals import torch_errors
@@ -579,24 +579,7 @@ class Comparison:
         return "\n".join(lines) + ")"
 
     def _repr_html_(self) -> str:
-        color = {"bit-exact": "#1a7f37", "within tolerance": "#1a7f37"}.get(self.verdict,
-                                                                           "#cf222e")
-        parts = [f"<div class='jl-compare'><b style='color:{color}'>jointlab compare: "
-                 f"{html.escape(self.verdict)}</b>"]
-        for label, d in (("first divergence", self.first_divergence),
-                         ("first inexact node", self._earlier_inexact())):
-            if d is not None:
-                parts.append(f"<p>{label}: <code>{html.escape(str(d))}</code></p>")
-        if not self.exact:
-            parts += [f"<p class='jl-note'>{html.escape(n)}</p>" for n in self.notes]
-        if self.unchecked:
-            parts.append("<p>not checked module by module: "
-                         f"{html.escape(', '.join(self.unchecked))}</p>")
-        for title, df in (("loss", self.loss), ("gradients", self.grads),
-                          ("loss_dict", self.loss_dict), ("buffers", self.buffers)):
-            if len(df):
-                parts.append(f"<h4>{title}</h4>{table_html(df)}")
-        return "".join(parts) + "</div>"
+        return rich_html("comparison", self)
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
@@ -606,19 +589,3 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
             "exact", "ok"]
     df = pd.DataFrame(rows)
     return df if len(df) else pd.DataFrame(columns=cols)
-
-
-def table_html(df: pd.DataFrame) -> str:
-    """An HTML table of ``df`` with failing rows (``ok`` False) highlighted."""
-    cols = list(df.columns)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
-    body = []
-    for _, r in df.iterrows():
-        style = "" if r.get("ok", True) else " style='background:#ffebe9' class='jl-fail'"
-        cells = "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in cols)
-        body.append(f"<tr{style}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from jointlab.display import rich_html
 from jointlab.errors import WhatIfError
 from jointlab.units import human_bytes
 
@@ -122,6 +123,4 @@ class MemoryProfile:
                 f"{measured}, {self.device}>")
 
     def _repr_html_(self) -> str:
-        from jointlab.viz.cards import memory_card_html
-
-        return memory_card_html(self)
+        return rich_html("memory", self)
