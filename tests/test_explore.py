@@ -10,6 +10,7 @@ from plotly.callbacks import Points
 import jointlab as jl
 import jointlab.meta
 import jointlab.widgets._explore as explore_mod  # noqa: E402
+from jointlab.viz import dag
 from tests.fixtures import zoo
 
 
@@ -75,12 +76,18 @@ def test_search_phase_toggle_and_collapse(joint):
 
 # -- the fixes of issue 14 -----------------------------------------------------------------
 def _segments(tr):
-    """Number of edge polylines in a line trace (each ends in one NaN gap)."""
-    return int(np.isnan(np.asarray(tr.x, dtype=float)).sum())
+    """Number of edge polylines in a line trace (each ends in one gap)."""
+    return int(np.isnan(np.asarray([np.nan if v is None else v for v in tr.x], float)).sum())
 
 
-def _trace_named(app, name):
-    return next(t for t in app.fig.data if t.name == name)
+def _trace_named(app_or_fig, name):
+    fig = getattr(app_or_fig, "fig", app_or_fig)
+    return next(t for t in fig.data if t.name == name)
+
+
+def _floats(xs):
+    """Coordinates with gaps as None, whether they came as NaN or None."""
+    return [None if v is None or v != v else float(v) for v in xs]
 
 
 def _phase(n):
@@ -138,6 +145,8 @@ def test_selection_survives_depth_changes(joint):
 def test_phase_toggle_hides_the_edges_of_hidden_nodes(joint, depth):
     app = explore_mod.explore(joint, depth=depth).explorer
     edges = _trace_named(app, "edges")
+    drawn = _trace_named(dag.plot_dag(joint, depth=depth, height=app.height), "edges")
+    assert _floats(edges.x) == _floats(drawn.x) and _floats(edges.y) == _floats(drawn.y)
     if depth is None:
         assert _segments(edges) == _graph_edges(joint)
     before = _segments(edges)

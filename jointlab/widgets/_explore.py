@@ -113,6 +113,7 @@ class Explorer:
                 tr.on_click(self.on_click)
         self._positions()
         self._edge_sets = self._edges_by_trace()
+        self._hidden: tuple[int, ...] = ()  # as plot_dag drew it: every edge
         self._apply_phases()
         self._draw_selection()
 
@@ -144,18 +145,28 @@ class Explorer:
             self._apply_phases()
 
     def _apply_phases(self) -> None:
-        """Hide the nodes of toggled-off phases and every edge that touches one."""
+        """Hide the nodes of toggled-off phases and every edge that touches one.
+
+        Each trace gets its own update: a FigureWidget batch that sets different
+        properties on different traces resets the unset ones in the browser.
+        """
         shown = np.asarray([self.phases[m.get("phase")].value if m.get("phase") in self.phases
                             else True for m in self.data.info], dtype=bool)
         with self.fig.batch_update():
             for tr in self._node_traces():
                 if tr.name in self.phases:
                     tr.visible = self.phases[tr.name].value
-            for tr in self.fig.data:
-                if tr.name in self._edge_sets:
-                    s, t = self._edge_sets[tr.name]
-                    keep = shown[s] & shown[t]
-                    tr.x, tr.y = route_edges(self._x, self._y, s[keep], t[keep])
+        key = tuple(np.flatnonzero(~shown))
+        if key == self._hidden:
+            return
+        self._hidden = key
+        for tr in self.fig.data:
+            if tr.name in self._edge_sets:
+                s, t = self._edge_sets[tr.name]
+                keep = shown[s] & shown[t]
+                xs, ys = route_edges(self._x, self._y, s[keep], t[keep])
+                with self.fig.batch_update():
+                    tr.x, tr.y = plain_floats(xs), plain_floats(ys)
 
     # -- selection ------------------------------------------------------------------
     def on_click(self, trace: Any, points: Any, state: Any = None) -> None:
@@ -205,7 +216,7 @@ class Explorer:
         self.selected = [d.names[i] for i in idx]
         ring = self.fig.data[-1]
         with self.fig.batch_update():
-            ring.x, ring.y = self._x[idx], self._y[idx]
+            ring.x, ring.y = plain_floats(self._x[idx]), plain_floats(self._y[idx])
             ring.showlegend = bool(idx)
         self._show_rows()
 
@@ -219,6 +230,18 @@ class Explorer:
         self.table.outputs = ()
         if names:
             self.table.append_display_data(node_rows(self.joint, names[:TABLE_ROWS]))
+
+
+def plain_floats(a: np.ndarray) -> list[float | None]:
+    """A float array as a list with None for NaN (gaps), which FigureWidget updates sync.
+
+    Args:
+        a: The array.
+
+    Returns:
+        The list.
+    """
+    return [None if v != v else v for v in np.asarray(a, dtype=float).tolist()]
 
 
 def matches(q: str, name: str, m: dict[str, Any]) -> bool:
