@@ -86,18 +86,19 @@ def lab(tmp_path_factory):
         log.close()
 
 
-def _open_and_run_all(lab, b, name: str):
+def _open_and_run_all(lab, b, name: str, src: pathlib.Path | None = None, min_cells: int = 6):
+    src = src or NOTEBOOKS / f"{name}.ipynb"
     copy = f"{name}-{secrets.token_hex(3)}.ipynb"
-    shutil.copy(NOTEBOOKS / f"{name}.ipynb", lab["root"] / copy)
+    shutil.copy(src, lab["root"] / copy)
     page = b.new_page(viewport={"width": 1400, "height": 1000})
     errors = PageErrors(page)
     page.goto(f"{lab['base']}/lab/tree/{copy}?reset&token={lab['token']}")
     idle = page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"\| Idle"))
     idle.first.wait_for(timeout=120_000)
     # The number of code cells comes from the file, not from what has rendered so far.
-    cells = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
+    cells = json.loads(src.read_text())["cells"]
     n_code = sum(c["cell_type"] == "code" for c in cells)
-    assert n_code > 5
+    assert n_code >= min_cells
     page.wait_for_function(
         "n => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === n",
         arg=n_code, timeout=120_000)
@@ -298,3 +299,82 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
         page.mouse.wheel(0, -400)
         assert _state(page)["k"] > k0 * 1.3
         assert errors.errors == [], errors.errors
+
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+EXPLORE_CELLS = [
+    f"import sys; sys.path.insert(0, {str(REPO)!r})",
+    "import jointlab as jl\nfrom tests.fixtures import zoo\nf = zoo.FIXTURES['tiny_lm']\n"
+    "joint = jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))",
+    "w = jl.explore(joint)\nw",
+]
+
+
+def _explore_notebook(path: pathlib.Path) -> pathlib.Path:
+    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
+              "outputs": [], "source": src} for i, src in enumerate(EXPLORE_CELLS)]
+    kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                             "language": "python"}}
+    path.write_text(json.dumps({"cells": cells, "metadata": kernel, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
+
+
+def _selected_label(select) -> str:
+    """The shown option of a ``<select>`` (ipywidgets writes spaces as no-break spaces)."""
+    text = select.evaluate("s => s.selectedIndex < 0 ? '' : s.options[s.selectedIndex].text")
+    return text.replace("\xa0", " ")
+
+
+def _legend_hidden(page, name: str) -> bool:
+    """Whether the legend shows trace ``name`` as hidden (dimmed, plotly's legendonly)."""
+    return page.evaluate("""name => [...document.querySelectorAll('.js-plotly-plot .traces')]
+        .some(t => t.querySelector('.legendtext')?.textContent === name
+                   && parseFloat(getComputedStyle(t).opacity) < 1)""", name)
+
+
+def _overlap(a, b) -> bool:
+    return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
+
+
+def test_explore_dropdown_title_and_grouped_search_in_jupyterlab(lab, tmp_path):
+    src = _explore_notebook(tmp_path / "explore.ipynb")
+    with browser() as b:
+        page, errors = _open_and_run_all(lab, b, "explore", src=src, min_cells=3)
+        _assert_no_error_outputs(page)
+        select = page.locator(".widget-dropdown select").first
+        select.wait_for(timeout=60_000)
+        page.locator("div.js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+        select.scroll_into_view_if_needed()
+        page.locator("div.js-plotly-plot").first.hover()  # the modebar shows on hover
+        page.wait_for_timeout(500)
+        save_screenshot(page, tmp_path, "explore_default")
+        assert _selected_label(select) == "all nodes"
+        title = page.locator(".widget-html", has_text="Joint graph").first
+        modebar = page.locator("div.js-plotly-plot .modebar").first
+        assert title.is_visible() and modebar.is_visible()
+        assert not _overlap(title.bounding_box(), modebar.bounding_box())
+        legend = page.locator("div.js-plotly-plot .legendtext").all_text_contents()
+        assert {"forward", "backward", "param"} <= set(legend), legend  # node traces drawn
+        assert _legend_hidden(page, "→ output")  # still legend-only, as plot_dag made it
+        page.locator("button", has_text=re.compile(r"^backward$")).first.click()
+        page.wait_for_timeout(1500)
+        page.locator("div.js-plotly-plot").first.hover()
+        save_screenshot(page, tmp_path, "explore_backward_hidden")
+        assert {"forward", "param"} <= set(
+            page.locator("div.js-plotly-plot .legendtext").all_text_contents())
+        page.locator("button", has_text=re.compile(r"^backward$")).first.click()
+        select.select_option(label="depth 1")
+        page.wait_for_timeout(1500)
+        search = page.locator(".widget-text input").first
+        search.fill("addmm")
+        search.press("Enter")
+        status = page.locator(".widget-html", has_text="selected in")
+        status.first.wait_for(timeout=30_000)
+        page.locator("div.js-plotly-plot").first.hover()
+        save_screenshot(page, tmp_path, "explore_grouped_search")
+        text = status.first.text_content()
+        assert re.search(r"[1-9]\d* node\(s\) selected in [1-9]\d* group", text), text
+        assert _selected_label(select) == "depth 1"
+    assert errors.errors == [], errors.errors

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ipywidgets as W
+import numpy as np
 import pytest
 from plotly.callbacks import Points
 
 import jointlab as jl
 import jointlab.meta
 import jointlab.widgets._explore as explore_mod  # noqa: E402
+from jointlab.viz import dag
 from tests.fixtures import zoo
 
 
@@ -70,3 +72,112 @@ def test_search_phase_toggle_and_collapse(joint):
     grp = next(t for t in app.fig.data if t.name == "forward")
     click(grp, 0)
     assert len(app.table.outputs) == 1
+
+
+# -- the fixes of issue 14 -----------------------------------------------------------------
+def _segments(tr):
+    """Number of edge polylines in a line trace (each ends in one gap)."""
+    return int(np.isnan(np.asarray([np.nan if v is None else v for v in tr.x], float)).sum())
+
+
+def _trace_named(app_or_fig, name):
+    fig = getattr(app_or_fig, "fig", app_or_fig)
+    return next(t for t in fig.data if t.name == name)
+
+
+def _floats(xs):
+    """Coordinates with gaps as None, whether they came as NaN or None."""
+    return [None if v is None or v != v else float(v) for v in xs]
+
+
+def _phase(n):
+    return n.meta["jointlab"]["phase"]
+
+
+def _graph_edges(joint, hidden=()):
+    """Graph edges into non-output nodes, both ends outside ``hidden`` phases (from FX)."""
+    return sum(1 for n in joint.graph.nodes for a in n.all_input_nodes
+               if _phase(n) != "output" and _phase(n) not in hidden
+               and _phase(a) not in hidden)
+
+
+def test_collapse_dropdown_labels_all_nodes_by_default(joint):
+    app = explore_mod.explore(joint).explorer
+    assert app.depth.label == "all nodes" and app.depth.index == 0
+    assert app.depth_value is None and not app.data.members
+    app.depth.value = 2
+    assert app.depth.label == "depth 2" and app.data.members
+    app.depth.index = 0
+    assert app.depth.label == "all nodes" and len(app.data.names) == len(joint.graph.nodes)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_search_finds_ops_when_grouped(joint, depth):
+    app = explore_mod.explore(joint, depth=depth).explorer
+    app.search.value = "addmm"
+    want = [n.name for n in joint.graph.nodes if n.meta["jointlab"].get("target") == "aten.addmm"]
+    assert want and sorted(app.chosen) == sorted(want)
+    groups = [g for g, mem in zip(app.data.names, app.data.members) if set(mem) & set(want)]
+    assert groups and sorted(app.selected) == sorted(groups)
+    assert len(_trace_named(app, "selected").x) == len(groups)
+    assert all(w in table_text(app) for w in want)
+    app.search.value = "aten.addmm"  # the placeholder's spelling
+    assert sorted(app.chosen) == sorted(want)
+
+
+def test_selection_survives_depth_changes(joint):
+    app = explore_mod.explore(joint).explorer
+    bwd = _trace_named(app, "backward")
+    click(bwd, 0)
+    chosen = list(app.chosen)
+    assert chosen
+    app.depth.value = 1
+    assert app.chosen == chosen
+    groups = [g for g, mem in zip(app.data.names, app.data.members) if set(mem) & set(chosen)]
+    assert groups and app.selected == groups
+    assert len(_trace_named(app, "selected").x) == len(groups)
+    app.depth.value = explore_mod.ALL
+    assert sorted(app.selected) == sorted(chosen)
+    assert len(_trace_named(app, "selected").x) == len(chosen)
+
+
+@pytest.mark.parametrize("depth", [None, 1])
+def test_phase_toggle_hides_the_edges_of_hidden_nodes(joint, depth):
+    app = explore_mod.explore(joint, depth=depth).explorer
+    edges = _trace_named(app, "edges")
+    drawn = _trace_named(dag.plot_dag(joint, depth=depth, height=app.height), "edges")
+    assert _floats(edges.x) == _floats(drawn.x) and _floats(edges.y) == _floats(drawn.y)
+    if depth is None:
+        assert _segments(edges) == _graph_edges(joint)
+    before = _segments(edges)
+    app.phases["backward"].value = False
+    after = _segments(_trace_named(app, "edges"))
+    if depth is None:
+        assert after == _graph_edges(joint, hidden=("backward",)) < before
+    else:  # groups: only edges between forward-band groups are left
+        fwd = {i for i, m in enumerate(app.data.info) if m["phase"] != "backward"}
+        want = sum(1 for s, t in zip(app.data.src, app.data.dst) if s in fwd and t in fwd
+                   and app.data.info[t]["phase"] != "output")
+        assert after == want < before
+    app.phases["backward"].value = True
+    assert _segments(_trace_named(app, "edges")) == before
+
+
+def test_param_toggle_regroups_without_parameters(joint):
+    app = explore_mod.explore(joint, depth=1).explorer
+    assert sum(len(m) for m in app.data.members) == len(joint.graph.nodes)
+    app.phases["param"].value = False
+    kept = [n.name for n in joint.graph.nodes if _phase(n) != "param"]
+    assert sorted(m for mem in app.data.members for m in mem) == sorted(kept)
+    app.phases["input"].value = False
+    kept = [n.name for n in joint.graph.nodes if _phase(n) not in ("param", "input")]
+    assert sum(len(m) for m in app.data.members) == len(kept)
+    app.phases["param"].value = app.phases["input"].value = True
+    assert sum(len(m) for m in app.data.members) == len(joint.graph.nodes)
+
+
+def test_title_sits_above_the_figure_clear_of_the_modebar(joint):
+    app = explore_mod.explore(joint).explorer
+    assert not app.fig.layout.title.text
+    assert "Joint graph" in app.title.value
+    assert app.widget.children.index(app.title) == app.widget.children.index(app.fig) - 1

@@ -327,3 +327,107 @@ def test_loaded_node_table_equals_original(dynamic, tmp_path):
     a, b = joint.nodes[cols], loaded.nodes[cols]
     assert list(a.index) == list(b.index)
     assert a.astype(str).equals(b.astype(str))
+
+
+# -- format version 2: value specs, shared meta, version 1 still read ------------------
+def _storage_partition(nodes):
+    """Node names grouped by the storage their (first) fake value lives in."""
+    from jointlab.torch_compat import storage_id
+
+    groups = {}
+    for n in nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            groups.setdefault(storage_id(val), []).append(n.name)
+    return sorted(groups.values())
+
+
+def _val_layout(val):
+    if isinstance(val, torch.Tensor):
+        return (tuple(val.shape), val.stride(), val.storage_offset(), val.dtype, val.device,
+                val.untyped_storage().nbytes())
+    if isinstance(val, (list, tuple)):
+        return type(val), [_val_layout(v) for v in val]
+    return val
+
+
+@pytest.mark.parametrize("name", ["tiny_lm", "cnn_bn"])
+def test_vals_rebuilt_with_layout_and_storage_sharing(name, tmp_path):
+    _, _, _, joint = _trace(name)
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    a, b = list(joint.graph.nodes), list(loaded.graph.nodes)
+    for n1, n2 in zip(a, b):
+        assert _val_layout(n1.meta.get("val")) == _val_layout(n2.meta.get("val")), n1.name
+    assert _storage_partition(a) == _storage_partition(b)
+    has_offset = any(n.meta["val"].storage_offset() for n in b
+                     if isinstance(n.meta.get("val"), torch.Tensor))
+    assert has_offset == (name == "tiny_lm")  # the attention's q/k/v split views
+    # the analysis pass, rerun on the rebuilt values, derives what the trace derived
+    loaded.recompute()
+    for n1, n2 in zip(a, b):
+        assert n1.meta["jointlab"] == n2.meta["jointlab"], n1.name
+
+
+def test_archive_is_version_2_with_shared_meta(saved):
+    with zipfile.ZipFile(saved) as zf:
+        assert json.loads(zf.read("format.json")) == {"format": "jointlab.joint-graph",
+                                                      "version": 2}
+        doc = json.loads(zf.read("graph.json"))
+    refs = [i for r in doc["nodes"] for i in r["shared_meta"].values()]
+    assert len(set(refs)) == len(doc["shared"]) < len(refs)  # repeats stored once
+
+
+@pytest.mark.parametrize("name", ["mlp", "tiny_lm"])
+def test_version_1_archive_still_loads_and_runs(name):
+    path = os.path.join(os.path.dirname(__file__), "fixtures", f"archive_v1_{name}.jlg")
+    with zipfile.ZipFile(path) as zf:
+        assert json.loads(zf.read("format.json"))["version"] == 1
+    fx_, model, inputs, joint = _trace(name)
+    loaded = jl.load(path)
+    model2 = fx_.make_model()
+    _assert_bitwise(_run(joint, model, inputs), _run(loaded, model2, inputs))
+    a, b = list(joint.graph.nodes), list(loaded.graph.nodes)
+    for n1, n2 in zip(a, b):  # values re-propagated from the placeholders' specs
+        v1, v2 = n1.meta.get("val"), n2.meta.get("val")
+        if isinstance(v1, torch.Tensor):
+            assert _val_layout(v1) == _val_layout(v2), n1.name
+        assert n1.meta["jointlab"] == n2.meta["jointlab"], n1.name
+
+
+def _edit_doc(fn):
+    def edit(data):
+        doc = json.loads(data)
+        fn(doc)
+        return json.dumps(doc).encode()
+    return edit
+
+
+def _first_shared(doc):
+    return next(r for r in doc["nodes"] if r["shared_meta"])
+
+
+def _first_val(doc):
+    return next(r for r in doc["nodes"] if r["val"] and "tensor" in r["val"])
+
+
+@pytest.mark.parametrize("member,edit,message", [
+    ("format.json", lambda d: d.replace(b'"version": 2', b'"version": 3'), "version"),
+    ("graph.json", _edit_doc(lambda d: _first_shared(d)["shared_meta"].update(
+        {"__reduce__": 0})), "unexpected node meta key"),
+    ("graph.json", _edit_doc(lambda d: _first_shared(d)["shared_meta"].update(
+        stack_trace=10 ** 6)), "missing shared value"),
+    ("graph.json", _edit_doc(lambda d: d["shared"].__setitem__(
+        0, {"t": "pickle", "v": "80"})), "unknown value tag"),
+    ("graph.json", _edit_doc(lambda d: _first_val(d)["val"]["tensor"].__setitem__(
+        3, "_C")), "dtype"),
+    ("graph.json", _edit_doc(lambda d: _first_val(d)["val"]["tensor"].__setitem__(
+        5, 10 ** 6)), "value spec"),
+    ("graph.json", _edit_doc(lambda d: _first_val(d)["val"]["tensor"].__setitem__(
+        2, 10 ** 9)), "value spec"),  # an offset outside its storage
+])
+def test_malformed_version_2_fields_are_refused(member, edit, message, saved, tmp_path):
+    bad = tmp_path / "bad.jlg"
+    _tamper(saved, bad, member, edit)
+    with pytest.raises(PersistError, match=message):
+        jl.load(str(bad))

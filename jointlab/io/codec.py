@@ -2,7 +2,9 @@
 
 :mod:`jointlab.io.persist` stores a joint graph as data. Everything that is not
 a plain JSON scalar is written as a tagged object ``{"t": tag, "v": value}``
-and read back only through the fixed decoders below: dtypes, devices, memory
+(a dict with string keys as ``{"t": "sdict", "v": {...}}`` since format
+version 2, ``"dict"`` pairs otherwise) and read back only through the fixed
+decoders below: dtypes, devices, memory
 formats and layouts by name, operator targets by qualified name against an
 allow-list, and sympy expressions as a tree of allow-listed constructors.
 Nothing read from a file is ever imported, evaluated or unpickled.
@@ -10,6 +12,7 @@ Nothing read from a file is ever imported, evaluated or unpickled.
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import re
@@ -48,6 +51,8 @@ SAFE_FUNCTIONS.update({
 SAFE_FUNCTIONS.update({f"torch.ops.jointlab.{op_parts(op)[1]}.default": op
                        for op in (GET_STATE, SET_STATE)})
 _FUNCTION_NAMES = {id(fn): name for name, fn in SAFE_FUNCTIONS.items()}
+# Op names already resolved and checked by decode_callable (a load decodes thousands).
+_RESOLVED: dict[str, Callable[..., Any]] = {}
 
 
 # -- operator targets -----------------------------------------------------------
@@ -86,6 +91,8 @@ def decode_callable(name: Any) -> Callable[..., Any]:
         raise PersistError(f"a node target must be a string, got {type(name).__name__}")
     if name in SAFE_FUNCTIONS:
         return SAFE_FUNCTIONS[name]
+    if name in _RESOLVED:  # only names that passed the checks below get here
+        return _RESOLVED[name]
     parts = name.split(".")
     if (len(parts) != 5 or parts[:2] != ["torch", "ops"] or parts[2] not in OP_NAMESPACES
             or not all(IDENT.match(p) and not p.startswith("__") for p in parts[3:])):
@@ -99,6 +106,7 @@ def decode_callable(name: Any) -> Callable[..., Any]:
         raise PersistError(f"target {name!r} does not exist in this torch build") from exc
     if not is_op_overload(fn):
         raise PersistError(f"target {name!r} is not an operator overload")
+    _RESOLVED[name] = fn
     return fn
 
 
@@ -120,6 +128,8 @@ def encode_value(v: Any, where: str) -> Any:
     if isinstance(v, tuple):
         return {"t": "tuple", "v": [encode_value(x, where) for x in v]}
     if isinstance(v, dict):
+        if all(type(k) is str for k in v):  # format version 2: a JSON object
+            return {"t": "sdict", "v": {k: encode_value(x, where) for k, x in v.items()}}
         return {"t": "dict", "v": [[encode_value(k, where), encode_value(x, where)]
                                    for k, x in v.items()]}
     if isinstance(v, torch.dtype):
@@ -179,26 +189,34 @@ def decode_value(v: Any, node_of: Callable[[str], Any] | None = None) -> Any:
     Raises:
         PersistError: An unknown tag or a malformed value.
     """
-    if v is None or isinstance(v, (bool, int, str)):
+    kind = type(v)
+    if v is None or kind is str or kind is int or kind is bool:
         return v
-    if isinstance(v, list):
+    if kind is list:
         return [decode_value(x, node_of) for x in v]
-    if not isinstance(v, dict) or set(v) != {"t", "v"}:
+    if kind is not dict or len(v) != 2 or "t" not in v or "v" not in v:
+        if isinstance(v, (bool, int, str)):  # subclasses a JSON parser does not make
+            return v
         raise PersistError(f"malformed value {v!r}")
     tag, body = v["t"], v["v"]
     if tag == "tuple":
-        return tuple(decode_value(x, node_of) for x in _as_list(body))
+        return tuple([decode_value(x, node_of) for x in _as_list(body)])
+    if tag == "sdict":
+        if type(body) is not dict:
+            raise PersistError(f"malformed sdict value {str(body)[:200]}")
+        return {k: decode_value(x, node_of) for k, x in body.items()}
     if tag == "dict":
         return {decode_value(k, node_of): decode_value(x, node_of) for k, x in _pairs(body)}
-    if tag == "slice":
-        return slice(*(decode_value(x, node_of) for x in _as_list(body)[:3]))
     if tag == "node":
         if node_of is None:
             raise PersistError("a node reference appears where none is allowed")
         return node_of(body)
-    if tag in _DECODERS:
-        return _DECODERS[tag](body, node_of)
-    raise PersistError(f"unknown value tag {tag!r}")
+    if tag == "slice":
+        return slice(*(decode_value(x, node_of) for x in _as_list(body)[:3]))
+    decoder = _DECODERS.get(tag) if type(tag) is str else None
+    if decoder is None:
+        raise PersistError(f"unknown value tag {tag!r}")
+    return decoder(body, node_of)
 
 
 def _as_list(body: Any) -> list:
@@ -209,9 +227,77 @@ def _as_list(body: Any) -> list:
 
 def _pairs(body: Any) -> list:
     items = _as_list(body)
-    if not all(isinstance(p, list) and len(p) == 2 for p in items):
-        raise PersistError("malformed dict entry")
+    for p in items:
+        if type(p) is not list or len(p) != 2:
+            raise PersistError("malformed dict entry")
     return items
+
+
+# -- meta values stored once (format version 2) ---------------------------------
+def is_plain_scalar(encoded: Any) -> bool:
+    """True for an encoded value that is a JSON scalar (not worth sharing)."""
+    return encoded is None or isinstance(encoded, (bool, int))
+
+
+class SharedValues:
+    """Encoded meta values stored once, by index (stack traces repeat across nodes)."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self._index: dict[str, int] = {}
+
+    def index(self, encoded: Any) -> int:
+        """The index of ``encoded`` in :attr:`values`, adding it on first sight."""
+        key = json.dumps(encoded, sort_keys=True) if not isinstance(encoded, str) else encoded
+        if key not in self._index:
+            self._index[key] = len(self.values)
+            self.values.append(encoded)
+        return self._index[key]
+
+
+def decode_shared(values: Any) -> list[Any]:
+    """Decode graph.json's ``shared`` list (meta values only: no node references).
+
+    Raises:
+        PersistError: It is not a list, or holds a malformed value.
+    """
+    if not isinstance(values, list):
+        raise PersistError("graph.json's shared meta values must be a list")
+    return [decode_value(v) for v in values]
+
+
+def shared_meta(refs: Any, shared: list[Any], allowed: tuple[str, ...]) -> dict[str, Any]:
+    """A node's shared meta values by key, each a fresh copy where it is mutable.
+
+    Args:
+        refs: The node record's ``shared_meta``: meta key -> index into ``shared``.
+        shared: The decoded shared values.
+        allowed: The meta keys an archive may hold.
+
+    Returns:
+        The node's meta entries.
+
+    Raises:
+        PersistError: An unexpected key or a missing index.
+    """
+    if not isinstance(refs, dict):
+        raise PersistError("a node's shared_meta must be a JSON object")
+    out = {}
+    for key, i in refs.items():
+        if key not in allowed:
+            raise PersistError(f"unexpected node meta key {key!r}")
+        if not isinstance(i, int) or not 0 <= i < len(shared):
+            raise PersistError(f"node meta {key!r} refers to missing shared value {i!r}")
+        out[key] = _fresh(shared[i])
+    return out
+
+
+def _fresh(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _fresh(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_fresh(x) for x in v]
+    return v
 
 
 # -- sympy expressions --------------------------------------------------------------

@@ -19,21 +19,26 @@ The archive is a zip file:
 
 Loading resolves targets only against :mod:`jointlab.io.codec`'s allow-list and
 never evaluates code from the file. The fake ``meta["val"]`` values are
-rebuilt by propagating fake inputs of the recorded shapes through the graph.
+rebuilt from their recorded specs (:mod:`jointlab.io.fakes`).
+
+Version 2 (written now) adds every node's value spec with its storage, and
+stores each meta value that repeats across nodes (stack traces, module stacks)
+once in ``graph.json``'s ``shared`` list, referenced from a node's
+``shared_meta``. Version 1 archives are still read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import io
 import json
-import warnings
 import zipfile
 from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from jointlab import meta as _meta
 from jointlab.core import GraphParts, TracedGraph
@@ -42,21 +47,27 @@ from jointlab.guards import ShapeGuards
 from jointlab.inputs import InputSpec, LeafSpec, StateSpec
 from jointlab.io.codec import (
     IDENT,
+    SharedValues,
     decode_callable,
     decode_device,
     decode_dtype,
+    decode_shared,
     decode_sympy,
     decode_value,
     encode_sympy,
     encode_target,
     encode_value,
+    is_plain_scalar,
+    shared_meta,
 )
+from jointlab.io.fakes import SPEC_KEY, encode_vals, rebuild_vals
 from jointlab.passes.analyze import require_analyzed
 from jointlab.runtime import AotRuntime, MakeFxRuntime
-from jointlab.torch_compat import FakeTensorMode, pytree
+from jointlab.torch_compat import pytree
 
 FORMAT = "jointlab.joint-graph"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MEMBERS = {"format.json", "graph.json", "layout.json", "constants.pt"}
 NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
 # Node meta kept besides meta["jointlab"]; values that do not encode are dropped.
@@ -102,6 +113,23 @@ def read(path: str) -> GraphParts:
         PersistError: The file is not a jointlab archive, or holds anything
             outside the allow-lists (it is rejected before any code could run).
     """
+    with _gc_paused():  # a load makes ~100 objects a node and frees none of them
+        return _read(path)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Any:
+    """Pause the cyclic garbage collector (its full passes cost more than the load)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read(path: str) -> GraphParts:
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -113,12 +141,15 @@ def read(path: str) -> GraphParts:
             raise PersistError(f"{path!r} has unexpected members {sorted(names - MEMBERS)} "
                                f"or lacks required ones; expected {sorted(MEMBERS)}.")
         fmt = _json(zf, "format.json")
-        if fmt != {"format": FORMAT, "version": VERSION}:
-            raise PersistError(f"{path!r} is not a {FORMAT} v{VERSION} archive: {fmt!r}")
+        if not (isinstance(fmt, dict) and set(fmt) == {"format", "version"}
+                and fmt["format"] == FORMAT and fmt["version"] in READABLE_VERSIONS):
+            raise PersistError(f"{path!r} is not a {FORMAT} archive of a version this "
+                               f"jointlab reads {READABLE_VERSIONS}: {fmt!r}")
         constants = _load_constants(zf) if "constants.pt" in names else {}
-        gm = _decode_graph(_json(zf, "graph.json"), constants)
+        doc = _json(zf, "graph.json")
+        gm = _decode_graph(doc, constants)
         parts = _decode_layout(_json(zf, "layout.json"), gm)
-    _rebuild_vals(parts)
+    rebuild_vals(gm, doc, fmt["version"], bool(parts.dynamic_dims))
     return parts
 
 
@@ -145,19 +176,26 @@ def _load_constants(zf: zipfile.ZipFile) -> dict[str, torch.Tensor]:
 # -- the graph ----------------------------------------------------------------------
 def _encode_graph(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     nodes, constants = [], {}
-    for node in gm.graph.nodes:
+    shared = SharedValues()
+    vals = encode_vals(gm)
+    specs = vals[0] if vals is not None else [None] * len(gm.graph.nodes)
+    for node, spec in zip(gm.graph.nodes, specs):
         where = f"node '{node.name}' ({node.format_node()})"
         if node.op == "get_attr":
             constants[node.target] = _constant(gm, node)
-        meta = {}
+        meta, refs = {}, {}
         if _meta.KEY in node.meta:
             meta[_meta.KEY] = encode_value(node.meta[_meta.KEY], f"meta of {where}")
         for key in SAVED_META:
             if key in node.meta:
                 try:
-                    meta[key] = encode_value(node.meta[key], where)
+                    encoded = encode_value(node.meta[key], where)
                 except PersistError:
                     continue  # non-essential meta that is not plain data
+                if is_plain_scalar(encoded):
+                    meta[key] = encoded
+                else:
+                    refs[key] = shared.index(encoded)
         nodes.append({
             "op": node.op,
             "name": node.name,
@@ -165,9 +203,11 @@ def _encode_graph(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.T
             "args": encode_value(node.args, where),
             "kwargs": encode_value(node.kwargs, where),
             "meta": meta,
-            "val": _val_spec(node.meta.get("val")),
+            "shared_meta": refs,
+            "val": spec,
         })
-    return {"nodes": nodes}, constants
+    storages = vals[1] if vals is not None else None
+    return {"nodes": nodes, "shared": shared.values, "storages": storages}, constants
 
 
 def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
@@ -178,15 +218,6 @@ def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
         raise PersistError(f"get_attr node '{node.name}' reads a {type(obj).__name__}; only "
                            "tensor constants can be saved.")
     return obj.detach().clone() if not isinstance(obj, torch.nn.Parameter) else obj.data.clone()
-
-
-def _val_spec(val: Any) -> Any:
-    """Shape/stride/dtype of a static placeholder value, to rebuild fakes on load."""
-    if not isinstance(val, torch.Tensor) or any(
-            isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
-        return None
-    return {"shape": list(val.shape), "stride": list(val.stride()),
-            "dtype": str(val.dtype).removeprefix("torch."), "device": str(val.device)}
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -207,6 +238,7 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModul
             raise PersistError(f"reference to unknown or later node {name!r}")
         return env[name]
 
+    shared = decode_shared(doc.get("shared", []))
     for rec in doc["nodes"]:
         if not isinstance(rec, dict) or rec.get("op") not in NODE_OPS:
             raise PersistError(f"refusing node record {str(rec)[:200]}: op must be one of "
@@ -228,8 +260,9 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModul
         if node.name != name:
             raise PersistError(f"duplicate or reserved node name {name!r} in the archive")
         node.meta.update(_decode_meta(rec.get("meta", {})))
+        node.meta.update(shared_meta(rec.get("shared_meta", {}), shared, SAVED_META))
         if rec.get("val") is not None:
-            node.meta["_jointlab_val_spec"] = rec["val"]
+            node.meta[SPEC_KEY] = rec["val"]
         env[name] = node
     try:
         graph.lint()
@@ -374,25 +407,3 @@ def _decode_layout(d: Any, gm: fx.GraphModule) -> GraphParts:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, NotImplementedError) as exc:
         raise PersistError(f"malformed layout.json in the archive: {exc!r}") from exc
-
-
-# -- fake values ------------------------------------------------------------------------
-def _rebuild_vals(parts: GraphParts) -> None:
-    """Re-derive ``meta["val"]`` by fake propagation (best effort; static shapes only)."""
-    gm = parts.graph_module
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    specs = [n.meta.pop("_jointlab_val_spec", None) for n in placeholders]
-    for n in gm.graph.nodes:
-        n.meta.pop("_jointlab_val_spec", None)
-    if parts.dynamic_dims or any(s is None for s in specs):
-        return  # symbolic values are not rebuilt; annotations were saved already
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    try:
-        with mode:
-            fakes = [torch.empty_strided(s["shape"], s["stride"], dtype=decode_dtype(s["dtype"]),
-                                         device=decode_device(s["device"])) for s in specs]
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
-    except Exception as exc:  # pragma: no cover - analysis keys are in the archive anyway
-        warnings.warn(f"jointlab.load could not rebuild fake values ({exc}); running works, "
-                      "but passes that need meta['val'] will not.", stacklevel=4)

@@ -118,6 +118,25 @@ def graph_data(joint: Any) -> DagData:
                    np.asarray(dst, dtype=np.int64), twin)
 
 
+def keep_phases(data: DagData, phases: Any) -> DagData:
+    """The nodes of ungrouped ``data`` whose phase is in ``phases``, and the edges among them.
+
+    Args:
+        data: Ungrouped data from :func:`graph_data`.
+        phases: The phases to keep.
+
+    Returns:
+        The filtered data (twins re-indexed, -1 where the twin was dropped).
+    """
+    keep = [i for i, m in enumerate(data.info) if m.get("phase") in phases]
+    new = np.full(len(data.names), -1, dtype=np.int64)
+    new[keep] = np.arange(len(keep))
+    both = (new[data.src] >= 0) & (new[data.dst] >= 0)
+    twin = [int(new[data.twin[i]]) if data.twin[i] >= 0 else -1 for i in keep]
+    return DagData([data.names[i] for i in keep], [data.info[i] for i in keep],
+                   new[data.src[both]], new[data.dst[both]], twin)
+
+
 def module_prefix(module: str, depth: int) -> str:
     """The first ``depth`` dotted components of a module FQN."""
     return ".".join(module.split(".")[:depth]) if depth > 0 else ""
@@ -317,8 +336,8 @@ def relation_edges(joint: Any, data: DagData) -> dict[str, tuple[np.ndarray, np.
     phase = np.asarray([m.get("phase", "") for m in data.info], dtype=object)
     saved = (phase[data.src] == "forward") & (phase[data.dst] == "backward")
     index = {n: i for i, n in enumerate(data.names)}
-    pairs = [(index[p.name], index[g.name])
-             for p, g in joint.params_and_grads().values() if g is not None]
+    pairs = [(index[p.name], index[g.name]) for p, g in joint.params_and_grads().values()
+             if g is not None and p.name in index and g.name in index]
     gs = np.asarray([p for p, _ in pairs], dtype=np.int64)
     gd = np.asarray([g for _, g in pairs], dtype=np.int64)
     return {"saved": (data.src[saved], data.dst[saved]), "grads": (gs, gd)}
@@ -345,7 +364,7 @@ def highlight_indices(data: DagData, names: list[str]) -> np.ndarray:
 def plot_dag(joint: Any, *, color_by: str = "phase", depth: int | None = None,
              highlight: str | list[str] | None = None, relations: bool = True,
              sweeps: int = 4, height: int = 560, title: str | None = None,
-             group_depth: int | None = None) -> DagFigure:
+             group_depth: int | None = None, phases: Any = None) -> DagFigure:
     """Plot the joint graph: forward left-to-right on top, backward mirrored below.
 
     Args:
@@ -360,6 +379,8 @@ def plot_dag(joint: Any, *, color_by: str = "phase", depth: int | None = None,
         height: Figure height in pixels.
         title: Figure title; a summary line by default.
         group_depth: Deprecated spelling of ``depth``.
+        phases: Draw only nodes of these phases (all by default); with
+            ``depth``, groups are formed from the kept nodes.
 
     Returns:
         A :class:`DagFigure` (a ``plotly.graph_objects.Figure`` that displays
@@ -377,6 +398,8 @@ def plot_dag(joint: Any, *, color_by: str = "phase", depth: int | None = None,
                               or depth < 0):
         raise PlotArgumentError(f"depth must be an int >= 0 or None, got {depth!r}")
     data = graph_data(joint)
+    if phases is not None:
+        data = keep_phases(data, phases)
     full = data
     if depth is not None:
         data = collapse(data, depth)
