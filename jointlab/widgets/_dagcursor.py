@@ -1,16 +1,23 @@
 """``DagCursor``: the stepper panel's DAG, the bundled canvas renderer with a ring on one node.
 
-The panel used to show the DAG as a plotly ``FigureWidget``. Each
-``FigureWidget`` ships plotly's whole 5 MB widget bundle as its own anywidget
-module, which the browser parses again for every panel (8-10 s each here),
-and its figure arrived as a separate message from the ring updates that
-followed at once, so a view could draw before its data (an empty axis grid).
+The panel used to show the DAG as a plotly ``FigureWidget`` of WebGL
+(``scattergl``) traces. Two things went wrong with that in JupyterLab:
 
-This widget instead carries the compact :func:`jointlab.viz.dagview.build_payload`
+- Each ``FigureWidget`` ships plotly's whole 5 MB widget bundle as its own
+  anywidget module, which the browser imports again for every panel
+  (7-16 s per panel on the shared test machine).
+- Every plotly WebGL plot holds WebGL contexts, and Chromium keeps only a
+  few per page: with several panels and DAG plots open it logs "Too many
+  active WebGL contexts. Oldest context will be lost", and a plot whose
+  context is lost keeps its SVG axes but loses its points (the empty axis
+  grid seen in 1 of 3 runs of notebook 03, depending on what rendered when).
+
+This widget draws with the bundled 2-D canvas renderer (no WebGL, no
+plotly). It carries the compact :func:`jointlab.viz.dagview.build_payload`
 and the current node name as synced *state*, and its small module
-(:data:`jointlab.viz.dagview.JS_PATH` plus a few lines of glue) draws from that
-state whenever a view is mounted: once the element is in the document (the
-renderer sizes its canvas from it) and again after every change of
+(:data:`jointlab.viz.dagview.JS_PATH` plus a few lines of glue) draws from
+that state whenever a view is mounted, once the element is in the document
+(the renderer sizes its canvas from it), and again after every change of
 ``current``. Nothing depends on the order in which messages arrive.
 """
 

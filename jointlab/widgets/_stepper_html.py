@@ -101,7 +101,10 @@ def node_card(node: fx.Node | None, backward_twins: dict[str, list[str]]) -> str
         rows.append(("input" if k == 0 else "", f"<code>{_esc(label)}</code> {_esc(_shape(a))}"))
     if len(args) > 6:
         rows.append(("", f"… {len(args) - 6} more inputs"))
-    if node.op not in ("placeholder", "output"):
+    if node.op == "placeholder":
+        what = m.get("fqn") or m.get("input_path") or node.name
+        rows.append(("value", f"<code>{_esc(what)}</code> {_esc(_shape(node))}"))
+    elif node.op != "output":
         rows.append(("output", _esc(_shape(node))))
     src = m.get("source", "")
     text = source_text(node, src) if src else ""
