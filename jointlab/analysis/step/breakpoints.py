@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -88,13 +89,12 @@ def module_names(nodes: Iterable[fx.Node]) -> set[str]:
     return names
 
 
-def _nearest(word: str, candidates: Iterable[str]) -> str:
-    """``" Did you mean 'a', 'b'?"`` for the closest candidates, or a hint when none is close."""
-    pool = sorted(c for c in candidates if c)
-    close = difflib.get_close_matches(word, pool, n=3, cutoff=0.5)
+def _nearest(word: str, candidates: Iterable[str], common: list[str]) -> str:
+    """``" Did you mean 'a', 'b'?"`` for the closest candidates, else the ``common`` names."""
+    close = difflib.get_close_matches(word, sorted(c for c in candidates if c), n=3, cutoff=0.5)
     if close:
         return " Did you mean " + ", ".join(repr(c) for c in close) + "?"
-    return f" Known names include {', '.join(repr(c) for c in pool[:8])}."
+    return f" The graph has, for example, {', '.join(repr(c) for c in common[:8])}."
 
 
 def check_breakpoint(bp: Breakpoint, nodes: list[fx.Node]) -> None:
@@ -113,14 +113,16 @@ def check_breakpoint(bp: Breakpoint, nodes: list[fx.Node]) -> None:
     compute = [n for n in nodes if is_compute(n)]
     if bp.module is not None and not any(_meta.in_module(_meta.module(n), bp.module)
                                          for n in compute):
+        names = module_names(compute)
+        top = sorted(n for n in names if n and "." not in n)  # the root's children
         raise StepperError(f"no compute node of the graph is in module {bp.module!r}, so this "
-                           f"breakpoint would never stop." + _nearest(bp.module,
-                                                                      module_names(compute)))
+                           f"breakpoint would never stop." + _nearest(bp.module, names, top))
     if bp.op is not None and not any(bp.op in _meta.op_aliases(n) for n in compute):
         ops = {a for n in compute for a in _meta.op_aliases(n)
                if "<" not in a and not a.endswith(".default")}
+        common = [op for op, _ in Counter(_meta.op_name(n) for n in compute).most_common()]
         raise StepperError(f"no compute node of the graph runs op {bp.op!r}, so this breakpoint "
-                           f"would never stop." + _nearest(bp.op, ops))
+                           f"would never stop." + _nearest(bp.op, ops, common))
     if not any(bp.selects(n) for n in nodes):
         raise StepperError(f"no node of the graph matches {bp!r} (each part must hold for the "
                            f"same node), so this breakpoint would never stop.")
