@@ -395,7 +395,12 @@ def test_stepper_panel_in_jupyterlab(lab, tmp_path):
                          .first.text_content())
         assert want_nodes > 200
         states = _assert_dags_drawn(page, want_nodes)
-        panel = page.locator(".jl-stepper").first
+        cards = page.eval_on_selector_all(
+            ".jl-stepper", "els => els.map(s => (s.querySelector('.jl-current .jl-head') || "
+            "{textContent: null}).textContent)")
+        assert len(cards) == N_PANELS and all(c and c.startswith("next: placeholder arg0_1")
+                                              for c in cards), cards
+        panel = page.locator(".jl-stepper", has=page.locator(".jl-current")).first
         panel.scroll_into_view_if_needed()
         page.screenshot(path=str(PANEL_SHOTS / "after_opened.png"))
         # the readable current node, and the ring on it
