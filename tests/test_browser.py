@@ -51,7 +51,10 @@ def lab(tmp_path_factory):
     settings.mkdir(parents=True)
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     token, port = secrets.token_hex(16), _free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(cfg), "JUPYTER_RUNTIME_DIR": str(root / ".rt"),
+    # The kernel imports this checkout's jointlab (not whichever one is installed).
+    path = os.pathsep.join(p for p in (str(NOTEBOOKS.parent), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path,
+           "JUPYTER_CONFIG_DIR": str(cfg), "JUPYTER_RUNTIME_DIR": str(root / ".rt"),
            "IPYTHONDIR": str(root / ".ipython"), "JUPYTER_PLATFORM_DIRS": "1"}
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
            f"--ServerApp.token={token}", f"--port={port}", "--ip=127.0.0.1",
@@ -377,4 +380,152 @@ def test_explore_dropdown_title_and_grouped_search_in_jupyterlab(lab, tmp_path):
         text = status.first.text_content()
         assert re.search(r"[1-9]\d* node\(s\) selected in [1-9]\d* group", text), text
         assert _selected_label(select) == "depth 1"
+
+# -- the stepper panel, opened several times ----------------------------------------------
+PANEL_SHOTS = pathlib.Path(os.environ.get("JOINTLAB_PANEL_SHOTS", "/tmp/panel_shots"))
+N_PANELS = 5
+PANEL_SETUP = """import time
+import torch.nn.functional as F
+import jointlab as jl
+from jointlab.models import lm_inputs, make_gpt2
+
+
+def train_fn(model, input_ids, labels):
+    logits = model(input_ids)
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+model = make_gpt2(n_layer=2, d=32, n_head=4, vocab=128, seq=16)  # notebook 03's model
+inputs = lm_inputs(2, vocab=128, seq=16)
+joint = jl.trace(model, train_fn, inputs)
+len(joint.graph.nodes)"""
+PANEL_CELL = ("t0 = time.perf_counter()\n"
+              "panel = jl.Stepper(joint, model, inputs, device='cpu', seed=0).widget()\n"
+              "print(f'widget() {time.perf_counter() - t0:.2f} s')\npanel")
+DAG_STATE = """els => els.map(p => { const v = p.jlView; if (!v || !p.dataset.ready) return null;
+    const c = v.canvas, d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    let ink = 0; for (let k = 3; k < d.length; k += 4) if (d[k] > 0) ink++;
+    return {nodes: v.visNodes.length, ink, area: c.width * c.height,
+            ringed: v.selected >= 0 ? v.P.nodes.name[v.selected] : null}; })"""
+
+
+def _panel_notebook(path: pathlib.Path) -> pathlib.Path:
+    import nbformat
+
+    cells = [nbformat.v4.new_code_cell(PANEL_SETUP)]
+    cells += [nbformat.v4.new_code_cell(PANEL_CELL) for _ in range(N_PANELS)]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def _assert_dags_drawn(page, want_nodes: int) -> list[dict]:
+    """Every panel's DAG is mounted, draws every node and has ink on its canvas."""
+    try:
+        page.wait_for_function(
+            "n => [...document.querySelectorAll('.jl-stepper .jl-dag')]"
+            ".filter(p => p.dataset.ready && p.jlView).length === n", arg=N_PANELS,
+            timeout=120_000)
+    except Exception as exc:  # say what is there
+        seen = page.evaluate("() => [...document.querySelectorAll('.jl-stepper')].map(s => {"
+                             " const d = s.querySelector('.jl-dag'); return d ? "
+                             "{ready: !!d.dataset.ready, view: !!d.jlView, "
+                             "connected: d.isConnected} : 'no dag'; })")
+        shot = save_screenshot(page, PANEL_SHOTS, "stalled")
+        raise AssertionError(f"panels: {seen}, screenshot {shot}") from exc
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+    states = page.eval_on_selector_all(".jl-stepper .jl-dag", DAG_STATE)
+    assert len(states) == N_PANELS, states
+    for st in states:  # an empty grid has no ink; a drawn DAG of 300 nodes covers a few %
+        assert st is not None and st["nodes"] == want_nodes, states
+        assert st["ink"] > 0.02 * st["area"], states
+    return states
+
+
+def _current_name(panel) -> str:
+    return panel.locator(".jl-current .jl-head code").first.text_content()
+
+
+def _panel_timing(page) -> float:
+    """Seconds from running one panel cell again to its DAG drawn (kernel and browser)."""
+    page.evaluate("() => document.querySelectorAll('.jl-dag').forEach(d => d.dataset.old = 1)")
+    cell = page.locator(".jp-CodeCell").nth(1)
+    cell.locator(".jp-InputArea-editor").click()
+    t0 = time.perf_counter()
+    page.keyboard.press("Control+Enter")
+    page.wait_for_function("() => [...document.querySelectorAll('.jl-stepper .jl-dag')]"
+                           ".some(d => !d.dataset.old && d.dataset.ready)", timeout=120_000)
+    return time.perf_counter() - t0
+
+
+def test_stepper_panel_in_jupyterlab(lab, tmp_path):
+    PANEL_SHOTS.mkdir(parents=True, exist_ok=True)
+    src = _panel_notebook(tmp_path / "panel.ipynb")
+    with browser() as b:
+        page, errors = _open_and_run_all(lab, b, "stepper_panel", src)
+        _assert_no_error_outputs(page)
+        # the kernel's own graph is the reference: the DAG must draw every one of its nodes
+        want_nodes = int(page.locator(".jp-OutputArea-output", has_text=re.compile(r"^\d+$"))
+                         .first.text_content())
+        assert want_nodes > 200
+        states = _assert_dags_drawn(page, want_nodes)
+        cards = page.eval_on_selector_all(
+            ".jl-stepper", "els => els.map(s => (s.querySelector('.jl-current .jl-head') || "
+            "{textContent: null}).textContent)")
+        assert len(cards) == N_PANELS and all(c and c.startswith("next: placeholder arg0_1")
+                                              for c in cards), cards
+        panel = page.locator(".jl-stepper", has=page.locator(".jl-current")).first
+        panel.scroll_into_view_if_needed()
+        page.screenshot(path=str(PANEL_SHOTS / "after_opened.png"))
+        # the readable current node, and the ring on it
+        card = panel.locator(".jl-current")
+        assert "%" not in card.text_content() and "num_users" not in card.text_content()
+        assert states[0]["ringed"] == _current_name(panel) == "arg0_1"
+        step = panel.get_by_role("button", name="Step", exact=True)
+        for _ in range(31):  # past the 30 parameters and inputs, onto a forward node
+            step.click()
+        label = panel.locator(".widget-label", has_text=re.compile(r"^position 31 /"))
+        label.wait_for(timeout=60_000)
+        assert "forward" in card.text_content() and "output" in card.text_content()
+        ringed = page.eval_on_selector_all(".jl-stepper .jl-dag", DAG_STATE)[0]["ringed"]
+        assert ringed == _current_name(panel) != "arg0_1"
+        # breakpoints as chips, removed one by one; a name that matches nothing is refused
+        text = panel.locator("input[placeholder='node name / module prefix / op']")
+        kind = panel.locator("select").first
+        add = panel.get_by_role("button", name="Add breakpoint")
+        for k, t in (("module", "h.1.attn"), ("op", "gelu_backward"), ("op", "not_an_op")):
+            kind.select_option(k)
+            text.fill(t)
+            text.press("Tab")  # sync the text before the click
+            add.click()
+        msg = panel.locator(".jl-sp.jl-bad", has_text="would never stop")
+        msg.wait_for(timeout=60_000)
+        chips = panel.locator("button.jl-chip")
+        assert chips.all_text_contents() == ["module h.1.attn  ✕", "op gelu_backward  ✕"]
+        page.screenshot(path=str(PANEL_SHOTS / "after_chips.png"))
+        chips.first.click()
+        page.wait_for_function("el => el.querySelectorAll('button.jl-chip').length === 1",
+                               arg=panel.element_handle(), timeout=60_000)
+        assert chips.all_text_contents() == ["op gelu_backward  ✕"]
+        panel.get_by_role("button", name="Continue").click()
+        panel.locator(".jl-sp", has_text="by breakpoint op gelu_backward").wait_for(
+            timeout=60_000)
+        assert card.locator(".jl-op").text_content() == "gelu_backward"
+        assert "forward twin" in card.text_content()
+        # the comparison, styled, and cleared by Reset
+        panel.get_by_role("button", name="Compare with eager").click()
+        result = panel.locator(".jl-compare")
+        result.wait_for(timeout=120_000)
+        assert "bit-exact" in result.text_content()
+        panel.evaluate("el => el.scrollIntoView({block: 'start'})")
+        page.screenshot(path=str(PANEL_SHOTS / "after_compare.png"))
+        panel.get_by_role("button", name="Reset").click()
+        result.wait_for(state="detached", timeout=60_000)
+        assert _current_name(panel) == "arg0_1"
+        # the panel appears quickly, and again and again without a blank DAG
+        seconds = [_panel_timing(page) for _ in range(2)]
+        print(f"\n[browser] stepper panel: cell run to DAG drawn {seconds} s")
+        _assert_dags_drawn(page, want_nodes)
     assert errors.errors == [], errors.errors

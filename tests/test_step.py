@@ -315,6 +315,53 @@ def test_unknown_breakpoint_condition_is_a_stepper_error(mlp):
     assert s.breakpoints == []
 
 
+@pytest.mark.parametrize("kw, near", [
+    ({"op": "not_an_op"}, None),
+    ({"op": "aten.gelu_backwrd"}, "'aten.gelu_backward'"),
+    ({"op": "gelu_backwards"}, "'gelu_backward'"),
+    ({"module": "h.1.atn"}, "'h.1.attn'"),
+    ({"module": "h.3"}, "'h.1'"),  # tiny_lm has blocks h.0 and h.1 only
+])
+def test_breakpoint_matching_nothing_is_refused_with_the_nearest_names(lm, kw, near):
+    _, model, inputs, joint = lm
+    # independent reference: what the graph's compute nodes really carry
+    compute = [n for n in joint.graph.nodes if n.op == "call_function"]
+    ops = {a for n in compute for a in _meta.op_aliases(n)}
+    mods = {_meta.module(n) for n in compute}
+    value = next(iter(kw.values()))
+    assert value not in ops and not any(m == value or m.startswith(value + ".") for m in mods)
+    s = jl.Stepper(joint, model, inputs, device="cpu")
+    with pytest.raises(jl.errors.StepperError, match="would never stop") as err:
+        s.add_breakpoint(**kw)
+    assert repr(value) in str(err.value)
+    if near is not None:
+        assert near in str(err.value)
+        assert near.strip("'") in ops | mods | {"h.1"}
+        s.add_breakpoint(**{next(iter(kw)): near.strip("'")})  # the suggestion is accepted
+    assert len(s.breakpoints) == (near is not None)
+
+
+def test_breakpoint_parts_that_never_hold_together_are_refused(mlp):
+    _, model, inputs, joint = mlp
+    s = jl.Stepper(joint, model, inputs, device="cpu")
+    relu = next(n for n in joint.graph.nodes if _meta.op_name(n) == "relu")
+    assert _meta.module(relu) != "fc3"
+    with pytest.raises(jl.errors.StepperError, match="same node"):
+        s.add_breakpoint(node=relu.name, module="fc3")
+    s.add_breakpoint(node=relu.name, module=_meta.module(relu))  # both hold for relu
+    s.run()
+    assert s.current is relu
+
+
+def test_continue_after_a_refused_breakpoint_still_stops_at_the_valid_one(lm):
+    _, model, inputs, joint = lm
+    s = jl.Stepper(joint, model, inputs, device="cpu")
+    with pytest.raises(jl.errors.StepperError):
+        s.add_breakpoint(op="not_an_op")
+    s.add_breakpoint(op="gelu_backward")
+    assert s.run() is None and _meta.op_name(s.current) == "gelu_backward"
+
+
 def test_breakpoint_is_exported_with_a_short_repr(mlp):
     _, model, inputs, joint = mlp
     s = jl.Stepper(joint, model, inputs, device="cpu")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import ipywidgets as W  # noqa: E402, F401
 import pytest
 import torch
@@ -35,9 +37,15 @@ def test_inspector_shows_stats_of_the_stepped_value(panel):
     w.buttons["step"].click()
     want = torch.nn.functional.linear(inputs["x"], model.fc1.weight, model.fc1.bias).detach()
     page = w.inspector.value
-    assert "addmm" in page and "[4, 32]" in page and "float32" in page
-    assert f"{float(want.max())}"[:6] in page
+    assert "addmm" in page and "(4, 32) float32" in page
+    for stat in (want.min(), want.max(), want.mean(), want.std()):
+        assert f">{float(stat):.4g}<" in page  # 4 significant digits, from eager's own values
+    assert not re.search(r"\d\.\d{7,}", page)  # never 17 digits
     assert "jl-hist" in page
+
+
+def _chips(w) -> list[str]:
+    return [c.description for c in w.chips.box.children]
 
 
 def test_breakpoint_editor_continue_and_reset(panel):
@@ -47,12 +55,12 @@ def test_breakpoint_editor_continue_and_reset(panel):
     w.buttons["add"].click()
     w.buttons["continue"].click()
     assert s.current.meta["jointlab"]["module"] == "fc3"
-    assert "fc3" in w.children[4].value  # breakpoint list
+    assert _chips(w) == ["module fc3  \u2715"]  # a readable chip, not a repr
     w.buttons["continue"].click()  # next fc3 node (forward addmm, then backward ones)
     assert s.current.meta["jointlab"]["module"] == "fc3"
     w.buttons["clear"].click()
     w.buttons["continue"].click()
-    assert s.done and "done" in w.children[2].value
+    assert s.done and "done" in w.current.value
     w.buttons["reset"].click()
     assert s.position == 0 and w.position_label.value.startswith("position 0 /")
 
@@ -74,27 +82,21 @@ def test_step_over_module_and_compare_table(panel):
     assert s.position == want and _module(s.current) != "fc1"
     assert w.position_label.value.startswith(f"position {want} /")
     w.buttons["compare"].click()  # "Compare with eager"
-    assert "jointlab compare: bit-exact" in w.compare_box.value
+    verdict = "compared with eager autograd: <span class='jl-ok'>bit-exact</span>"
+    assert verdict in w.compare_box.value
 
 
 def test_dag_ring_follows_the_current_node(panel):
     s, w, *_ = panel
     cursor = w.dag
-    assert cursor is not None and cursor.figure in w.children
-
-    def node_xy(name):
-        for tr in cursor.figure.data[:-1]:
-            if tr.customdata is not None and name in list(tr.customdata):
-                k = list(tr.customdata).index(name)
-                return tr.x[k], tr.y[k]
-        raise AssertionError(name)
-
+    assert cursor is not None and cursor in w.children
+    assert list(cursor.payload["nodes"]["name"]) == [n.name for n in s.nodes]  # every node drawn
     for _ in range(3):
-        assert (cursor.ring.x[0], cursor.ring.y[0]) == node_xy(s.current.name)
+        assert cursor.current == s.current.name
         w.buttons["step"].click()
     s.run()
     w.buttons["step"].click()  # at the end: nothing to ring
-    assert len(cursor.ring.x) == 0
+    assert cursor.current == ""
 
 
 def test_dag_is_left_out_when_asked():
@@ -102,3 +104,69 @@ def test_dag_is_left_out_when_asked():
     model, inputs = f.make_model(), f.make_inputs(4)
     s = jl.Stepper(jl.trace(model, f.train_fn, inputs), model, inputs, device="cpu")
     assert s.widget(dag=False).dag is None
+
+
+def test_breakpoint_chips_are_removed_one_by_one(panel):
+    s, w, *_ = panel
+    editor = w.children[3].children
+    for kind, text in (("module", "fc2"), ("op", "relu"), ("module", "fc3")):
+        editor[0].value, editor[1].value = kind, text
+        w.buttons["add"].click()
+    assert _chips(w) == ["module fc2  \u2715", "op relu  \u2715", "module fc3  \u2715"]
+    w.chips.box.children[1].click()  # remove "op relu" only
+    assert _chips(w) == ["module fc2  \u2715", "module fc3  \u2715"]
+    assert [(b.module, b.op) for b in s.breakpoints] == [("fc2", None), ("fc3", None)]
+    w.chips.box.children[0].click()
+    w.buttons["continue"].click()  # the remaining breakpoint still stops
+    assert s.current.meta["jointlab"]["module"] == "fc3" and _chips(w) == ["module fc3  \u2715"]
+
+
+def test_editor_refuses_a_breakpoint_that_matches_nothing(panel):
+    s, w, *_ = panel
+    editor = w.children[3].children
+    editor[0].value, editor[1].value = "op", "gelu_bakward"
+    w.buttons["add"].click()
+    assert s.breakpoints == [] and _chips(w) == []
+    assert "would never stop" in w.message.value and "gelu_backward" in w.message.value
+
+
+def test_current_node_is_readable(panel):
+    s, w, f, model, inputs = panel
+    while s.current.name != "addmm":
+        w.buttons["step"].click()
+    node = s.current
+    card = w.current.value
+    assert "%addmm" not in card and "num_users" not in card  # not the raw FX string
+    assert "addmm" in card and "fc1" in card and "Linear" in card and "forward" in card
+    # input and output shapes against the eager tensors they are
+    for t in (model.fc1.bias, inputs["x"]):
+        assert f"({', '.join(map(str, t.shape))}) float32" in card
+    assert "(4, 32) float32" in card
+    assert "x = F.gelu(self.fc1(x))" in card  # the user's source line, from the file
+    backward = [n.name for n in s.nodes if n.meta["jointlab"].get("fwd_twin") == node.name]
+    assert backward and all(b in card for b in backward[:3])
+    bwd = next(n for n in s.nodes if n.meta["jointlab"].get("fwd_twin") == "gelu")
+    s.run_to(s.nodes.index(bwd))  # a backward node names its forward twin
+    w.buttons["inspect"].click()  # refresh without moving
+    assert s.current is bwd
+    assert "forward twin <code>gelu</code>" in w.current.value and "backward" in w.current.value
+
+
+def test_compare_shows_first_divergence_on_top_and_reset_clears_it():
+    f = zoo.FIXTURES["mlp"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    buggy = jl.trace(model, f.train_fn, inputs)
+    relu = next(n for n in buggy.graph.nodes if n.target is torch.ops.aten.relu.default)
+    relu.target = torch.ops.aten.sigmoid.default  # forward changed, backward left alone
+    buggy.recompute()
+    s = jl.Stepper(buggy, model, inputs, device="cpu", seed=0)
+    w = s.widget(train_fn=f.train_fn, dag=False)
+    w.buttons["compare"].click()
+    box = w.compare_box.value
+    assert "MISMATCH" in box and "jl-bad" in box
+    assert box.index("first divergence") < box.index("worst gradients")
+    first = jl.compare(buggy, model, inputs, seed=0).first_divergence  # fc3: first probed output
+    assert first is not None and f"<code>{first.node}</code>" in box.split("worst gradients")[0]
+    assert not re.search(r"\d\.\d{7,}", box)
+    w.buttons["reset"].click()
+    assert w.compare_box.value == ""

@@ -1,20 +1,32 @@
 """``stepper_widget``: an ipywidgets panel that drives a :class:`jointlab.Stepper`.
 
 Controls: Step, Step over module, Continue, Reset; a breakpoint editor
-(node / module / op / non-finite); the current node with its row of
-``joint.nodes``; a value inspector (shape, dtype, stats, histogram) and,
-on demand, the comparison table against eager autograd.
+(node / module / op / non-finite) with the breakpoints as removable chips;
+the current node, readably (op, module, shapes, source, twin); a value
+inspector (statistics, histogram); on demand, the comparison with eager
+(cleared by Reset); and the DAG with the current node ringed
+(:class:`jointlab.widgets._dagcursor.DagCursor`). The HTML is in
+:mod:`jointlab.widgets._stepper_html`.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as W
 import torch
 
 from jointlab import meta as _meta
+from jointlab.widgets._dagcursor import DagCursor
+from jointlab.widgets._stepper_html import (
+    CSS,
+    breakpoint_label,
+    compare_card,
+    node_card,
+    stats_card,
+)
 
 __all__ = ["stepper_widget", "value_summary"]
 
@@ -54,52 +66,173 @@ def _histogram_html(value: Any, bins: int = 24) -> str:
     return f"<div class='jl-hist' style='{style}'>{bars}</div>"
 
 
-def _row_html(stepper: Any, node: Any) -> str:
-    try:
-        table = stepper.joint.nodes
-        row = table.loc[[node.name]] if node.name in table.index else None
-    except Exception:  # noqa: BLE001 - the table is optional for the panel
-        row = None
-    if row is None:
-        info = _meta.info(node)
-        return html.escape(f"{info.get('phase', '')} {info.get('module', '')}")
-    cols = [c for c in ("op", "target", "phase", "module", "shape", "dtype", "flops")
-            if c in row.columns]
-    return row[cols].to_html(escape=True)
-
-
 #: Above this many nodes the panel leaves the DAG out unless asked (``dag=True``).
 DAG_MAX_NODES = 5000
 
 
-class DagCursor:
-    """The joint graph's DAG as a FigureWidget with a ring on the stepper's current node."""
+def backward_twins(nodes: list[Any]) -> dict[str, list[str]]:
+    """Per forward node name, the backward nodes whose ``fwd_twin`` it is."""
+    out: dict[str, list[str]] = {}
+    for node in nodes:
+        twin = _meta.info(node).get("fwd_twin")
+        if twin:
+            out.setdefault(twin, []).append(node.name)
+    return out
 
-    def __init__(self, joint: Any) -> None:
-        """Build the figure once; :meth:`move` only updates the ring's coordinates."""
-        import plotly.graph_objects as go
 
-        from jointlab.viz.dag import plot_dag
+class BreakpointChips:
+    """The stepper's breakpoints as chips; clicking a chip removes that breakpoint."""
 
-        fig = plot_dag(joint, height=380, title="current node (ring)")
-        self.where: dict[str, tuple[float, float]] = {}
-        for tr in fig.data:
-            if tr.customdata is not None:
-                for name, x, y in zip(tr.customdata, tr.x, tr.y):
-                    self.where[str(name)] = (float(x), float(y))
-        fig.add_trace(go.Scattergl(x=[], y=[], mode="markers", name="current node",
-                                   hoverinfo="skip", marker={"size": 20, "color": "rgba(0,0,0,0)",
-                                                             "line": {"width": 3,
-                                                                      "color": "#d62728"}}))
-        self.figure = go.FigureWidget(fig)
-        self.ring = self.figure.data[-1]
+    def __init__(self, stepper: Any, on_change: Callable[[], None]) -> None:
+        """Show ``stepper.breakpoints``; call ``on_change()`` after a removal."""
+        self.stepper, self.on_change = stepper, on_change
+        self.box = W.HBox(layout=W.Layout(flex_flow="row wrap"))
+        self.box.add_class("jl-chips")
+        self.shown: list[Any] = []
 
-    def move(self, name: str | None) -> None:
-        """Put the ring on node ``name`` (or hide it)."""
-        x, y = self.where.get(name, (None, None)) if name else (None, None)
-        with self.figure.batch_update():
-            self.ring.x = [] if x is None else [x]
-            self.ring.y = [] if y is None else [y]
+    def refresh(self) -> None:
+        """Rebuild the chips when the breakpoints changed."""
+        if self.shown == self.stepper.breakpoints and len(self.box.children) == len(self.shown):
+            return
+        self.shown = list(self.stepper.breakpoints)
+        chips = []
+        for bp in self.shown:
+            chip = W.Button(description=f"{breakpoint_label(bp)}  \u2715",
+                            tooltip="remove this breakpoint", layout=W.Layout(width="auto"))
+            chip.add_class("jl-chip")
+            chip.on_click(lambda _b, bp=bp: self.remove(bp))
+            chips.append(chip)
+        self.box.children = chips
+
+    def remove(self, bp: Any) -> None:
+        """Remove one breakpoint (if still set) and refresh the panel."""
+        if any(b is bp for b in self.stepper.breakpoints):
+            self.stepper.remove_breakpoint(bp)
+        self.on_change()
+
+
+class StepperPanel:
+    """The widgets of the panel and the handlers that drive the stepper from them."""
+
+    def __init__(self, stepper: Any, train_fn: Any, comparison: Any, dag: bool) -> None:
+        """Create the widgets; :meth:`refresh` fills them from the stepper."""
+        self.stepper, self.train_fn = stepper, train_fn
+        self.cursor = DagCursor(stepper.joint) if dag else None
+        self.twins = backward_twins(stepper.nodes)
+        html_box = {"layout": W.Layout(width="100%")}
+        self.style, self.message = W.HTML(CSS), W.HTML(**html_box)
+        self.current, self.inspector = W.HTML(**html_box), W.HTML(**html_box)
+        self.compare_box = W.HTML(compare_card(comparison) if comparison is not None else "",
+                                  **html_box)
+        self.position = W.Label()
+        self.bp_kind = W.Dropdown(options=["node", "module", "op", "non-finite"],
+                                  value="module", description="break on")
+        self.bp_text = W.Text(placeholder="node name / module prefix / op")
+        self.inspect_name = W.Text(placeholder="node name to inspect")
+        self.chips = BreakpointChips(stepper, lambda: self.refresh())
+        self.buttons = {key: self._button(text, action) for key, text, action in (
+            ("step", "Step", self.do_step), ("over", "Step over module", self.do_over),
+            ("continue", "Continue", self.do_continue), ("reset", "Reset", self.do_reset),
+            ("add", "Add breakpoint", self.do_add),
+            ("clear", "Clear breakpoints", stepper.clear_breakpoints),
+            ("inspect", "Inspect", self.do_inspect),
+            ("compare", "Compare with eager", self.do_compare))}
+
+    def _button(self, text: str, action: Callable[[], Any]) -> W.Button:
+        auto = W.Layout(width="auto") if len(text) > 10 else W.Layout()
+        button = W.Button(description=text, layout=auto)
+        button.on_click(self.guarded(action))
+        return button
+
+    def widget(self) -> W.VBox:
+        """The panel: controls, the current node, breakpoints, inspector, comparison, DAG."""
+        b = self.buttons
+        return W.VBox([
+            W.HBox([b["step"], b["over"], b["continue"], b["reset"], self.position]),
+            self.message, self.current,
+            W.HBox([self.bp_kind, self.bp_text, b["add"], b["clear"]]), self.chips.box,
+            W.HBox([self.inspect_name, b["inspect"]]), self.inspector,
+            b["compare"], self.compare_box, self.style,
+            *([self.cursor] if self.cursor is not None else []),
+        ])
+
+    def show_value(self, name: str | None) -> None:
+        """Statistics and histogram of node ``name``'s value (or clear the inspector)."""
+        if name is None:
+            self.inspector.value = ""
+            return
+        try:
+            v = self.stepper.value(name)
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self.inspector.value = f"<div class='jl-sp'><i>{html.escape(str(exc))}</i></div>"
+            return
+        self.inspector.value = stats_card(name, value_summary(v), _histogram_html(v))
+
+    def refresh(self, last: str | None = None) -> None:
+        """Position, current node, chips, ring and inspector from the stepper's state."""
+        s = self.stepper
+        self.position.value = f"position {s.position} / {len(s.nodes)}"
+        node = s.current
+        self.current.value = node_card(node, self.twins)
+        self.chips.refresh()
+        if self.cursor is not None:
+            self.cursor.move(None if node is None else node.name)
+        self.show_value(last)
+
+    def guarded(self, action: Callable[[], Any]) -> Callable[[Any], None]:
+        """A click handler: run ``action``, show its error or the breakpoint hit, refresh."""
+        def handler(_button: Any) -> None:
+            self.message.value, last = "", None
+            try:
+                last = action()
+            except Exception as exc:  # noqa: BLE001 - shown in the panel
+                self.message.value = (f"<div class='jl-sp jl-bad'>{html.escape(str(exc))}"
+                                      "</div>")
+            hit = self.stepper.hit
+            if hit is not None:
+                when = "after" if hit[0].when is not None else "before"
+                self.message.value += (f"<div class='jl-sp'>stopped {when} <code>"
+                                       f"{html.escape(hit[1].name)}</code> by breakpoint "
+                                       f"<b>{html.escape(breakpoint_label(hit[0]))}</b></div>")
+            self.refresh(last)
+        return handler
+
+    def do_step(self) -> str | None:
+        """Run one node; inspect its value."""
+        node = self.stepper.current
+        self.stepper.step()
+        return None if node is None or node.op == "output" else node.name
+
+    def do_over(self) -> None:
+        """Run to the first node outside the current node's module."""
+        self.stepper.step_over_module()
+
+    def do_continue(self) -> str | None:
+        """Run to the next breakpoint; inspect the value that tripped a value condition."""
+        self.stepper.run()
+        hit = self.stepper.hit
+        return hit[1].name if hit and hit[0].when else None
+
+    def do_reset(self) -> None:
+        """Back to the first node; the comparison shown is cleared (it was of another run)."""
+        self.stepper.reset()
+        self.compare_box.value = ""
+
+    def do_add(self) -> None:
+        """Add the breakpoint typed in the editor (refused when it matches nothing)."""
+        kind, text = self.bp_kind.value, self.bp_text.value.strip()
+        if kind == "non-finite":
+            self.stepper.add_breakpoint(when="non-finite")
+        else:
+            self.stepper.add_breakpoint(**{kind: text})
+
+    def do_inspect(self) -> str | None:
+        """Inspect the node named in the inspector's box."""
+        return self.inspect_name.value.strip() or None
+
+    def do_compare(self) -> None:
+        """Compare the graph with eager from the stepper's start; show the summary."""
+        self.compare_box.value = compare_card(self.stepper.compare(train_fn=self.train_fn))
 
 
 def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None,
@@ -119,118 +252,16 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None,
     """
     if dag is None:
         dag = len(stepper.nodes) <= DAG_MAX_NODES
-    cursor = DagCursor(stepper.joint) if dag else None
-    b_step = W.Button(description="Step")
-    b_over = W.Button(description="Step over module", layout=W.Layout(width="auto"))
-    b_cont = W.Button(description="Continue")
-    b_reset = W.Button(description="Reset")
-    position = W.Label()
-    current = W.HTML()
-    message = W.HTML()
-    inspector = W.HTML()
-    compare_box = W.HTML(comparison._repr_html_() if comparison is not None else "")
-    bp_kind = W.Dropdown(options=["node", "module", "op", "non-finite"], value="module",
-                         description="break on")
-    bp_text = W.Text(placeholder="node name / module prefix / op")
-    b_add = W.Button(description="Add breakpoint", layout=W.Layout(width="auto"))
-    b_clear = W.Button(description="Clear breakpoints", layout=W.Layout(width="auto"))
-    bp_list = W.HTML()
-    inspect_name = W.Text(placeholder="node name to inspect")
-    b_inspect = W.Button(description="Inspect")
-    b_compare = W.Button(description="Compare with eager", layout=W.Layout(width="auto"))
-
-    def show_value(name: str | None) -> None:
-        if name is None:
-            inspector.value = ""
-            return
-        try:
-            v = stepper.value(name)
-        except Exception as exc:  # noqa: BLE001 - shown to the user
-            inspector.value = f"<i>{html.escape(str(exc))}</i>"
-            return
-        stats = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(x))}</td></tr>"
-                        for k, x in value_summary(v).items())
-        inspector.value = (f"<b>{html.escape(name)}</b><table>{stats}</table>"
-                           + _histogram_html(v))
-
-    def refresh(last: str | None = None) -> None:
-        total = len(stepper.nodes)
-        position.value = f"position {stepper.position} / {total}"
-        node = stepper.current
-        if node is None:
-            current.value = "<b>done</b>"
-        else:
-            current.value = (f"<code>{html.escape(node.format_node())}</code>"
-                             + _row_html(stepper, node))
-        bp_list.value = "<br>".join(html.escape(repr(b)) for b in stepper.breakpoints)
-        if cursor is not None:
-            cursor.move(None if node is None else node.name)
-        show_value(last)
-
-    def guarded(action):
-        def handler(_button: Any) -> None:
-            message.value = ""
-            last = None
-            try:
-                last = action()
-            except Exception as exc:  # noqa: BLE001 - shown in the panel
-                message.value = f"<span style='color:#cf222e'>{html.escape(str(exc))}</span>"
-            if stepper.hit is not None:
-                message.value += html.escape(f" stopped at {stepper.hit[1].name}")
-            refresh(last)
-        return handler
-
-    def do_step():
-        node = stepper.current
-        stepper.step()
-        return None if node is None or node.op == "output" else node.name
-
-    def do_over():
-        stepper.step_over_module()
-        return None
-
-    def do_continue():
-        stepper.run()
-        return stepper.hit[1].name if stepper.hit and stepper.hit[0].when else None
-
-    def do_reset():
-        stepper.reset()
-
-    def do_add():
-        kind, text = bp_kind.value, bp_text.value.strip()
-        if kind == "non-finite":
-            stepper.add_breakpoint(when="non-finite")
-        else:
-            stepper.add_breakpoint(**{kind: text})
-
-    def do_inspect():
-        return inspect_name.value.strip() or None
-
-    def do_compare():
-        compare_box.value = stepper.compare(train_fn=train_fn)._repr_html_()
-
-    b_step.on_click(guarded(do_step))
-    b_over.on_click(guarded(do_over))
-    b_cont.on_click(guarded(do_continue))
-    b_reset.on_click(guarded(do_reset))
-    b_add.on_click(guarded(do_add))
-    b_clear.on_click(guarded(stepper.clear_breakpoints))
-    b_inspect.on_click(guarded(do_inspect))
-    b_compare.on_click(guarded(do_compare))
-    refresh()
-    panel = W.VBox([
-        W.HBox([b_step, b_over, b_cont, b_reset, position]),
-        message, current,
-        W.HBox([bp_kind, bp_text, b_add, b_clear]), bp_list,
-        W.HBox([inspect_name, b_inspect]), inspector,
-        b_compare, compare_box,
-        *([cursor.figure] if cursor is not None else []),
-    ])
+    p = StepperPanel(stepper, train_fn, comparison, dag)
+    p.refresh()
+    panel = p.widget()
     panel.add_class("jl-stepper")
-    panel.position_label = position  # type: ignore[attr-defined]
-    panel.buttons = {"step": b_step, "over": b_over, "continue": b_cont,  # type: ignore[attr-defined]
-                     "reset": b_reset, "add": b_add, "clear": b_clear, "compare": b_compare}
-    panel.inspector = inspector  # type: ignore[attr-defined]
-    panel.compare_box = compare_box  # type: ignore[attr-defined]
-    panel.dag = cursor  # type: ignore[attr-defined]
+    panel.position_label = p.position  # type: ignore[attr-defined]
+    panel.buttons = p.buttons  # type: ignore[attr-defined]
+    panel.current = p.current  # type: ignore[attr-defined]
+    panel.chips = p.chips  # type: ignore[attr-defined]
+    panel.message = p.message  # type: ignore[attr-defined]
+    panel.inspector = p.inspector  # type: ignore[attr-defined]
+    panel.compare_box = p.compare_box  # type: ignore[attr-defined]
+    panel.dag = p.cursor  # type: ignore[attr-defined]
     return panel

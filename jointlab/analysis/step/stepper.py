@@ -23,7 +23,7 @@ from torch import nn
 from jointlab import meta as _meta
 from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.compile import refuse_compiled_joint
-from jointlab.analysis.step.breakpoints import Breakpoint, _predicate
+from jointlab.analysis.step.breakpoints import Breakpoint, _predicate, check_breakpoint
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import StepperError, ValueNotAvailableError
@@ -147,11 +147,16 @@ class Stepper:
 
         Returns:
             The breakpoint (pass it to :meth:`remove_breakpoint`).
+
+        Raises:
+            StepperError: ``module`` or ``op`` matches no node of the graph (the error
+                names the nearest real ones), or the parts together match no node.
         """
         name = node.name if isinstance(node, fx.Node) else node
         if name is not None:
             self.runner.node(name)
         bp = Breakpoint(name, module, op, _predicate(when))
+        check_breakpoint(bp, self.nodes)
         self.breakpoints.append(bp)
         return bp
 

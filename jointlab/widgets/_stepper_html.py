@@ -1,0 +1,168 @@
+"""HTML of the stepper panel: the current-node card, value statistics, the comparison summary.
+
+One table style for the whole panel (``.jl-sp``, defined once in :data:`CSS`):
+no borders, a key column in grey, numbers in 4 significant digits. Every
+string that comes from the model (names, modules, sources) is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+import torch.fx as fx
+
+from jointlab import meta as _meta
+
+__all__ = ["CSS", "breakpoint_label", "compare_card", "fmt", "node_card", "stats_card"]
+
+CSS = """<style>
+.jl-sp{font:13px system-ui,sans-serif;color:#1f2328;line-height:1.45}
+.jl-sp table{border-collapse:collapse;margin:2px 0}
+.jl-sp td{border:none;padding:1px 10px 1px 0;vertical-align:top;text-align:left}
+.jl-sp td.k{color:#656d76;white-space:nowrap}
+.jl-sp td.n{font-variant-numeric:tabular-nums;text-align:right}
+.jl-sp code{background:#f6f8fa;padding:0 3px;border-radius:3px;font-size:12px}
+.jl-sp .jl-head{font-size:14px;margin-bottom:2px}
+.jl-sp .jl-op{font-weight:600}
+.jl-sp .jl-tag{display:inline-block;padding:0 6px;border-radius:9px;font-size:11px;color:#fff}
+.jl-sp .jl-src{color:#656d76;font-family:monospace;font-size:12px}
+.jl-sp .jl-ok{color:#1a7f37;font-weight:600}
+.jl-sp .jl-bad{color:#cf222e;font-weight:600}
+.jl-sp .jl-div{border-left:3px solid #cf222e;padding:2px 8px;margin:4px 0;background:#fff5f5}
+button.jl-chip{border-radius:12px;background:#ddf4ff;font-size:12px;height:24px;margin:2px}
+</style>"""
+PHASE_COLORS = {"param": "#2ca02c", "buffer": "#8c564b", "input": "#7f7f7f",
+                "forward": "#1f77b4", "backward": "#d62728", "output": "#9467bd"}
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def fmt(x: Any) -> str:
+    """A number in 4 significant digits (integers as they are)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    return str(x) if isinstance(x, int) else f"{x:.4g}"
+
+
+def _esc(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _shape(node: Any) -> str:
+    """``(2, 8, 32) float32`` of a node (or its plain value, for a constant argument)."""
+    if not isinstance(node, fx.Node):
+        return f"= {node!r}"[:40]
+    m = _meta.info(node)
+    if m.get("shape") is None:
+        return "-"
+    return f"({', '.join(map(str, m['shape']))}) {m.get('dtype', '')}"
+
+
+def source_text(node: fx.Node, source: str) -> str:
+    """The code line of the stack frame that ``source`` (``file.py:87``) names, or ``""``."""
+    lines = (node.meta.get("stack_trace") or "").splitlines()
+    for k, line in enumerate(lines[:-1]):
+        frame = _FRAME.search(line)
+        if frame and f"{frame.group(1).rsplit('/', 1)[-1]}:{frame.group(2)}" == source:
+            return lines[k + 1].strip()
+    return ""
+
+
+def twin_text(node: fx.Node, backward_twins: dict[str, list[str]]) -> str:
+    """``forward twin: gelu`` for a backward node, ``backward: gelu_backward`` for a forward one."""
+    twin = _meta.info(node).get("fwd_twin")
+    if twin:
+        return f"forward twin <code>{_esc(twin)}</code>"
+    back = backward_twins.get(node.name, [])
+    if back:
+        more = f" +{len(back) - 3}" if len(back) > 3 else ""
+        return "backward " + ", ".join(f"<code>{_esc(b)}</code>" for b in back[:3]) + more
+    return ""
+
+
+def node_card(node: fx.Node | None, backward_twins: dict[str, list[str]]) -> str:
+    """The current node, readably: op, phase, module, input and output shapes, source, twin."""
+    if node is None:
+        return "<div class='jl-sp jl-current'><b>done</b>: the output node has run</div>"
+    m = _meta.info(node)
+    phase = m.get("phase", "")
+    tag = (f"<span class='jl-tag' style='background:{PHASE_COLORS.get(phase, '#656d76')}'>"
+           f"{_esc(phase)}</span>" if phase else "")
+    module = m.get("module", "")
+    where = (f"in <code>{_esc(module)}</code> {_esc(m.get('module_type', ''))}" if module
+             else f"in (root) {_esc(m.get('module_type', ''))}")
+    head = (f"<div class='jl-head'>next: <span class='jl-op'>{_esc(_meta.op_name(node))}"
+            f"</span> <code>{_esc(node.name)}</code> {tag} {where}</div>")
+    rows = []
+    args = [a for a in node.args if isinstance(a, fx.Node)] or list(node.args)[:4]
+    for k, a in enumerate(args[:6]):
+        label = a.name if isinstance(a, fx.Node) else f"arg {k}"
+        rows.append(("input" if k == 0 else "", f"<code>{_esc(label)}</code> {_esc(_shape(a))}"))
+    if len(args) > 6:
+        rows.append(("", f"… {len(args) - 6} more inputs"))
+    if node.op == "placeholder":
+        what = m.get("fqn") or m.get("input_path") or node.name
+        rows.append(("value", f"<code>{_esc(what)}</code> {_esc(_shape(node))}"))
+    elif node.op != "output":
+        rows.append(("output", _esc(_shape(node))))
+    src = m.get("source", "")
+    text = source_text(node, src) if src else ""
+    if src or text:
+        rows.append(("source", f"{_esc(src)} <span class='jl-src'>{_esc(text)}</span>"))
+    twin = twin_text(node, backward_twins)
+    if twin:
+        rows.append(("twin", twin))
+    body = "".join(f"<tr><td class='k'>{k}</td><td>{v}</td></tr>" for k, v in rows)
+    return f"<div class='jl-sp jl-current'>{head}<table>{body}</table></div>"
+
+
+def stats_card(name: str, summary: dict[str, Any], histogram: str = "") -> str:
+    """Shape, dtype and statistics of one value, numbers in 4 significant digits."""
+    shape = summary.get("shape")
+    head = (f"<div class='jl-head'>value of <code>{_esc(name)}</code>"
+            + (f" ({', '.join(map(str, shape))}) {_esc(summary.get('dtype', ''))}"
+               if shape is not None else "") + "</div>")
+    keys = [k for k in ("min", "max", "mean", "std", "non_finite", "device", "type", "repr")
+            if k in summary]
+    body = "".join(f"<tr><td class='k'>{k.replace('_', '-')}</td>"
+                   f"<td class='n'>{_esc(fmt(summary[k]))}</td></tr>" for k in keys)
+    return f"<div class='jl-sp jl-value'>{head}<table>{body}</table>{histogram}</div>"
+
+
+def breakpoint_label(bp: Any) -> str:
+    """``module h.1.attn``, ``op gelu_backward · non-finite``: the set parts of a breakpoint."""
+    parts = [f"{k} {v or '(root)'}" if k == "module" else f"{k} {v}"
+             for k, v in (("node", bp.node), ("module", bp.module), ("op", bp.op))
+             if v is not None]
+    if bp.when is not None:
+        parts.append(getattr(bp.when, "__name__", "predicate").replace("_", "-"))
+    return " · ".join(parts) or "every node"
+
+
+def compare_card(c: Any, worst: int = 5) -> str:
+    """The comparison with eager: verdict, the first divergence on top, then the worst gradients."""
+    good = c.verdict in ("bit-exact", "within tolerance")
+    parts = [f"<div class='jl-head'>compared with eager autograd: "
+             f"<span class='{'jl-ok' if good else 'jl-bad'}'>{_esc(c.verdict)}</span></div>"]
+    d = c.first_divergence
+    if d is not None:
+        owner = "(root)" if not d.module else d.module
+        parts.append(
+            f"<div class='jl-div'><b>first divergence</b> <code>{_esc(d.node)}</code>: "
+            f"{_esc(d.what)} of <code>{_esc(owner)}</code>, {_esc(d.phase)}, "
+            f"{_esc(d.source or 'no source')}<br>max abs err {fmt(float(d.max_abs_err))}, "
+            f"max rel err {fmt(float(d.max_rel_err))}</div>")
+    grads = c.grads
+    if len(grads):
+        top = grads.sort_values("max_abs_err", ascending=False).head(worst)
+        rows = "".join(
+            f"<tr><td><code>{_esc(r['name'])}</code></td>"
+            f"<td class='n'>{fmt(float(r['max_abs_err']))}</td>"
+            f"<td class='n'>{fmt(float(r['cosine']))}</td>"
+            f"<td>{'ok' if r['ok'] else '<span class=jl-bad>off</span>'}</td></tr>"
+            for _, r in top.iterrows())
+        parts.append(f"<table><tr><td class='k'>worst gradients</td><td class='k'>max abs err"
+                     f"</td><td class='k'>cosine</td><td></td></tr>{rows}</table>")
+    parts += [f"<div class='jl-src'>{_esc(n)}</div>" for n in c.notes if not c.exact]
+    return f"<div class='jl-sp jl-compare'>{''.join(parts)}</div>"
