@@ -101,8 +101,8 @@ def test_memory_svg_draws_the_figure_traces(lm, tmp_path):
     legend = [t.text for t in root.iterfind(".//s:text[@class='legend']", NS)]
     assert legend == [t.name for t in fig.data if t.showlegend is not False]
     labels = [t.text for t in root.iterfind(".//s:text[@class='point-label']", NS)]
-    peak = next(t for t in fig.data if t.name == "peak")
-    assert labels == list(peak.text) and prof.peak_node in labels[0]
+    peak = [a.text for a in fig.layout.annotations if a.yref in ("y", None)]
+    assert labels == peak and prof.peak_node in labels[0]
     life = jl.plot_lifetimes(prof, top=10)
     root = ET.parse(jl.export_figure(life, tmp_path / "life.svg")).getroot()
     assert len(root.findall(".//s:rect[@class='bar']", NS)) == sum(len(t.y) for t in life.data)

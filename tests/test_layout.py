@@ -189,6 +189,7 @@ def _meta_writes(tree: ast.AST) -> list[int]:
 #: Modules that build graphs of their own and set the meta of *those* nodes only.
 GRAPH_BUILDERS = {
     "jointlab.io.persist": "decodes an archive into a new graph and restores its saved meta",
+    "jointlab.io.fakes": "rebuilds the fake values of a graph it is decoding",
     "jointlab.analysis.memory.whatif": "tags its private copies for torch's partitioners",
 }
 

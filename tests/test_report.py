@@ -154,7 +154,7 @@ def _broken_gradient_joint():
         wrong = graph.call_function(torch.ops.aten.mul.Tensor, (grad, 1.5))
     wrong.meta.update(grad.meta)
     graph.output_node().replace_input_with(grad, wrong)
-    joint.graph_module.recompile()
+    joint.recompute()
     return joint, model, inputs
 
 

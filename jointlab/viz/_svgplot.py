@@ -176,10 +176,19 @@ def _vlines(fig: Any, f: _Frame) -> list[str]:
                        f'y2="{f.top + f.h}" stroke="gray" stroke-dasharray="6 4"/>')
     for a in fig.layout.annotations:
         if a.xref in ("x", None) and a.x is not None and a.text:
-            x = float(f.px(a.x))
-            out.append(f'<text class="annotation" x="{x - 4:.1f}" y="{f.top + f.h - 6:.1f}" '
-                       f'font-size="11" text-anchor="end" fill="#555">{escape(a.text)}</text>')
+            out.append(_annotation_svg(a, f))
     return out
+
+
+def _annotation_svg(a: Any, f: _Frame) -> str:
+    """A data-anchored annotation (the peak) at its point; a paper one above the plot."""
+    x = float(f.px(a.x))
+    if a.yref in ("y", None) and a.y is not None:
+        y = float(f.py(a.y))
+        return (f'<text class="point-label" x="{x:.1f}" y="{y - 12:.1f}" font-size="11" '
+                f'text-anchor="middle">{escape(a.text)}</text>')
+    return (f'<text class="annotation" x="{x:.1f}" y="{f.top - 6:.1f}" font-size="11" '
+            f'text-anchor="middle" fill="#555">{escape(a.text)}</text>')
 
 
 def _legend(traces: list[Any], y: float, width: float) -> list[str]:

@@ -266,8 +266,18 @@ class Stepper:
         Returns:
             A DataFrame indexed by node name with ``step_s`` (wall time, synchronized
             on CUDA), ``step_mem_delta`` and ``step_mem_peak`` (bytes, CUDA only).
+
+        Raises:
+            ValueNotAvailableError: Nodes ran, but in bulk (``run()`` without
+                breakpoints runs whole ranges at once), so none has its own time.
         """
         import pandas as pd
+
+        if not self.timings and self.position > 0:
+            raise ValueNotAvailableError(
+                f"{self.position} nodes ran in bulk (run() without breakpoints executes whole "
+                "ranges at once), so no node has its own time. Step node by node with "
+                "step(n) to time them, or use jl.record(joint, model, inputs) for every node.")
 
         df = pd.DataFrame.from_dict(self.timings, orient="index",
                                     columns=["step_s", "step_mem_delta", "step_mem_peak"])
