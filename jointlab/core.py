@@ -50,17 +50,17 @@ class GraphParts:
 
 
 class TracedGraph(Protocol):
-    """What a reader may use of a traced joint graph."""
+    """What a reader may use of a traced joint graph (the :class:`GraphParts` and more)."""
 
-    graph_module: fx.GraphModule
     mode: str
-    state_spec: StateSpec
-    input_spec: InputSpec
+    graph_module: fx.GraphModule
     param_names: list[str]
+    state_spec: StateSpec
     loss_dict_keys: list[str]
+    input_spec: InputSpec
     dynamic_dims: dict[str, set[int]]
-    guards: ShapeGuards | None
     runtime: Any
+    guards: ShapeGuards | None
     train_fn: Callable[..., Any] | None
 
     @property

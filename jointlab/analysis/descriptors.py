@@ -158,7 +158,8 @@ def buffers(joint: TracedGraph) -> dict[str, fx.Node]:
     """Buffer placeholders by FQN.
 
     Args:
-        joint: A traced graph of either mode.
+        joint: A traced graph of either mode; buffers are its non-trainable
+            state (running statistics, counters), one placeholder each.
 
     Returns:
         FQN to placeholder, in placeholder order.

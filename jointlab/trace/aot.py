@@ -38,6 +38,7 @@ from jointlab.passes.classify import AotRules
 from jointlab.passes.probes import write_probes
 from jointlab.runtime import AotRuntime
 from jointlab.torch_compat import pytree, torch_attr, torch_module
+from jointlab.trace import request
 from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
@@ -45,14 +46,6 @@ from jointlab.trace.checkpoint import (
 from jointlab.trace.hf_compat import hf_tracing_compat
 from jointlab.trace.probes import module_probes
 from jointlab.trace.refusals import in_train_fn
-from jointlab.trace.request import (
-    LossBox,
-    TraceRequest,
-    check_loss,
-    split_loss,
-    state_placeholder_info,
-    user_errors,
-)
 from jointlab.trace.snapshot import ModelSnapshot
 
 D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
@@ -85,7 +78,7 @@ class _TrainStep(nn.Module):
         self._leaves = [None if isinstance(v, torch.Tensor) else v for _, v in leaves]
         self._tensor_mask = [isinstance(v, torch.Tensor) for _, v in leaves]
         self._treespec = treespec
-        self.box = LossBox()
+        self.box = request.LossBox()
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         it = iter(tensors)
@@ -93,8 +86,8 @@ class _TrainStep(nn.Module):
                   for v, is_tensor in zip(self._leaves, self._tensor_mask)]
         kwargs = pytree.tree_unflatten(values, self._treespec)
         with _source_recorder(), in_train_fn(self.model):
-            loss, loss_dict = split_loss(self._train_fn(self.model, **kwargs))
-        check_loss(loss)
+            loss, loss_dict = request.split_loss(self._train_fn(self.model, **kwargs))
+        request.check_loss(loss)
         self.box.record(loss_dict)
         vals = [v.detach() for v in loss_dict.values() if isinstance(v, torch.Tensor)]
         return (loss, *vals)
@@ -181,7 +174,7 @@ def module_stack_hooks(model: nn.Module) -> Iterator[None]:
 
 
 # -- tracing ------------------------------------------------------------------
-def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequest
+def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.TraceRequest
               ) -> GraphParts:
     """Trace ``train_fn(model, **inputs)`` with the AOT joint export.
 
@@ -223,7 +216,7 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
         args = [fakeify(mode, a, dyn_dims.get(p)) for (p, _), a in zip(tensors, args)]
         fake_user = [(p, a) for (p, _), a in zip(tensors, args)]
     with contextlib.ExitStack() as stack:
-        stack.enter_context(user_errors())
+        stack.enter_context(request.user_errors())
         stack.enter_context(module_stack_hooks(model))
         ckpt = stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant
         stack.enter_context(hf_tracing_compat())  # transformers: FunctionalTensor is tracing
@@ -326,7 +319,7 @@ def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
     )
 
 
-def _build_runtime(gm, state_fqns, param_names, canon, box: LossBox) -> AotRuntime:
+def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> AotRuntime:
     state_index = {f: i for i, f in enumerate(state_fqns)}
     arg_plan: list[int | None] = []
     tangent: torch.Tensor | None = None
@@ -374,7 +367,7 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
 def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str]) -> dict[str, Any]:
     if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
         is_param = isinstance(desc, D.ParamAOTInput)
-        return state_placeholder_info(model, strip_prefix(desc.target), is_param)
+        return request.state_placeholder_info(model, strip_prefix(desc.target), is_param)
     if isinstance(desc, D.PlainAOTInput):
         return {"phase": "input", "input_path": paths[desc.idx]}
     # The loss tangent seeds the backward, like make_fx's ones_like node.

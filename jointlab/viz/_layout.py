@@ -285,9 +285,9 @@ def crossings(x: np.ndarray, y: np.ndarray, src: np.ndarray, dst: np.ndarray) ->
     vectorised, O(E x the largest gap's edge count).
 
     Args:
-        x: Node x.
+        x: Node x (the column of each node).
         y: Node y.
-        src: Edge sources.
+        src: Edge sources (node indices).
         dst: Edge targets.
 
     Returns:
