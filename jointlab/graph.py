@@ -36,6 +36,7 @@ from jointlab.passes.analyze import (
     forget_analysis,
     graph_fingerprint,
     mark_analyzed,
+    mark_saved_for_backward,
     same_version,
 )
 from jointlab.runtime import MakeFxRuntime, Runtime
@@ -380,8 +381,10 @@ def load(path: str) -> JointGraph:
         jointlab.errors.PersistError: The file is not a jointlab archive, or
             holds anything outside the allow-lists (rejected before any code could run).
     """
-    from jointlab.io.persist import read
+    from jointlab.io.persist import ARCHIVE_VERSION_KEY, CURRENT_ANALYSIS_SINCE, read
 
     parts = read(path)
+    if parts.graph_module.meta.get(ARCHIVE_VERSION_KEY, 0) < CURRENT_ANALYSIS_SINCE:
+        mark_saved_for_backward(parts.graph_module)  # saved by the older per-node rule
     mark_analyzed(parts.graph_module)  # the archive carries the analysis keys of its graph
     return JointGraph.from_parts(parts)

@@ -68,6 +68,11 @@ from jointlab.torch_compat import pytree
 FORMAT = "jointlab.joint-graph"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
+#: Graph-module meta key holding the archive version a graph was read from.
+ARCHIVE_VERSION_KEY = "jointlab_archive_version"
+#: Archives older than this carry analysis keys computed by an older rule
+#: (``saved_for_backward`` per node, not per storage): the loader recomputes them.
+CURRENT_ANALYSIS_SINCE = 2
 MEMBERS = {"format.json", "graph.json", "layout.json", "constants.pt"}
 NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
 # Node meta kept besides meta["jointlab"]; values that do not encode are dropped.
@@ -150,6 +155,7 @@ def _read(path: str) -> GraphParts:
         gm = _decode_graph(doc, constants)
         parts = _decode_layout(_json(zf, "layout.json"), gm)
     rebuild_vals(gm, doc, fmt["version"], bool(parts.dynamic_dims))
+    gm.meta[ARCHIVE_VERSION_KEY] = fmt["version"]
     return parts
 
 

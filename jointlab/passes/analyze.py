@@ -260,10 +260,22 @@ def ensure_analyzed(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         meta = node.meta.setdefault(KEY, {})
         _analyze_node(node, meta, owner)
+    mark_saved_for_backward(gm)
+    mark_analyzed(gm)
+
+
+def mark_saved_for_backward(gm: fx.GraphModule) -> None:
+    """Write ``saved_for_backward`` per storage, on the node that allocated it.
+
+    Part of :func:`ensure_analyzed`; also run on its own by ``jl.load`` for
+    archives written before this rule (they flagged views node by node).
+
+    Args:
+        gm: A graph whose nodes already carry the storage keys.
+    """
     saved = saved_storages(gm.graph)
     for node in gm.graph.nodes:
         node.meta[KEY]["saved_for_backward"] = node.name in saved
-    mark_analyzed(gm)
 
 
 def mark_analyzed(gm: fx.GraphModule) -> None:
