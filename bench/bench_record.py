@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 
-def _interleaved_min(fns, repeat):
-    """Best time of each function, run alternately (the least load-disturbed sample)."""
-    best = {k: float("inf") for k in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
-
-
 def rows(ctx):
-    from run import row
+    from run import interleaved, row
 
     import jointlab as jl
     from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
@@ -36,7 +21,7 @@ def rows(ctx):
     for n in sorted({1, threads}):
         torch.set_num_threads(n)
         try:
-            t = _interleaved_min(fns, repeat)
+            t = interleaved(fns, repeat, stat=min)
         finally:
             torch.set_num_threads(threads)
         ratio = t["record"] / t["run"]

@@ -11,26 +11,13 @@ import torch.fx as fx
 from run import interleaved, row
 
 
-def _interleaved_min(fns, repeat):
-    """Best time of each function, run alternately (the least load-disturbed sample)."""
-    best = {k: float("inf") for k in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
-
-
 def _per_node_interpreter(joint, flat) -> tuple[float, float]:
     """Seconds per node of fx.Interpreter.run beyond the GraphModule's own time."""
     gm = joint.graph_module
     n = len(joint.graph.nodes)
     with torch.no_grad():
-        t = _interleaved_min({"interp": lambda: fx.Interpreter(gm).run(*flat),
-                              "gm": lambda: gm(*flat)}, repeat=20)
+        t = interleaved({"interp": lambda: fx.Interpreter(gm).run(*flat),
+                              "gm": lambda: gm(*flat)}, repeat=20, stat=min)
     return (t["interp"] - t["gm"]) / n, t["gm"]
 
 
@@ -59,10 +46,10 @@ def _create_and_run_ratio(quick: bool) -> tuple[float, float, int]:
 
     model, inputs = make_gpt2(n_layer=4, d=128), lm_inputs(8, 1024, 64)
     joint = jl.trace(model, lm_train_fn, inputs)
-    t = _interleaved_min({
+    t = interleaved({
         "joint": lambda: joint.run(model, inputs),
         "stepper": lambda: jl.Stepper(joint, model, inputs, device="cpu", seed=0).run(),
-    }, repeat=7 if quick else 15)
+    }, repeat=7 if quick else 15, stat=min)
     return t["stepper"] / t["joint"], t["joint"], len(joint.graph.nodes)
 
 
@@ -83,9 +70,9 @@ def _widget_seconds(quick: bool) -> tuple[float, int]:
     model = make_gpt2(n_layer=2, d=32, n_head=4, vocab=128, seq=16)
     inputs = lm_inputs(2, vocab=128, seq=16)
     joint = jl.trace(model, train_fn, inputs)
-    t = _interleaved_min({"widget": lambda: jl.Stepper(joint, model, inputs, device="cpu",
+    t = interleaved({"widget": lambda: jl.Stepper(joint, model, inputs, device="cpu",
                                                         seed=0).widget()},
-                         repeat=3 if quick else 5)
+                         repeat=3 if quick else 5, stat=min)
     return t["widget"], len(joint.graph.nodes)
 
 

@@ -39,8 +39,13 @@ def timeit(fn: Callable[[], Any], repeat: int = 3, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeat: int = 5) -> dict[str, float]:
-    """Median times of several functions, run alternately so noise hits all alike."""
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int = 5,
+                stat: Callable[[list[float]], float] = statistics.median) -> dict[str, float]:
+    """Times of several functions, run alternately so noise hits all alike.
+
+    ``stat`` reduces each function's samples: the median by default, ``min``
+    for the least load-disturbed sample.
+    """
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -50,7 +55,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeat: int = 5) -> dict[str,
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: stat(v) for k, v in times.items()}
 
 
 class Context:
