@@ -12,23 +12,23 @@ import jointlab as jl
 from jointlab import torch_compat
 from jointlab.errors import CompiledGraphError
 from tests.fixtures import zoo
-from tests.util import assert_unchanged, deep_state
+from tests.util import assert_unchanged, deep_state, one_thread
 
 aten = torch.ops.aten
 
 
 @pytest.fixture(scope="module")
 def mlp_bisected():
-    torch.set_num_threads(1)
-    f = zoo.FIXTURES["mlp"]
-    model, inputs = f.make_model(), f.make_inputs(4)
-    joint = jl.trace(model, f.train_fn, inputs)
-    compiled = joint.compile("inductor")
-    compiled.run(model, inputs)  # the whole-graph kernel map
-    before = deep_state(model)
-    clean = jl.bisect(compiled, model, inputs, regions=4)
-    assert_unchanged(before, model)
-    return model, inputs, joint, compiled, clean
+    with one_thread():  # the setup and every test of the module
+        f = zoo.FIXTURES["mlp"]
+        model, inputs = f.make_model(), f.make_inputs(4)
+        joint = jl.trace(model, f.train_fn, inputs)
+        compiled = joint.compile("inductor")
+        compiled.run(model, inputs)  # the whole-graph kernel map
+        before = deep_state(model)
+        clean = jl.bisect(compiled, model, inputs, regions=4)
+        assert_unchanged(before, model)
+        yield model, inputs, joint, compiled, clean
 
 
 def _compute(joint):

@@ -16,7 +16,7 @@ import torch
 import jointlab as jl
 from jointlab.trace import hf_compat as _hf_compat
 from tests.fixtures import real
-from tests.util import assert_unchanged, deep_state, eager_step
+from tests.util import assert_unchanged, deep_state, eager_step, one_thread
 
 pytest.importorskip("transformers")
 
@@ -26,10 +26,8 @@ MODES = ["make_fx", "aot"]
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Mixtral's eager expert backward differs run to run with several CPU threads."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with one_thread():
+        yield
 
 
 def _assert_exact(got, want, model, ref) -> None:

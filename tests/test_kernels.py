@@ -12,17 +12,18 @@ import jointlab as jl
 from jointlab.analysis import kernels as K
 from jointlab.errors import CompiledGraphError
 from tests.fixtures import zoo
+from tests.util import one_thread
 
 
 @pytest.fixture(scope="module")
 def tiny_compiled():
-    torch.set_num_threads(1)
-    f = zoo.FIXTURES["tiny_lm"]
-    model, inputs = f.make_model(), f.make_inputs(2)
-    joint = jl.trace(model, f.train_fn, inputs)
-    compiled = joint.compile("inductor")
-    cmp = compiled.compare(model, inputs, train_fn=f.train_fn)
-    return f, model, inputs, joint, compiled, cmp
+    with one_thread():  # the setup and every test of the module
+        f = zoo.FIXTURES["tiny_lm"]
+        model, inputs = f.make_model(), f.make_inputs(2)
+        joint = jl.trace(model, f.train_fn, inputs)
+        compiled = joint.compile("inductor")
+        cmp = compiled.compare(model, inputs, train_fn=f.train_fn)
+        yield f, model, inputs, joint, compiled, cmp
 
 
 def test_inductor_compiles_the_traced_graph_and_compares_within_tolerance(tiny_compiled):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
@@ -198,3 +199,14 @@ def fuzz_seed() -> int:
     if FUZZ_SEED_ENV not in os.environ:
         os.environ[FUZZ_SEED_ENV] = str(random.SystemRandom().randrange(2**32))
     return int(os.environ[FUZZ_SEED_ENV])
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run with one intra-op CPU thread, restoring the previous count afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
