@@ -286,3 +286,37 @@ def test_a_single_child_chain_adds_no_level():
     assert one.level[one.names.index("outer.inner.h.0")] == flat.level[flat.names.index("h.0")]
     assert list(one.node_group) == [0, *(one.names.index(m) for m in (
         "outer.inner.h.0", "outer.inner.h.1", "outer.inner.h.0"))]
+
+
+def _band_nodes(joint, group: str, backward: bool):
+    return [n for n in joint.graph.nodes
+            if (group == "" or jointlab.meta.in_module(jointlab.meta.module(n), group))
+            and (jointlab.meta.info(n).get("phase") in dagview.BACKWARD_PHASES) == backward]
+
+
+def test_numeric_layer_groups_show_the_largest_value_of_their_nodes(joint):
+    nodes = list(joint.graph.nodes)
+    vals = {n.name: float(i % 7) + 0.5 for i, n in enumerate(nodes) if i % 3}  # some unknown
+    P = dagview.build_payload(joint, layers={"norm": vals})
+    L = P["layers"]["norm"]
+    assert L["kind"] == "num" and L["v"] == [vals.get(n.name) for n in nodes]
+    assert (L["lo"], L["hi"]) == (min(vals.values()), max(vals.values()))
+    for gid, name in enumerate(P["groups"]["name"]):
+        for key, bwd in (("gf", False), ("gb", True)):
+            known = [vals[n.name] for n in _band_nodes(joint, name, bwd) if n.name in vals]
+            assert L[key][gid] == (max(known) if known else None), (name, key)
+
+
+def test_label_layer_groups_keep_a_label_only_when_all_nodes_share_it(joint):
+    nodes = list(joint.graph.nodes)
+    labels = {n.name: jointlab.meta.module(n).split(".")[0] or "root" for n in nodes}
+    P = dagview.build_payload(joint, layers={"top": labels}, color_by="top")
+    L = P["layers"]["top"]
+    assert L["kind"] == "cat" and sorted(L["levels"]) == sorted(set(labels.values()))
+    for gid, name in enumerate(P["groups"]["name"]):
+        for key, bwd in (("gf", False), ("gb", True)):
+            seen = {labels[n.name] for n in _band_nodes(joint, name, bwd)}
+            want = -1 if not seen else L["levels"].index(seen.pop()) if len(seen) == 1 else -2
+            assert L[key][gid] == want, (name, key)
+    with pytest.raises(ValueError, match="top"):
+        dagview.dag_view(joint, color_by="nope", layers={"top": labels})

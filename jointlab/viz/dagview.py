@@ -111,14 +111,74 @@ def _node_arrays(nodes: list[Any], infos: list[dict[str, Any]], t: dict[str, _Ta
     return cols
 
 
-def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "module"
-                  ) -> dict[str, Any]:
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def _numeric_layer(vals: list[Any], tree: _hierarchy.ModuleTree, is_bwd: np.ndarray
+                   ) -> dict[str, Any]:
+    """A numeric colouring: per node its value (``None`` if unknown), per group the max."""
+    v = np.asarray([np.nan if x is None else float(x) for x in vals], dtype=np.float64)
+    acc = np.full((len(tree.names), 2), -np.inf)
+    g, band, val = tree.node_group.copy(), is_bwd.astype(np.int64), np.nan_to_num(v, nan=-np.inf)
+    while len(g):
+        np.maximum.at(acc, (g, band), val)
+        keep = tree.parent[g] >= 0
+        g, band, val = tree.parent[g][keep], band[keep], val[keep]
+    fin = v[np.isfinite(v)]
+    grp = [[None if not np.isfinite(x) else float(x) for x in col] for col in acc.T]
+    return {"kind": "num", "v": [None if not np.isfinite(x) else float(x) for x in v],
+            "gf": grp[0], "gb": grp[1],
+            "lo": float(fin.min()) if len(fin) else 0.0, "hi": float(fin.max()) if len(fin) else 0.0}
+
+
+def _category_layer(vals: list[Any], tree: _hierarchy.ModuleTree, is_bwd: np.ndarray
+                    ) -> dict[str, Any]:
+    """A categorical colouring: per node a level index (-1 unknown); a group keeps a level
+    only when every known node under it shares it (-2 marks a mixed group)."""
+    levels: list[str] = []
+    index: dict[str, int] = {}
+    code = np.full(len(vals), -1, dtype=np.int64)
+    for i, x in enumerate(vals):
+        if x is not None and x != "":
+            code[i] = index.setdefault(str(x), len(index))
+    levels = list(index)
+    acc = np.full((len(tree.names), 2), -1, dtype=np.int64)
+    for i in np.flatnonzero(code >= 0):
+        gid, band = int(tree.node_group[i]), int(is_bwd[i])
+        while gid >= 0:
+            cur = acc[gid, band]
+            acc[gid, band] = code[i] if cur in (-1, code[i]) else -2
+            gid = int(tree.parent[gid])
+    return {"kind": "cat", "levels": levels, "v": code.tolist(),
+            "gf": acc[:, 0].tolist(), "gb": acc[:, 1].tolist()}
+
+
+def _layers(nodes: list[Any], tree: _hierarchy.ModuleTree, is_bwd: np.ndarray,
+            layers: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Extra colourings keyed by name; each maps node name to a number or a label."""
+    out = {}
+    for name, by_node in (layers or {}).items():
+        vals = [by_node.get(n.name) for n in nodes]
+        known = [x for x in vals if x is not None]
+        numeric = bool(known) and all(_is_number(x) for x in known)
+        out[str(name)] = (_numeric_layer if numeric else _category_layer)(vals, tree, is_bwd)
+    return out
+
+
+def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "module",
+                  layers: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Everything the renderer needs, as JSON-friendly tables and integer arrays.
 
     Args:
         joint: A :class:`jointlab.JointGraph`.
         budget: Most nodes and boxes drawn at first; whole module levels open while it holds.
-        color_by: Initial colouring: ``phase``, ``module``, ``category``, ``bytes`` or ``flops``.
+        color_by: Initial colouring: ``phase``, ``module``, ``category``, ``bytes``,
+            ``flops``, or the name of one of ``layers``.
+        layers: Extra colourings, ``{name: {node_name: value}}``. All-number values give a
+            log colour scale (a group shows its largest value); any other values are labels
+            (a group shows a label only when all its nodes share it). Nodes left out are
+            unknown and drawn grey. Each layer's value also appears in the detail panel.
 
     Returns:
         The payload dict (see ``static/dagview.js`` for its reading).
@@ -150,7 +210,8 @@ def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "
     return {"title": title_text(joint), "nodes": cols, "edges": edges.ravel().tolist(),
             "groups": groups, "expanded": np.flatnonzero(expanded).tolist(),
             "tables": {k: v.items for k, v in tables.items()}, "palette": list(PALETTE),
-            "phase_colors": PHASE_COLORS, "color_by": color_by, "budget": budget}
+            "phase_colors": PHASE_COLORS, "color_by": color_by, "budget": budget,
+            "layers": _layers(nodes, tree, is_bwd, layers)}
 
 
 def _json_for_script(obj: Any) -> str:
@@ -202,15 +263,21 @@ class DagView:
         return out
 
 
+COLORINGS = ("phase", "module", "category", "bytes", "flops")
+
+
 def dag_view(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "module",
-             height: int = 600) -> DagView:
+             height: int = 600, layers: dict[str, dict[str, Any]] | None = None) -> DagView:
     """The navigable DAG of a joint graph (labels, expand/collapse, search, detail panel).
 
     Args:
         joint: A :class:`jointlab.JointGraph`.
         budget: Most nodes and boxes to draw at first (whole module levels open while it holds).
-        color_by: ``phase``, ``module``, ``category``, ``bytes`` or ``flops``.
+        color_by: ``phase``, ``module``, ``category``, ``bytes``, ``flops`` or a layer name.
         height: Height in pixels.
+        layers: Extra colourings ``{name: {node_name: number_or_label}}``, for example
+            recorded gradient norms or the kernel that covers each node (see
+            :func:`build_payload`).
 
     Returns:
         A :class:`DagView`; display it, or call ``.html()`` / ``.write_html(path)``.
@@ -218,9 +285,10 @@ def dag_view(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "modul
     Raises:
         ValueError: Unknown ``color_by`` or a budget below 1.
     """
-    if color_by not in ("phase", "module", "category", "bytes", "flops"):
-        raise ValueError(f"color_by must be phase, module, category, bytes or flops, "
-                         f"got {color_by!r}")
+    allowed = COLORINGS + tuple(layers or ())
+    if color_by not in allowed:
+        raise ValueError(f"color_by must be one of {', '.join(allowed)}; got {color_by!r}")
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
-    return DagView(build_payload(joint, budget=budget, color_by=color_by), height=height)
+    return DagView(build_payload(joint, budget=budget, color_by=color_by, layers=layers),
+                   height=height)

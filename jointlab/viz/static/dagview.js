@@ -147,8 +147,21 @@
       const t = max > 0 ? Math.log1p(v) / Math.log1p(max) : 0;
       return `hsl(${220 - 180 * t},70%,${80 - 45 * t}%)`;
     }
+    layer() { return (this.P.layers || {})[this.colorBy]; }
+    layerColor(L, v) {  // a user layer: log (or linear) scale for numbers, palette for labels
+      if (L.kind === "cat") return v >= 0 ? this.P.palette[v % this.P.palette.length] : (v === -2 ? "#999" : "#ddd");
+      if (v === null || v === undefined) return "#ddd";
+      const lo = L.lo, hi = L.hi, lg = lo > 0;
+      const t = hi <= lo ? 1 : lg ? Math.log(v / lo) / Math.log(hi / lo) : (v - lo) / (hi - lo);
+      return `hsl(${220 - 180 * Math.max(0, Math.min(1, t))},70%,${80 - 45 * Math.max(0, Math.min(1, t))}%)`;
+    }
+    layerText(L, v) {
+      if (L.kind === "cat") return v >= 0 ? L.levels[v] : (v === -2 ? "(mixed)" : "-");
+      return v === null || v === undefined ? "-" : Number(v).toPrecision(4);
+    }
     nodeColor(i) {
-      const P = this.P, n = P.nodes;
+      const P = this.P, n = P.nodes, L = this.layer();
+      if (L) return this.layerColor(L, L.v[i]);
       switch (this.colorBy) {
         case "phase": return P.phase_colors[P.tables.phase[n.ph[i]]] || "#444";
         case "category": return P.palette[n.cat[i] % P.palette.length];
@@ -158,7 +171,8 @@
       }
     }
     boxColor(b) {
-      const gid = b >> 1, band = b & 1, G = this.P.groups;
+      const gid = b >> 1, band = b & 1, G = this.P.groups, L = this.layer();
+      if (L) return this.layerColor(L, L[band ? "gb" : "gf"][gid]);
       if (this.colorBy === "phase") return band ? this.P.phase_colors.backward : this.P.phase_colors.forward;
       if (this.colorBy === "bytes") return this.scaleColor(G[band ? "bytes_b" : "bytes_f"][gid], this._max("bytes") * 50);
       if (this.colorBy === "flops") return this.scaleColor(G[band ? "flops_b" : "flops_f"][gid], this._max("flops") * 50);
@@ -177,7 +191,7 @@
       this.search.addEventListener("keydown", e => { if (e.key === "Enter") this.find(this.search.value); });
       bar.appendChild(this.search);
       this.colorSel = el("select", "jl-color");
-      for (const c of ["module", "phase", "category", "bytes", "flops"]) { const o = el("option", null, "colour: " + c); o.value = c; this.colorSel.appendChild(o); }
+      for (const c of ["module", "phase", "category", "bytes", "flops", ...Object.keys(this.P.layers || {})]) { const o = el("option", null, "colour: " + c); o.value = c; this.colorSel.appendChild(o); }
       this.colorSel.value = this.colorBy;
       this.colorSel.onchange = () => { this.colorBy = this.colorSel.value; this._legend(); this.draw(); };
       bar.appendChild(this.colorSel);
@@ -198,6 +212,11 @@
       let entries = [];
       if (this.colorBy === "phase") entries = Object.entries(this.P.phase_colors);
       else if (this.colorBy === "module") entries = [...this.keyColor].slice(0, 24).map(([gid, c]) => [this.P.groups.name[gid] || "(root)", c]);
+      else if (this.layer()) {
+        const Ly = this.layer();
+        entries = Ly.kind === "cat" ? Ly.levels.slice(0, 24).map((c, k) => [c, this.P.palette[k % this.P.palette.length]]).concat([["(mixed)", "#999"], ["(none)", "#ddd"]])
+          : [[this.colorBy + " " + Number(Ly.lo).toPrecision(3), this.layerColor(Ly, Ly.lo)], [Number(Ly.hi).toPrecision(3), this.layerColor(Ly, Ly.hi)], ["unknown", "#ddd"]];
+      }
       else if (this.colorBy === "category") entries = this.P.tables.cat.map((c, k) => [c || "(none)", this.P.palette[k % this.P.palette.length]]);
       else entries = [["low " + this.colorBy, this.scaleColor(0, 1)], ["high " + this.colorBy, this.scaleColor(1, 1)]];
       for (const [name, c] of entries) { const s = el("span"); const i = el("i"); i.style.background = c; s.appendChild(i); s.appendChild(document.createTextNode(name)); L.appendChild(s); }
@@ -341,6 +360,7 @@
       if (n.flags[i] & 2) row("recomputed", "yes (checkpoint)");
       for (const k of ["fqn", "grad_of", "input_path"]) if (extra[k]) row(k, extra[k]);
       row("source", T.source[n.src[i]] || "-");
+      for (const [name, L] of Object.entries(P.layers || {})) row(name, this.layerText(L, L.v[i])).className = "jl-layer";
       const tw = n.twin[i], back = [];
       for (let j = 0; j < this.N; j++) if (n.twin[j] === i) back.push(j);
       if (tw >= 0) row("forward twin", links([tw])).className = "jl-twin";
