@@ -129,14 +129,17 @@ def _numeric_layer(vals: list[Any], tree: _hierarchy.ModuleTree, is_bwd: np.ndar
     grp = [[None if not np.isfinite(x) else float(x) for x in col] for col in acc.T]
     return {"kind": "num", "v": [None if not np.isfinite(x) else float(x) for x in v],
             "gf": grp[0], "gb": grp[1],
-            "lo": float(fin.min()) if len(fin) else 0.0, "hi": float(fin.max()) if len(fin) else 0.0}
+            "lo": float(fin.min()) if len(fin) else 0.0,
+            "hi": float(fin.max()) if len(fin) else 0.0}
 
 
 def _category_layer(vals: list[Any], tree: _hierarchy.ModuleTree, is_bwd: np.ndarray
                     ) -> dict[str, Any]:
-    """A categorical colouring: per node a level index (-1 unknown); a group keeps a level
-    only when every known node under it shares it (-2 marks a mixed group)."""
-    levels: list[str] = []
+    """A categorical colouring: per node a level index, ``-1`` when unknown.
+
+    A group keeps a level only when every known node under it shares it; ``-2`` marks a
+    mixed group.
+    """
     index: dict[str, int] = {}
     code = np.full(len(vals), -1, dtype=np.int64)
     for i, x in enumerate(vals):
