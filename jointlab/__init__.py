@@ -39,6 +39,7 @@ _LAZY = {
     "MemoryProfile": "jointlab.analysis.memory.result",
     "load": "jointlab.graph",
     "plot_dag": "jointlab.viz",
+    "dag_view": "jointlab.viz",
     "plot_memory": "jointlab.viz",
     "plot_lifetimes": "jointlab.viz",
     "plot_diff": "jointlab.viz",

@@ -10,6 +10,7 @@ from jointlab._lazy import lazy_getattr
 
 _LAZY = {
     "plot_dag": "jointlab.viz.dag",
+    "dag_view": "jointlab.viz.dagview",
     "plot_memory": "jointlab.viz.memory",
     "plot_lifetimes": "jointlab.viz.memory",
     "plot_diff": "jointlab.viz.diff",
