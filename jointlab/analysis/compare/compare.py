@@ -39,6 +39,7 @@ from jointlab.analysis.compare.capture import (
     probe_pairs,
     to_device,
 )
+from jointlab.analysis.compare.layout import layout_drift, uncertain_layout_nodes
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.display import rich_html
@@ -336,7 +337,9 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         exact: Demand bitwise equality (True), judge by tolerances (False), or
             (None, the default) demand it exactly where both sides run the same
             kernels: a make_fx graph on one device in float32/64 without ops
-            whose accumulation order varies (see :func:`expects_exact`).
+            whose accumulation order varies (see :func:`expects_exact`), and
+            whose real strides stayed the traced ones (see
+            :func:`jointlab.analysis.compare.layout.layout_drift`).
             Explicit ``rtol``/``atol`` imply tolerances.
         device: Run both sides here; default: where the model lives.
         train_fn: The training step; default ``joint.train_fn``.
@@ -357,23 +360,26 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
                           seed=seed)
     del eager_model
     probes, unpaired = probe_pairs(graph.graph, eager)
+    defaulted = exact is None
     if exact is None:
         exact = rtol is None and atol is None and expects_exact(graph, {dev.type})
-    tol = Tolerance(rtol, atol, exact, compute_dtype(graph))
-    loose = Tolerance(rtol, atol, False, tol.floor)  # compiled candidates: other kernels
     results: dict[str, tuple] = {}
     runner = None
     for name, cand in cands.items():
         if cand is graph:
-            out, bufs, runner = _run_graph(graph, model, inputs, seed, dev,
-                                            {p.node.name for p in probes})
+            keep = {p.node.name for p in probes} | set(uncertain_layout_nodes(graph))
+            out, bufs, runner = _run_graph(graph, model, inputs, seed, dev, keep)
         else:
             out, bufs = _run_compiled(cand, model, inputs, seed, dev)
         results[name] = (out, bufs)
+    drift = layout_drift(graph, runner) if runner is not None else []
+    exact = exact and not (defaulted and drift)
+    tol = Tolerance(rtol, atol, exact, compute_dtype(graph))
+    loose = Tolerance(rtol, atol, False, tol.floor)  # compiled candidates: other kernels
     checks = divergence_checks(graph, eager, probes)
     first = first_divergence(graph, runner, checks, tol)
     inexact = first_divergence(graph, runner, checks, Tolerance(exact=True))
-    notes = tol.reasons(graph, {dev.type})
+    notes = _drift_notes(drift) + tol.reasons(graph, {dev.type})
     if exact and first is not None and close_by_dtype(runner, graph, checks, first, loose):
         notes.append(f"{first.node} differs by max rel err {first.max_rel_err:.3g}, within "
                      "dtype tolerance: a reordered reduction would look like this too, so "
@@ -385,6 +391,15 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         ref = fp64_reference(model, train_fn, inputs, graph.param_names, seed, dev)
         comp = dataclasses.replace(comp, fp64=fp64_table(results, eager, ref, compiled))
     return comp
+
+
+def _drift_notes(drift: list[str]) -> list[str]:
+    if not drift:
+        return []
+    return [f"real strides differ from the traced ones at {', '.join(drift[:3])}"
+            f"{f' and {len(drift) - 3} more' if len(drift) > 3 else ''}: composite ops "
+            "after them (linear, matmul) may take another kernel in eager than the trace "
+            "recorded, so values are judged by dtype tolerance, not bitwise"]
 
 
 def _compiled_exact(comp: Comparison, names: list[str]) -> bool:
