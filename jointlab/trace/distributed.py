@@ -112,6 +112,18 @@ class FakeWorld:
         self.mesh_dims = dict(mesh or {"world": world_size})
         self.mesh: Any = None
 
+    def all_ranks(self) -> Any:
+        """A ``LocalTensorMode`` over every rank: DTensors made inside hold all ranks' shards.
+
+        Build and shard a model inside it, then pass it to ``jl.run_all_ranks``.
+
+        Returns:
+            The context manager (``torch.distributed._local_tensor.LocalTensorMode``).
+        """
+        from jointlab.torch_compat import LocalTensorMode
+
+        return LocalTensorMode(self.world_size)
+
 
 @contextlib.contextmanager
 def fake_world(world_size: int, mesh: dict[str, int] | None = None, rank: int = 0

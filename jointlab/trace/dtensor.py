@@ -29,8 +29,10 @@ from torch import nn
 from jointlab.errors import StateMismatchError, UnsupportedWrapperError
 from jointlab.inputs import model_state
 from jointlab.runtime import MakeFxRuntime
+from jointlab.torch_compat import root_mesh
 
-__all__ = ["DTensorLayout", "DTensorRuntime", "ShardSpec", "dtensor_class", "is_dtensor"]
+__all__ = ["DTensorLayout", "DTensorRuntime", "ShardSpec", "dtensor_class", "group_dims",
+           "is_dtensor", "rank_classes"]
 
 
 def dtensor_class() -> Any:
@@ -210,22 +212,51 @@ def _local_shape(spec: ShardSpec, coord: tuple[int, ...]) -> tuple[int, ...] | N
     return tuple(shape)
 
 
+def _coordinates(mesh: Any, root: Any) -> list[tuple[int, ...]] | None:
+    """Each root-mesh rank's coordinate on ``mesh`` (in root order), None if unknown."""
+    root_names, names = _mesh_dim_names(root), _mesh_dim_names(mesh)
+    if mesh is not root and not (mesh.mesh_dim_names and set(names) <= set(root_names)):
+        return None
+    out = []
+    for idx in range(root.mesh.numel()):
+        coord = [int(i) for i in torch.unravel_index(torch.tensor(idx), root.mesh.shape)]
+        out.append(tuple(coord[root_names.index(n)] for n in names))
+    return out
+
+
 def rank_classes(specs: list[ShardSpec]) -> tuple[tuple[int, ...], ...] | None:
-    """Ranks grouped by the local shapes of every DTensor input (None when not modelled)."""
-    if not specs:
+    """World ranks grouped by the local shapes of every DTensor input (None when not modelled).
+
+    Every mesh must be a root mesh or a named slice of one root (a sub-mesh of
+    ``jl.fake_world``'s mesh); each rank's local shapes follow from its
+    coordinate on each DTensor's mesh (``Shard`` splits like ``torch.chunk``).
+    """
+    roots = [root_mesh(s.mesh) for s in specs]
+    if not specs or any(r is None or r != roots[0] for r in roots):
         return None
-    mesh = specs[0].mesh
-    if any(s.mesh != mesh for s in specs):
+    root = roots[0]
+    coords = [_coordinates(s.mesh, root) for s in specs]
+    if any(c is None for c in coords):
         return None
-    ranks = mesh.mesh.flatten().tolist()
+    ranks = root.mesh.flatten().tolist()
     classes: dict[tuple[Any, ...], list[int]] = {}
     for idx, rank in enumerate(ranks):
-        coord = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), mesh.mesh.shape))
-        key = tuple(_local_shape(s, coord) for s in specs)
+        key = tuple(_local_shape(s, c[idx]) for s, c in zip(specs, coords))
         if any(k is None for k in key):
             return None
         classes.setdefault(key, []).append(rank)
     return tuple(tuple(sorted(r)) for r in classes.values())
+
+
+def group_dims(meshes: list[Any]) -> dict[str, str]:
+    """Process-group name to mesh dimension name, over ``meshes`` and their root meshes."""
+    out: dict[str, str] = {}
+    for mesh in [*meshes, *(root_mesh(m) for m in meshes)]:
+        if mesh is None:
+            continue
+        for i, name in enumerate(_mesh_dim_names(mesh)):
+            out.setdefault(mesh.get_group(i).group_name, name)
+    return out
 
 
 class DTensorRuntime(MakeFxRuntime):
@@ -240,6 +271,8 @@ class DTensorRuntime(MakeFxRuntime):
             also hold rank-dependent constants. ``jl.run_all_ranks`` runs it
             for every rank and checks each rank against eager. None when the
             placements are not modelled (e.g. ``_StridedShard``, several meshes).
+        group_dims: Process-group name to mesh dimension name, for the
+            collectives of this graph.
     """
 
     def __init__(self, specs: list[ShardSpec | None], grads: dict[str, ShardSpec]) -> None:
@@ -247,6 +280,7 @@ class DTensorRuntime(MakeFxRuntime):
         self.specs = specs
         self.grads = grads
         self.rank_classes = rank_classes([s for s in specs if s is not None])
+        self.group_dims = group_dims([s.mesh for s in specs if s is not None])
 
     def prepare(self, joint: Any, flat: list[torch.Tensor]) -> list[Any]:
         """Check each DTensor against the trace and pass its local shard.
