@@ -193,6 +193,7 @@ def test_tp_node_table_and_collectives_name_placements_and_mesh_dims():
         out = joint.graph.find_nodes(op="call_function",
                                      target=torch.ops._c10d_functional.all_reduce.default)[0]
         assert table.loc[out.name, "comm_bytes"] == coll.bytes.iloc[0] == 8 * 16 * 4
+        assert table.loc[out.name, "mesh_dim"] == "tp"
         assert (table.drop(index=out.name).comm_bytes == 0).all()
         assert coll.attrs["rank_classes"] == ((0, 1, 2, 3),)
 
