@@ -222,6 +222,7 @@ def test_run_all_ranks_matches_single_device_eager(kind):
     loss = _step(ref, **inputs)
     loss.backward()
     assert result.ranks == (0, 1, 2, 3)
+    assert result.matches_eager == dict.fromkeys(result.ranks, True)
     for rank in result.ranks:
         torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
     names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
@@ -229,6 +230,22 @@ def test_run_all_ranks_matches_single_device_eager(kind):
         torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
         shards = result.local_grads[fqn]
         assert len({tuple(v.shape) for v in shards.values()}) == 1
+
+
+def test_run_all_ranks_finds_ranks_that_do_not_share_the_graph():
+    def rank_scaled(model, x, y):
+        # A Python int of the traced rank (0) is baked into the graph; other ranks differ.
+        return F.mse_loss(model(x), y) * (1 + world.mesh["tp"].get_local_rank())
+
+    ref, inputs = _reference(), _inputs()
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        joint = jl.trace(_sharded(_tp, world, ref), rank_scaled, inputs)
+        assert joint.runtime.rank_classes == ((0, 1, 2, 3),)  # same shapes on every rank
+        with world.all_ranks():
+            every_rank = _sharded(_tp, world, ref)
+        result = jl.run_all_ranks(joint, every_rank, inputs)
+    # Reference: the tp coordinate is rank % 2 on a (dp=2, tp=2) mesh.
+    assert result.matches_eager == {0: True, 1: False, 2: True, 3: False}
 
 
 def test_run_all_ranks_refuses_a_one_rank_model():

@@ -25,6 +25,7 @@ from jointlab import meta as _meta
 from jointlab import torch_compat as compat  # LocalTensor names resolve on first use
 from jointlab.errors import StateMismatchError
 from jointlab.trace.dtensor import DTensorRuntime, is_dtensor
+from jointlab.trace.request import split_loss
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
@@ -114,12 +115,19 @@ class AllRanksResult:
             (``DTensor.full_tensor()``; the same on every rank).
         local_grads: Each parameter's gradient on each rank (local shard, or
             the plain gradient of a plain parameter).
+        matches_eager: Per rank, whether the graph's loss and local gradients are
+            bitwise those of that rank's own eager step under the same
+            ``LocalTensorMode``: False where the graph holds something of the
+            traced rank that this rank computes differently, so it does not
+            share the graph. None when that cannot be checked (no ``train_fn``,
+            as for a loaded graph, or the graph draws random numbers).
     """
 
     ranks: tuple[int, ...]
     loss: dict[int, torch.Tensor]
     grads: dict[str, torch.Tensor]
     local_grads: dict[str, dict[int, torch.Tensor]]
+    matches_eager: dict[int, bool] | None
 
 
 def _check_all_ranks(joint: TracedGraph, ranks: tuple[int, ...]) -> None:
@@ -168,10 +176,38 @@ def run_all_ranks(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any]
     with compat.LocalTensorMode(frozenset(ranks)):
         res = joint.run(model, inputs)
         full = {n: g.full_tensor() if is_dtensor(g) else g for n, g in res.grads.items()}
+        same = _matches_eager(joint, model, inputs, res, ranks)
     gathered = {n: _per_rank(g, ranks) for n, g in full.items()}
     return AllRanksResult(ranks, _per_rank(res.loss, ranks),
                           {n: g[ranks[0]] for n, g in gathered.items()},
-                          {n: _per_rank(g, ranks) for n, g in res.grads.items()})
+                          {n: _per_rank(g, ranks) for n, g in res.grads.items()}, same)
+
+
+def _draws_random(joint: TracedGraph) -> bool:
+    tag = torch.Tag.nondeterministic_seeded
+    return any(tag in getattr(n.target, "tags", ()) for n in joint.graph.nodes)
+
+
+def _matches_eager(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], res: Any,
+                   ranks: tuple[int, ...]) -> dict[int, bool] | None:
+    """Each rank's eager step (autograd.grad, buffers put back) against the graph's."""
+    if joint.train_fn is None or _draws_random(joint):
+        return None
+    params = dict(model.named_parameters())
+    after_graph = {n: b.detach().clone() for n, b in model.named_buffers()}
+    loss, _ = split_loss(joint.train_fn(model, **inputs))
+    grads = torch.autograd.grad(loss, [params[n] for n in joint.param_names], allow_unused=True)
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            b.copy_(after_graph[n])
+    same = dict.fromkeys(ranks, True)
+    pairs = [(res.loss, loss.detach()),
+             *((res.grads[n], g) for n, g in zip(joint.param_names, grads) if g is not None)]
+    for graph_value, eager_value in pairs:
+        a, b = _per_rank(graph_value, ranks), _per_rank(eager_value, ranks)
+        for r in ranks:
+            same[r] = same[r] and tuple(a[r].shape) == tuple(b[r].shape) and torch.equal(a[r], b[r])
+    return same
 
 
 def _model_ranks(model: nn.Module) -> tuple[int, ...]:
