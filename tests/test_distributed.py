@@ -324,3 +324,22 @@ def test_dtensor_loss_that_is_not_replicated_is_refused():
         with pytest.raises(UnsupportedWrapperError, match="the loss as a DTensor placed"):
             jl.trace(model, sharded_loss, _inputs())
         assert_unchanged(before, model)
+
+
+def test_meta_dtensor_model_traces_like_the_cpu_one_and_run_refuses():
+    from jointlab.errors import MetaDeviceError
+
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        cpu = jl.trace(_sharded(_tp, world), _step, _inputs())
+        with torch.device("meta"):
+            model = AllReduceMLP(collective=False)
+        _tp(model, world.mesh)
+        meta = jl.trace(model, _step, _inputs())
+        cols = ["local_shape", "global_shape", "bytes", "comm_bytes"]
+        # Reference: the same plan traced from real CPU weights.
+        assert meta.nodes[cols].equals(cpu.nodes[cols])
+        assert meta.memory().peak_bytes == cpu.memory().peak_bytes
+        before = deep_state(model)
+        with pytest.raises(MetaDeviceError, match="'fc1.weight' is on the meta device"):
+            meta.run(model, _inputs())
+        assert_unchanged(before, model)
