@@ -51,6 +51,7 @@ _LAZY = {
     "module_summary": "jointlab.analysis.modules",
     "fake_cpu": "jointlab.trace.fake_cpu",
     "fake_world": "jointlab.trace.distributed",
+    "run_all_ranks": "jointlab.analysis.distributed",
     "diff": "jointlab.analysis.diff",
     "GraphDiff": "jointlab.analysis.diff",
 }

@@ -201,6 +201,10 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                                    "trace a training step"),
     "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore",
                   "simulate a distributed world with the fake process group"),
+    "LocalTensorMode": ("torch.distributed._local_tensor", "LocalTensorMode",
+                        "run every rank of a simulated world in one process"),
+    "LocalTensor": ("torch.distributed._local_tensor", "LocalTensor",
+                    "run every rank of a simulated world in one process"),
     "inductor_compile": ("torch._inductor", "compile",
                          "compile the joint graph itself and map its kernels onto it"),
 }
@@ -290,6 +294,27 @@ def module_stores(mod: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]
     purpose = "restore the model after tracing"
     return (_required(mod, "_parameters", "Module._parameters", purpose),
             _required(mod, "_buffers", "Module._buffers", purpose))
+
+
+def root_mesh(mesh: Any) -> Any:
+    """The ``DeviceMesh`` a sub-mesh was sliced from (``mesh`` itself when it is a root).
+
+    Returns None on a torch whose ``DeviceMesh`` lacks ``_get_root_mesh``.
+    """
+    get_root = getattr(mesh, "_get_root_mesh", None)
+    return get_root() if callable(get_root) else None
+
+
+def per_rank_values(t: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each simulated rank's tensor inside a ``LocalTensor`` (``LocalTensorMode``).
+
+    Raises:
+        UnsupportedTorchError: ``t`` has no per-rank tensors on this torch.
+    """
+    values = getattr(t, "_local_tensors", None)
+    if not isinstance(values, dict):
+        raise unsupported("LocalTensor._local_tensors", "read every simulated rank's values")
+    return dict(values)
 
 
 def record_module_stack_of(fn: Callable[..., Any], model: torch.nn.Module) -> None:

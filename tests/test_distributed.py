@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,7 +12,7 @@ from torch import nn
 
 import jointlab as jl
 from jointlab.analysis.distributed import collectives
-from jointlab.errors import UnsupportedWrapperError
+from jointlab.errors import BakedConstantWarning, StateMismatchError, UnsupportedWrapperError
 from tests.util import assert_unchanged, deep_state
 
 fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
@@ -91,17 +93,257 @@ def test_collectives_table_lists_each_collective_with_its_wait(fake_world):
     assert (table.group == dist.group.WORLD.group_name).all()
 
 
-def test_fake_world_builds_a_mesh_and_dtensor_state_is_refused():
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+# -- DTensor state: traced as local shards --------------------------------------------
+def _tp_plan():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+    return {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+
+
+class _Gather(nn.Module):
+    """SimpleFSDP-style parametrisation: all-gather in forward, reduce-scatter (avg) back."""
+
+    def __init__(self, mesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, p):
+        from torch.distributed.tensor import Partial, Replicate
+
+        return p.redistribute(self.mesh, [Replicate()]).to_local(grad_placements=[Partial("avg")])
+
+
+def _simple_fsdp(model, mesh):
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.nn.utils import parametrize
+
+    for mod in list(model.modules()):
+        for name, p in list(mod.named_parameters(recurse=False)):
+            mod.register_parameter(name, nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)])))
+            parametrize.register_parametrization(mod, name, _Gather(mesh), unsafe=True)
+    return model
+
+
+def _tp(model, mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    return parallelize_module(model, mesh["tp"], _tp_plan())
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(1)  # leaves the global RNG alone (assert_unchanged)
+    return {"x": torch.randn(8, 16, generator=gen), "y": torch.randn(8, 16, generator=gen)}
+
+
+def _reference():
+    torch.manual_seed(0)
+    return AllReduceMLP(collective=False)
+
+
+def _sharded(shard, world, ref=None):
+    import copy
+
+    return shard(copy.deepcopy(ref or _reference()), world.mesh)
+
+
+SHARDINGS = {"tp": (_tp, {"dp": 2, "tp": 2}), "simple_fsdp": (_simple_fsdp, None)}
+
+
+@pytest.mark.parametrize("kind", list(SHARDINGS))
+def test_dtensor_state_traces_as_local_shards_and_runs_like_eager(kind):
+    shard, mesh = SHARDINGS[kind]
+    with jl.fake_world(4, mesh=mesh) as world:
+        model, inputs = _sharded(shard, world), _inputs()
+        before = deep_state(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BakedConstantWarning)  # no fake shard baked in
+            joint = jl.trace(model, _step, inputs)
+        assert_unchanged(before, model)
+        state = dict(model.named_parameters())
+        # Reference: each DTensor's own local shard and global shape.
+        for node, fqn in zip(joint.placeholders, joint.state_fqns):
+            local = state[fqn].to_local()
+            assert tuple(node.meta["val"].shape) == tuple(local.shape)
+            row = joint.nodes.loc[node.name]
+            assert row.local_shape == tuple(local.shape)
+            assert row.global_shape == tuple(state[fqn].shape)
+            assert row.bytes == local.numel() * local.element_size()
+        assert len(collectives(joint)) > 0
+        result = joint.run(model, inputs)
+        loss = _step(model, **inputs)  # eager, same fake world
+        loss.backward()
+        assert torch.equal(result.loss, loss.detach())
+        for fqn, p in state.items():
+            g = result.grads[fqn]
+            assert g.placements == p.grad.placements
+            assert torch.equal(g.to_local(), p.grad.to_local()), fqn
+
+
+def test_tp_node_table_and_collectives_name_placements_and_mesh_dims():
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        model = _sharded(_tp, world)
+        joint = jl.trace(model, _step, _inputs())
+        table = joint.nodes
+        state = dict(model.named_parameters())
+        for node, fqn in zip(joint.placeholders, joint.state_fqns):
+            row = table.loc[node.name]
+            assert row.placement == ", ".join(str(p) for p in state[fqn].placements)
+            assert row.mesh_dim == "tp"
+        coll = collectives(joint)
+        # Reference: RowwiseParallel all-reduces fc2's partial output on the tp group.
+        assert coll.op.tolist() == ["all_reduce"] and coll.module.tolist() == ["fc2"]
+        assert coll.mesh_dim.tolist() == ["tp"]
+        assert coll.group.tolist() == [world.mesh["tp"].get_group().group_name]
+        out = joint.graph.find_nodes(op="call_function",
+                                     target=torch.ops._c10d_functional.all_reduce.default)[0]
+        assert table.loc[out.name, "comm_bytes"] == coll.bytes.iloc[0] == 8 * 16 * 4
+        assert table.loc[out.name, "mesh_dim"] == "tp"
+        assert (table.drop(index=out.name).comm_bytes == 0).all()
+        assert coll.attrs["rank_classes"] == ((0, 1, 2, 3),)
+
+
+def test_uneven_shards_split_the_ranks_into_classes():
+    with jl.fake_world(4) as world:
+        torch.manual_seed(0)
+        model = _simple_fsdp(nn.Sequential(nn.Linear(16, 6), nn.ReLU(), nn.Linear(6, 16)),
+                             world.mesh)
+        joint = jl.trace(model, lambda m, x, y: F.mse_loss(m(x), y), _inputs())
+        # Reference: torch.chunk gives 6 rows as 2, 2, 2, 0 over four ranks.
+        local = dict(model.named_parameters())["0.parametrizations.weight.original"].to_local()
+        assert tuple(local.shape) == (2, 16)
+        assert joint.runtime.rank_classes == ((0, 1, 2), (3,))
+
+
+@pytest.mark.parametrize("kind", list(SHARDINGS))
+def test_run_all_ranks_matches_single_device_eager(kind):
+    shard, mesh = SHARDINGS[kind]
+    ref, inputs = _reference(), _inputs()
+    with jl.fake_world(4, mesh=mesh) as world:
+        joint = jl.trace(_sharded(shard, world, ref), _step, inputs)
+        with world.all_ranks():
+            every_rank = _sharded(shard, world, ref)
+        result = jl.run_all_ranks(joint, every_rank, inputs)
+    loss = _step(ref, **inputs)
+    loss.backward()
+    assert result.ranks == (0, 1, 2, 3)
+    assert result.matches_eager == dict.fromkeys(result.ranks, True)
+    for rank in result.ranks:
+        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
+    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
+    for fqn, (_, p) in names.items():
+        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+        shards = result.local_grads[fqn]
+        assert len({tuple(v.shape) for v in shards.values()}) == 1
+
+
+def test_run_all_ranks_finds_ranks_that_do_not_share_the_graph():
+    def rank_scaled(model, x, y):
+        # A Python int of the traced rank (0) is baked into the graph; other ranks differ.
+        return F.mse_loss(model(x), y) * (1 + world.mesh["tp"].get_local_rank())
+
+    ref, inputs = _reference(), _inputs()
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        joint = jl.trace(_sharded(_tp, world, ref), rank_scaled, inputs)
+        assert joint.runtime.rank_classes == ((0, 1, 2, 3),)  # same shapes on every rank
+        with world.all_ranks():
+            every_rank = _sharded(_tp, world, ref)
+        result = jl.run_all_ranks(joint, every_rank, inputs)
+    # Reference: the tp coordinate is rank % 2 on a (dp=2, tp=2) mesh.
+    assert result.matches_eager == {0: True, 1: False, 2: True, 3: False}
+
+
+def test_run_all_ranks_refuses_a_one_rank_model():
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        model = _sharded(_tp, world)
+        joint = jl.trace(model, _step, _inputs())
+        with pytest.raises(StateMismatchError, match="inside `with world.all_ranks"):
+            jl.run_all_ranks(joint, model, _inputs())
+
+
+def test_run_refuses_a_model_sharded_differently():
+    import copy
+
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        inputs = _inputs()
+        joint = jl.trace(_sharded(_tp, world), _step, inputs)
+        swapped = parallelize_module(copy.deepcopy(_reference()), world.mesh["tp"],
+                                     {"fc1": RowwiseParallel(), "fc2": ColwiseParallel()})
+        half = parallelize_module(copy.deepcopy(_reference()), world.mesh["tp"],
+                                  {"fc1": ColwiseParallel()})
+        for model, match in [(swapped, r"'fc1.weight' cannot feed.*placed \(S\(1\)\)"),
+                             (half, "'fc2.weight' cannot feed.*plain Parameter"),
+                             (_reference(), "'fc1.weight' cannot feed.*plain Parameter")]:
+            before = deep_state(model)
+            with pytest.raises(StateMismatchError, match=match):
+                joint.run(model, inputs)
+            assert_unchanged(before, model)
+
+
+@pytest.mark.parametrize("mode, dynamic, match", [
+    ("aot", False, "mode='aot' cannot trace DTensor state"),
+    ("make_fx", True, "dynamic shapes with DTensor state"),
+])
+def test_dtensor_state_refusals_leave_the_model_unchanged(mode, dynamic, match):
     with jl.fake_world(8, mesh={"dp": 4, "tp": 2}) as world:
         assert dist.get_world_size() == 8 and world.mesh.mesh_dim_names == ("dp", "tp")
-        torch.manual_seed(0)
-        model = AllReduceMLP(collective=False)
-        parallelize_module(model, world.mesh["tp"], {"fc1": ColwiseParallel()})
-        inputs = {"x": torch.randn(8, 16), "y": torch.randn(8, 16)}
+        model = _sharded(_tp, world)
         before = deep_state(model)
-        with pytest.raises(UnsupportedWrapperError, match="'fc1.weight' is a DTensor"):
-            jl.trace(model, _step, inputs)
+        with pytest.raises(UnsupportedWrapperError, match="'fc1.weight' is a DTensor") as info:
+            jl.trace(model, _step, _inputs(), mode=mode, dynamic=dynamic)
+        assert match in str(info.value)
         assert_unchanged(before, model)
     assert not dist.is_initialized()
+
+
+def test_partial_dtensor_parameter_is_refused():
+    from torch.distributed.tensor import Partial, distribute_tensor
+
+    with jl.fake_world(4) as world:
+        model = _reference()
+        p = distribute_tensor(model.fc1.weight.data, world.mesh, [Partial()])
+        model.fc1.weight = nn.Parameter(p)
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError, match="Partial parameter"):
+            jl.trace(model, _step, _inputs())
+        assert_unchanged(before, model)
+
+
+def test_dtensor_loss_that_is_not_replicated_is_refused():
+    from torch.distributed.tensor import DTensor, Shard
+
+    def sharded_loss(model, x, y):
+        # The loss of this rank's rows, declared row-sharded: a Partial DTensor loss.
+        out = DTensor.from_local(model(x), world.mesh["tp"], [Shard(0)])
+        return F.mse_loss(out, DTensor.from_local(y, world.mesh["tp"], [Shard(0)]))
+
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        model = _sharded(_tp, world)
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError, match="the loss as a DTensor placed"):
+            jl.trace(model, sharded_loss, _inputs())
+        assert_unchanged(before, model)
+
+
+def test_meta_dtensor_model_traces_like_the_cpu_one_and_run_refuses():
+    from jointlab.errors import MetaDeviceError
+
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        cpu = jl.trace(_sharded(_tp, world), _step, _inputs())
+        with torch.device("meta"):
+            model = AllReduceMLP(collective=False)
+        _tp(model, world.mesh)
+        meta = jl.trace(model, _step, _inputs())
+        cols = ["local_shape", "global_shape", "bytes", "comm_bytes"]
+        # Reference: the same plan traced from real CPU weights.
+        assert meta.nodes[cols].equals(cpu.nodes[cols])
+        assert meta.memory().peak_bytes == cpu.memory().peak_bytes
+        before = deep_state(model)
+        with pytest.raises(MetaDeviceError, match="'fc1.weight' is on the meta device"):
+            meta.run(model, _inputs())
+        assert_unchanged(before, model)

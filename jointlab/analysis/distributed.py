@@ -5,17 +5,27 @@ nodes whose result is only valid after the matching ``wait_tensor``. This
 reader lists them with their phase, module, process group (and mesh
 dimension when a ``DeviceMesh`` is given), the bytes they produce on this
 rank, and the ``wait_tensor`` that completes them.
+
+:func:`run_all_ranks` runs a graph traced from DTensor state (on one rank of
+``jl.fake_world``) for every rank at once under torch's ``LocalTensorMode``,
+and gathers the gradients, so they can be checked against a single-device step.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 import torch.fx as fx
+from torch import nn
 
 from jointlab import meta as _meta
+from jointlab import torch_compat as compat  # LocalTensor names resolve on first use
+from jointlab.errors import StateMismatchError
+from jointlab.trace.dtensor import DTensorRuntime, is_dtensor
+from jointlab.trace.request import split_loss
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
@@ -33,9 +43,19 @@ def _wait_of(node: fx.Node) -> str:
     return next((u.name for u in node.users if _meta.op_name(u) == "wait_tensor"), "")
 
 
+def collective_group(node: fx.Node) -> str:
+    """The process-group name a collective node runs on ("" if it names none)."""
+    return _group_name(node)
+
+
 def _group_name(node: fx.Node) -> str:
     names = [a for a in node.args if isinstance(a, str)]
     return names[-1] if names else ""
+
+
+def comm_bytes(node: fx.Node) -> int:
+    """Bytes a collective node produces on this rank (its outputs)."""
+    return _bytes(node)
 
 
 def _bytes(node: fx.Node) -> int:
@@ -44,9 +64,14 @@ def _bytes(node: fx.Node) -> int:
     return int(sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor)))
 
 
-def _mesh_dims(mesh: Any) -> dict[str, str]:
+def group_dims(joint: TracedGraph, mesh: Any = None) -> dict[str, str]:
+    """Process-group name to mesh dimension name: from ``mesh``, else from the DTensor trace."""
     if mesh is None:
-        return {}
+        return dict(getattr(joint.runtime, "group_dims", {}))
+    return _mesh_dims(mesh)
+
+
+def _mesh_dims(mesh: Any) -> dict[str, str]:
     names = mesh.mesh_dim_names or tuple(str(i) for i in range(mesh.ndim))
     return {mesh.get_group(i).group_name: name for i, name in enumerate(names)}
 
@@ -56,12 +81,15 @@ def collectives(joint: TracedGraph, mesh: Any = None) -> pd.DataFrame:
 
     Args:
         joint: A traced joint graph.
-        mesh: Optional ``DeviceMesh``; its dimension names fill ``mesh_dim``.
+        mesh: Optional ``DeviceMesh``; its dimension names fill ``mesh_dim``
+            (default: the meshes of the DTensor state it was traced from).
 
     Returns:
-        A DataFrame with :data:`COLUMNS`, in graph order (empty if none).
+        A DataFrame with :data:`COLUMNS`, in graph order (empty if none). Its
+        ``attrs["rank_classes"]`` is :attr:`DTensorRuntime.rank_classes` for
+        a DTensor trace (the ranks whose inputs have this graph's shapes), None otherwise.
     """
-    dims = _mesh_dims(mesh)
+    dims = group_dims(joint, mesh)
     rows = []
     for node in joint.graph.nodes:
         if not is_collective(node):
@@ -71,4 +99,124 @@ def collectives(joint: TracedGraph, mesh: Any = None) -> pd.DataFrame:
         rows.append([node.name, _meta.op_name(node), info.get("phase", ""),
                      info.get("module", ""), group, dims.get(group, ""), _bytes(node),
                      _wait_of(node), info.get("source", "")])
-    return pd.DataFrame(rows, columns=COLUMNS)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table.attrs["rank_classes"] = getattr(joint.runtime, "rank_classes", None)
+    return table
+
+
+@dataclass(frozen=True)
+class AllRanksResult:
+    """One step of every simulated rank (``jl.run_all_ranks``).
+
+    Attributes:
+        ranks: The simulated ranks.
+        loss: Each rank's loss.
+        grads: Each parameter's gradient gathered to its full value
+            (``DTensor.full_tensor()``; the same on every rank).
+        local_grads: Each parameter's gradient on each rank (local shard, or
+            the plain gradient of a plain parameter).
+        matches_eager: Per rank, whether the graph's loss and local gradients are
+            bitwise those of that rank's own eager step under the same
+            ``LocalTensorMode``: False where the graph holds something of the
+            traced rank that this rank computes differently, so it does not
+            share the graph. None when that cannot be checked (no ``train_fn``,
+            as for a loaded graph, or the graph draws random numbers).
+    """
+
+    ranks: tuple[int, ...]
+    loss: dict[int, torch.Tensor]
+    grads: dict[str, torch.Tensor]
+    local_grads: dict[str, dict[int, torch.Tensor]]
+    matches_eager: dict[int, bool] | None
+
+
+def _check_all_ranks(joint: TracedGraph, ranks: tuple[int, ...]) -> None:
+    runtime = joint.runtime
+    if not isinstance(runtime, DTensorRuntime):
+        raise StateMismatchError(
+            "jl.run_all_ranks runs a graph traced from DTensor state (make_fx mode); this "
+            "graph has none. Use joint.run(model, inputs).")
+    classes = runtime.rank_classes
+    if classes is None or len(classes) != 1 or set(classes[0]) != set(ranks):
+        raise StateMismatchError(
+            f"this graph was traced for one rank's local shapes; the ranks that share them are "
+            f"{classes} (None: not modelled), but every rank {ranks} must for one graph to run "
+            "them all. Shard evenly (sizes divisible by the mesh), or run each rank's own "
+            "trace with joint.run.")
+
+
+def _per_rank(t: Any, ranks: tuple[int, ...]) -> dict[int, torch.Tensor]:
+    if is_dtensor(t):
+        t = t.to_local()
+    if not isinstance(t, compat.LocalTensor):  # a plain tensor: the same on every rank
+        return dict.fromkeys(ranks, t)
+    values = compat.per_rank_values(t)
+    return {r: values[r] for r in ranks}
+
+
+def run_all_ranks(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any]
+                  ) -> AllRanksResult:
+    """Run the graph for every simulated rank at once (``LocalTensorMode``).
+
+    Args:
+        joint: A make_fx graph traced from DTensor state inside ``jl.fake_world``.
+        model: The same model, built and sharded inside ``world.all_ranks()`` so
+            its DTensors hold every rank's shard.
+        inputs: Keyword inputs (plain tensors are the same on every rank).
+
+    Returns:
+        An :class:`AllRanksResult`.
+
+    Raises:
+        StateMismatchError: The graph has no DTensor state, its ranks do not
+            all share its local shapes, or the model is not one of all ranks.
+    """
+    ranks = _model_ranks(model)
+    _check_all_ranks(joint, ranks)
+    with compat.LocalTensorMode(frozenset(ranks)):
+        res = joint.run(model, inputs)
+        full = {n: g.full_tensor() if is_dtensor(g) else g for n, g in res.grads.items()}
+        same = _matches_eager(joint, model, inputs, res, ranks)
+    gathered = {n: _per_rank(g, ranks) for n, g in full.items()}
+    return AllRanksResult(ranks, _per_rank(res.loss, ranks),
+                          {n: g[ranks[0]] for n, g in gathered.items()},
+                          {n: _per_rank(g, ranks) for n, g in res.grads.items()}, same)
+
+
+def _draws_random(joint: TracedGraph) -> bool:
+    tag = torch.Tag.nondeterministic_seeded
+    return any(tag in getattr(n.target, "tags", ()) for n in joint.graph.nodes)
+
+
+def _matches_eager(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], res: Any,
+                   ranks: tuple[int, ...]) -> dict[int, bool] | None:
+    """Each rank's eager step (autograd.grad, buffers put back) against the graph's."""
+    if joint.train_fn is None or _draws_random(joint):
+        return None
+    params = dict(model.named_parameters())
+    after_graph = {n: b.detach().clone() for n, b in model.named_buffers()}
+    loss, _ = split_loss(joint.train_fn(model, **inputs))
+    grads = torch.autograd.grad(loss, [params[n] for n in joint.param_names], allow_unused=True)
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            b.copy_(after_graph[n])
+    same = dict.fromkeys(ranks, True)
+    pairs = [(res.loss, loss.detach()),
+             *((res.grads[n], g) for n, g in zip(joint.param_names, grads) if g is not None)]
+    for graph_value, eager_value in pairs:
+        a, b = _per_rank(graph_value, ranks), _per_rank(eager_value, ranks)
+        for r in ranks:
+            same[r] = same[r] and tuple(a[r].shape) == tuple(b[r].shape) and torch.equal(a[r], b[r])
+    return same
+
+
+def _model_ranks(model: nn.Module) -> tuple[int, ...]:
+    for p in model.parameters():
+        if is_dtensor(p):
+            if not isinstance(p.to_local(), compat.LocalTensor):
+                raise StateMismatchError(
+                    f"jl.run_all_ranks needs a model whose DTensors hold every rank's shard, "
+                    f"but '{type(p.to_local()).__name__}' holds one rank's: build and shard "
+                    "the model inside `with world.all_ranks():`.")
+            return tuple(sorted(compat.per_rank_values(p.to_local())))
+    raise StateMismatchError("jl.run_all_ranks needs a model with DTensor parameters.")

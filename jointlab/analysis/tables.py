@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from jointlab.analysis.distributed import collective_group, comm_bytes, group_dims, is_collective
 from jointlab.errors import TableQueryError
-from jointlab.meta import PHASES, TRAIN_FN, in_module, node_info, op_aliases
+from jointlab.meta import PHASES, TRAIN_FN, in_module, info, node_info, op_aliases
 from jointlab.passes.analyze import require_analyzed
 
 if TYPE_CHECKING:
@@ -32,11 +33,14 @@ __all__ = ["COLUMNS", "ModuleSummary", "card_facts", "node_table", "select", "su
 COLUMNS = (
     "op", "target", "phase", "module", "module_type", "shape", "dtype", "numel", "bytes",
     "is_view", "alias_of", "inplace", "flops", "flops_unknown", "category", "saved_for_backward",
-    "recompute",    "seq_nr", "num_users", "args", "stack_trace",
+    "recompute", "local_shape", "global_shape", "placement", "mesh_dim", "comm_bytes",
+    "seq_nr", "num_users", "args", "stack_trace",
 )
+#: The distributed columns: DTensor placeholders (traced as local shards) and collectives.
+DIST_COLUMNS = ("local_shape", "global_shape", "placement", "mesh_dim", "comm_bytes")
 SUMMARY_BY = ("module", "phase", "op")
 _COMPUTE = ("forward", "backward")
-_INT_COLUMNS = ("numel", "bytes", "flops", "num_users")
+_INT_COLUMNS = ("numel", "bytes", "flops", "num_users", "comm_bytes")
 
 
 
@@ -53,6 +57,7 @@ def node_table(joint: TracedGraph) -> pd.DataFrame:
     """
     gm = joint.graph_module
     require_analyzed(gm)
+    dims = group_dims(joint)
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     names: list[str] = []
     # Bound appends keep the per-node cost to a few dict lookups.
@@ -77,6 +82,8 @@ def node_table(joint: TracedGraph) -> pd.DataFrame:
         add["category"](m.category)
         add["saved_for_backward"](m.saved_for_backward)
         add["recompute"](m.recompute)
+        for c, v in zip(DIST_COLUMNS, _dist_cells(node, dims)):
+            add[c](v)
         add["seq_nr"](node.meta.get("seq_nr"))
         add["num_users"](len(node.users))
         add["args"](tuple(a.name for a in node.all_input_nodes))
@@ -88,6 +95,23 @@ def node_table(joint: TracedGraph) -> pd.DataFrame:
         data[c] = pd.array(cols[c], dtype="bool")
     data["seq_nr"] = pd.array(cols["seq_nr"], dtype="Int64")
     return pd.DataFrame(data, index=pd.Index(names, name="node"), columns=list(COLUMNS))
+
+
+_NO_DIST = (None, None, "", "", 0)
+
+
+def _dist_cells(node: Any, dims: dict[str, str]) -> tuple[Any, ...]:
+    """local_shape, global_shape, placement, mesh_dim, comm_bytes of one node."""
+    if node.op == "placeholder":
+        d = info(node).get("dtensor")
+        if d is None:
+            return _NO_DIST
+        return (tuple(d["local_shape"]), tuple(d["global_shape"]), d["placement"],
+                d["mesh_dim"], 0)
+    if node.op == "call_function" and is_collective(node):
+        group = collective_group(node)
+        return None, None, "", dims.get(group, ""), comm_bytes(node)
+    return _NO_DIST
 
 
 def _table(joint: TracedGraph) -> pd.DataFrame:

@@ -1,11 +1,12 @@
-"""Distributed models: wrappers jointlab cannot trace are refused before tracing.
+"""Distributed models: the fake world, and wrappers jointlab cannot trace refused.
 
 FSDP2's ``fully_shard`` swaps parameters between sharded and unsharded
 storages in forward/backward hooks, outside autograd. A make_fx trace of it
 "succeeds" with a fraction of the backward and its graph can crash the
 process when run, so it is refused with the routes that work: DTensor
 parameters (``parallelize_module`` tensor parallelism, or a SimpleFSDP-style
-parametrisation whose all-gathers are ordinary ops in the forward).
+parametrisation whose all-gathers are ordinary ops in the forward), which
+make_fx mode traces as local shards (:mod:`jointlab.trace.dtensor`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from jointlab.errors import UnsupportedWrapperError
+from jointlab.trace.dtensor import is_dtensor
 
 
 def _fsdp_module_class() -> Any:
@@ -36,14 +38,18 @@ def _fsdp1_class() -> Any:
     return FullyShardedDataParallel
 
 
-def refuse_unsupported_wrappers(model: nn.Module) -> None:
+def refuse_unsupported_wrappers(model: nn.Module, mode: str = "make_fx",
+                                dynamic: bool = False) -> None:
     """Raise :class:`UnsupportedWrapperError` for FSDP-wrapped modules in ``model``.
 
     Args:
         model: The model about to be traced (not changed).
+        mode: The tracing mode (DTensor state is traced in make_fx mode only).
+        dynamic: Whether some input dims are symbolic.
 
     Raises:
-        UnsupportedWrapperError: A module is ``fully_shard``-ed (FSDP2) or FSDP1-wrapped.
+        UnsupportedWrapperError: A module is ``fully_shard``-ed (FSDP2) or FSDP1-wrapped,
+            or it has DTensor state :func:`refuse_dtensor_state` refuses.
     """
     kinds = [(c, what) for c, what in ((_fsdp_module_class(), "FSDP2 fully_shard"),
                                        (_fsdp1_class(), "FSDP1 FullyShardedDataParallel"))
@@ -59,41 +65,43 @@ def refuse_unsupported_wrappers(model: nn.Module) -> None:
                     "torch.distributed.tensor.parallel.parallelize_module, or a "
                     "SimpleFSDP-style parametrisation (all-gathers as ops in the forward), "
                     "inside jl.fake_world(...).")
-    refuse_dtensor_state(model)
+    refuse_dtensor_state(model, mode, dynamic)
 
 
-def _dtensor_class() -> Any:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return None
-    return DTensor
+def refuse_dtensor_state(model: nn.Module, mode: str = "make_fx", dynamic: bool = False
+                         ) -> None:
+    """Raise :class:`UnsupportedWrapperError` for DTensor state jointlab cannot trace honestly.
 
-
-def refuse_dtensor_state(model: nn.Module) -> None:
-    """Raise :class:`UnsupportedWrapperError` for DTensor parameters or buffers.
-
-    Traced as they are, DTensor parameters give a graph that computes from
-    baked fake shards and counts global bytes, so they are refused until the
-    local-shard unwrap lands.
+    make_fx mode traces DTensor parameters and buffers as their local shards
+    (:mod:`jointlab.trace.dtensor`). Refused: the AOT mode (its subclass
+    descriptors are not mapped yet), dynamic shapes with DTensor state, and
+    ``Partial`` parameters or buffers (their local tensor is not a shard of the value).
 
     Args:
         model: The model about to be traced (not changed).
+        mode: The tracing mode.
+        dynamic: Whether some input dims are symbolic.
 
     Raises:
-        UnsupportedWrapperError: A parameter or buffer is a DTensor.
+        UnsupportedWrapperError: A parameter or buffer is a DTensor in one of those cases.
     """
-    cls = _dtensor_class()
-    if cls is None:
-        return
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if isinstance(t, cls):
+        if not is_dtensor(t):
+            continue
+        where = f"'{name}' is a DTensor ({t.placements} on a {tuple(t.device_mesh.shape)} mesh)"
+        if mode != "make_fx":
             raise UnsupportedWrapperError(
-                f"'{name}' is a DTensor ({t.placements} on a {tuple(t.device_mesh.shape)} mesh). "
-                "jointlab cannot trace DTensor state yet: the graph would compute from baked "
-                "fake shards and count global bytes. Trace the unsharded model, or write the "
-                "collectives with torch.distributed._functional_collectives on local tensors "
-                "(they appear as graph nodes; see jointlab.analysis.distributed.collectives).")
+                f"{where}; mode={mode!r} cannot trace DTensor state yet (its subclass inputs "
+                "are not mapped to local shards). Use mode='make_fx', which traces each "
+                "DTensor as its local shard, or trace the unsharded model.")
+        if dynamic:
+            raise UnsupportedWrapperError(
+                f"{where}; dynamic shapes with DTensor state are not supported. Trace with "
+                "static shapes (dynamic=False, no dynamic_arg_dims).")
+        if any(p.is_partial() for p in t.placements):
+            raise UnsupportedWrapperError(
+                f"{where}; a Partial parameter or buffer holds a partial sum, not a shard of "
+                "its value, so jointlab does not trace it. Place it Shard or Replicate.")
 
 
 class FakeWorld:
@@ -103,6 +111,18 @@ class FakeWorld:
         self.world_size, self.rank = world_size, rank
         self.mesh_dims = dict(mesh or {"world": world_size})
         self.mesh: Any = None
+
+    def all_ranks(self) -> Any:
+        """A ``LocalTensorMode`` over every rank: DTensors made inside hold all ranks' shards.
+
+        Build and shard a model inside it, then pass it to ``jl.run_all_ranks``.
+
+        Returns:
+            The context manager (``torch.distributed._local_tensor.LocalTensorMode``).
+        """
+        from jointlab.torch_compat import LocalTensorMode
+
+        return LocalTensorMode(self.world_size)
 
 
 @contextlib.contextmanager

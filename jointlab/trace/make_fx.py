@@ -37,6 +37,7 @@ from jointlab.torch_compat import (
     tracing,
 )
 from jointlab.trace.checkpoint import checkpoint_tracing
+from jointlab.trace.dtensor import DTensorLayout
 from jointlab.trace.probes import module_probes
 from jointlab.trace.refusals import in_train_fn
 from jointlab.trace.request import (
@@ -66,9 +67,11 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     """
     leaves, dyn_dims = req.leaves, req.dyn_dims
     snapshot = ModelSnapshot.take(model)
+    layout = DTensorLayout.of(model)  # DTensor state: traced as its local shards
     try:
-        fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims)
-        fn, box = _joint_fn(model, train_fn, fqns, req.param_names, leaves, req.treespec)
+        fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims, layout)
+        fn, box = _joint_fn(model, train_fn, fqns, req.param_names, leaves, req.treespec,
+                            layout)
         record_module_stack_of(fn, model)
         _keep_stack_frames_of(train_fn)
         with contextlib.ExitStack() as stack:
@@ -90,17 +93,18 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
 
     spec = req.state_spec
     placeholder_info = [
-        state_placeholder_info(model, fqn, is_p) for fqn, is_p in zip(spec.fqns, spec.is_param)
+        {**state_placeholder_info(model, fqn, is_p), **layout.placeholder_info(fqn)}
+        for fqn, is_p in zip(spec.fqns, spec.is_param)
     ] + [{"phase": "input", "input_path": p} for p, _ in req.tensors]
     annotate(gm, MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
                              len(box.keys)))
     write_probes(gm, probes.outputs, probes.grads)
-    return req.parts(gm, "make_fx", box, guards)
+    return req.parts(gm, "make_fx", box, guards, layout.runtime(list(spec.fqns)))
 
 
-def _fake_inputs(model, leaves, dyn_dims):
+def _fake_inputs(model, leaves, dyn_dims, layout):
     mode = symbolic_fake_mode() if dyn_dims else FakeTensorMode(allow_non_fake_inputs=True)
-    state = model_state(model)
+    state = layout.local_state(model_state(model))
     on_meta = state_on_meta(model)
     fake_state = [fakeify(mode, t, None) for t in state.values()]
     fake_user = []
@@ -111,13 +115,13 @@ def _fake_inputs(model, leaves, dyn_dims):
     return mode, list(state), fake_state, fake_user
 
 
-def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec):
+def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec, layout):
     box = LossBox()
     n_state = len(fqns)
 
     def joint(*args):
         box.zero_grads.clear()
-        state = dict(zip(fqns, args[:n_state]))
+        state = layout.rewrap(dict(zip(fqns, args[:n_state])))
         tensor_args = iter(args[n_state:])
         values = [next(tensor_args) if isinstance(v, torch.Tensor) else v for _, v in leaves]
         kwargs = pytree.tree_unflatten(values, treespec)
@@ -132,9 +136,10 @@ def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec):
             if g is None:
                 box.zero_grads.append(name)
                 g = torch.zeros_like(p)
-            out.append(g)
+            out.append(layout.local_grad(name, g))
         box.record(loss_dict)
-        return [loss, *out, *loss_dict.values()]
+        loss_dict = {k: layout.plain_output(f"loss_dict[{k!r}]", v) for k, v in loss_dict.items()}
+        return [layout.plain_output("the loss", loss), *out, *loss_dict.values()]
 
     return joint, box
 

@@ -1,0 +1,309 @@
+"""DTensor state traced as its local shards: unwrap before make_fx, rewrap inside.
+
+A DTensor parameter traced as it is computes from a baked fake shard. So,
+as torchtitan's graph trainer does, each DTensor parameter or buffer is
+split with the subclass protocol (``__tensor_flatten__``): its one inner
+tensor (the local shard) becomes the graph's placeholder, and its other
+inner attributes (torch 2.13 lists ``device_mesh`` there) and its flatten
+context stay Python constants. Inside the traced function the shard is put
+back into a DTensor with ``__tensor_unflatten__``, so DTensor dispatch
+records the local ops and the collectives as graph nodes. Gradients are
+taken with respect to those DTensors (what eager leaves in ``param.grad``),
+and the graph returns their local tensors.
+
+:class:`DTensorRuntime` does the same at ``run()``: it checks the live
+model's DTensors against the trace (mesh, placements, this rank's local
+shape), feeds their local shards and wraps the gradients back into DTensors
+with the placements autograd gave them while tracing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from jointlab.errors import StateMismatchError, UnsupportedWrapperError
+from jointlab.inputs import model_state
+from jointlab.runtime import MakeFxRuntime
+from jointlab.torch_compat import root_mesh
+
+__all__ = ["DTensorLayout", "DTensorRuntime", "ShardSpec", "dtensor_class", "group_dims",
+           "is_dtensor", "rank_classes"]
+
+
+def dtensor_class() -> Any:
+    """The DTensor class, or None on a torch without ``torch.distributed.tensor``."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return None
+    return DTensor
+
+
+def is_dtensor(t: Any) -> bool:
+    """True when ``t`` is a DTensor."""
+    cls = dtensor_class()
+    return cls is not None and isinstance(t, cls)
+
+
+def _placement_text(placements: Any) -> str:
+    return ", ".join(str(p) for p in placements)
+
+
+def _mesh_dim_names(mesh: Any) -> tuple[str, ...]:
+    return tuple(mesh.mesh_dim_names or (str(i) for i in range(mesh.ndim)))
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How one DTensor parameter, buffer or gradient is split into its local shard.
+
+    Attributes:
+        fqn: State name (parameter or buffer).
+        inner: Name of the one inner tensor (``_local_tensor``).
+        consts: The non-tensor inner attributes (``device_mesh``), kept as they are.
+        ctx: The ``__tensor_flatten__`` context.
+        global_shape: Shape of the DTensor.
+        global_stride: Stride of the DTensor.
+        local_shape: Shape of this rank's shard.
+        placements: The DTensor's placements, one per mesh dim.
+        mesh: Its ``DeviceMesh``.
+    """
+
+    fqn: str
+    inner: str
+    consts: dict[str, Any]
+    ctx: Any
+    global_shape: tuple[int, ...]
+    global_stride: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    placements: tuple[Any, ...]
+    mesh: Any
+
+    @classmethod
+    def of(cls, fqn: str, t: torch.Tensor) -> ShardSpec:
+        """Split ``t`` with ``__tensor_flatten__``.
+
+        Raises:
+            UnsupportedWrapperError: It has more or fewer than one inner tensor.
+        """
+        names, ctx = t.__tensor_flatten__()
+        inner = {n: getattr(t, n) for n in names}
+        tensors = [n for n, v in inner.items() if isinstance(v, torch.Tensor)]
+        if len(tensors) != 1 or is_dtensor(inner[tensors[0]]):
+            raise UnsupportedWrapperError(
+                f"'{fqn}' is a {type(t).__name__} whose inner tensors are {tensors}; jointlab "
+                "unwraps DTensors with exactly one plain local shard. Trace the unsharded model.")
+        local = inner[tensors[0]]
+        return cls(fqn, tensors[0], {n: v for n, v in inner.items() if n not in tensors}, ctx,
+                   tuple(t.shape), tuple(t.stride()), tuple(local.shape),
+                   tuple(t.placements), t.device_mesh)
+
+    def local(self, t: torch.Tensor) -> torch.Tensor:
+        """This DTensor's local shard (the same tensor object, no copy)."""
+        return getattr(t, self.inner)
+
+    def wrap(self, local: torch.Tensor) -> torch.Tensor:
+        """A DTensor around ``local`` with this spec (``__tensor_unflatten__``)."""
+        return dtensor_class().__tensor_unflatten__(
+            {**self.consts, self.inner: local}, self.ctx, self.global_shape, self.global_stride)
+
+    def describe(self) -> dict[str, Any]:
+        """The facts the node table shows for this shard (JSON-friendly)."""
+        names = _mesh_dim_names(self.mesh)
+        sharded = [names[i] for i, p in enumerate(self.placements) if not p.is_replicate()]
+        return {"local_shape": list(self.local_shape), "global_shape": list(self.global_shape),
+                "placement": _placement_text(self.placements),
+                "mesh_dim": ",".join(sharded) if sharded else ",".join(names)}
+
+    def matches(self, t: Any) -> str:
+        """Why live tensor ``t`` cannot feed this placeholder ("" when it can)."""
+        if not is_dtensor(t):
+            return f"it is a plain {type(t).__name__}, but it was traced as a DTensor"
+        if tuple(t.placements) != self.placements or t.device_mesh != self.mesh:
+            return (f"it is placed ({_placement_text(t.placements)}) on mesh "
+                    f"{t.device_mesh}; it was traced as ({_placement_text(self.placements)}) "
+                    f"on {self.mesh}")
+        shape = tuple(self.local(t).shape)
+        if shape != self.local_shape:
+            return (f"its local shard is {list(shape)} on this rank; the graph was traced "
+                    f"for a local shard of {list(self.local_shape)}")
+        return ""
+
+
+@dataclass
+class DTensorLayout:
+    """The DTensor state of a model, split into local shards for one trace.
+
+    Attributes:
+        state: ShardSpec per DTensor parameter or buffer, by FQN.
+        grads: ShardSpec of each DTensor gradient seen while tracing, by parameter FQN.
+    """
+
+    state: dict[str, ShardSpec] = field(default_factory=dict)
+    grads: dict[str, ShardSpec] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> DTensorLayout:
+        """The layout of ``model``'s DTensor state (empty when it has none)."""
+        return cls({n: ShardSpec.of(n, t) for n, t in model_state(model).items()
+                    if is_dtensor(t)})
+
+    def local_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state`` with each DTensor replaced by its local shard."""
+        return {n: self.state[n].local(t) if n in self.state else t for n, t in state.items()}
+
+    def rewrap(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state`` (local shards) with each DTensor entry wrapped back, leaf and trainable."""
+        out = dict(state)
+        for n, spec in self.state.items():
+            out[n] = spec.wrap(state[n])
+        return out
+
+    def local_grad(self, fqn: str, grad: torch.Tensor) -> torch.Tensor:
+        """The local tensor of a DTensor gradient (recording its spec), else ``grad``."""
+        if not is_dtensor(grad):
+            return grad
+        self.grads[fqn] = ShardSpec.of(fqn, grad)
+        return self.grads[fqn].local(grad)
+
+    def plain_output(self, what: str, value: Any) -> Any:
+        """A DTensor loss or loss_dict value as a plain tensor, when that is honest.
+
+        Raises:
+            UnsupportedWrapperError: It is sharded or partial on some mesh dim.
+        """
+        if not is_dtensor(value):
+            return value
+        if not all(p.is_replicate() for p in value.placements):
+            raise UnsupportedWrapperError(
+                f"train_fn returned {what} as a DTensor placed "
+                f"({_placement_text(value.placements)}); "
+                "its local tensor is not the value. Return a plain tensor, e.g. "
+                "value.full_tensor() or value.redistribute(placements=[Replicate()]).to_local().")
+        return value.to_local()
+
+    def placeholder_info(self, fqn: str) -> dict[str, Any]:
+        """Extra trace-time facts of a state placeholder (``dtensor``), or nothing."""
+        spec = self.state.get(fqn)
+        return {} if spec is None else {"dtensor": spec.describe()}
+
+    def runtime(self, fqns: list[str]) -> DTensorRuntime | None:
+        """The runtime that feeds local shards at ``run()`` (None without DTensor state)."""
+        if not self.state:
+            return None
+        return DTensorRuntime([self.state.get(n) for n in fqns], dict(self.grads))
+
+
+def _local_shape(spec: ShardSpec, coord: tuple[int, ...]) -> tuple[int, ...] | None:
+    shape = list(spec.global_shape)
+    for mesh_dim, p in enumerate(spec.placements):
+        if p.is_replicate() or p.is_partial():
+            continue
+        if not p.is_shard() or type(p).__name__ != "Shard":
+            return None  # _StridedShard and others: not modelled
+        n, c = spec.mesh.size(mesh_dim), coord[mesh_dim]
+        chunk = math.ceil(shape[p.dim] / n) if shape[p.dim] else 0
+        shape[p.dim] = max(0, min(shape[p.dim], (c + 1) * chunk) - c * chunk)
+    return tuple(shape)
+
+
+def _coordinates(mesh: Any, root: Any) -> list[tuple[int, ...]] | None:
+    """Each root-mesh rank's coordinate on ``mesh`` (in root order), None if unknown."""
+    root_names, names = _mesh_dim_names(root), _mesh_dim_names(mesh)
+    if mesh is not root and not (mesh.mesh_dim_names and set(names) <= set(root_names)):
+        return None
+    out = []
+    for idx in range(root.mesh.numel()):
+        coord = [int(i) for i in torch.unravel_index(torch.tensor(idx), root.mesh.shape)]
+        out.append(tuple(coord[root_names.index(n)] for n in names))
+    return out
+
+
+def rank_classes(specs: list[ShardSpec]) -> tuple[tuple[int, ...], ...] | None:
+    """World ranks grouped by the local shapes of every DTensor input (None when not modelled).
+
+    Every mesh must be a root mesh or a named slice of one root (a sub-mesh of
+    ``jl.fake_world``'s mesh); each rank's local shapes follow from its
+    coordinate on each DTensor's mesh (``Shard`` splits like ``torch.chunk``).
+    """
+    roots = [root_mesh(s.mesh) for s in specs]
+    if not specs or any(r is None or r != roots[0] for r in roots):
+        return None
+    root = roots[0]
+    coords = [_coordinates(s.mesh, root) for s in specs]
+    if any(c is None for c in coords):
+        return None
+    ranks = root.mesh.flatten().tolist()
+    classes: dict[tuple[Any, ...], list[int]] = {}
+    for idx, rank in enumerate(ranks):
+        key = tuple(_local_shape(s, c[idx]) for s, c in zip(specs, coords))
+        if any(k is None for k in key):
+            return None
+        classes.setdefault(key, []).append(rank)
+    return tuple(tuple(sorted(r)) for r in classes.values())
+
+
+def group_dims(meshes: list[Any]) -> dict[str, str]:
+    """Process-group name to mesh dimension name, over ``meshes`` and their root meshes."""
+    out: dict[str, str] = {}
+    for mesh in [*meshes, *(root_mesh(m) for m in meshes)]:
+        if mesh is None:
+            continue
+        for i, name in enumerate(_mesh_dim_names(mesh)):
+            out.setdefault(mesh.get_group(i).group_name, name)
+    return out
+
+
+class DTensorRuntime(MakeFxRuntime):
+    """make_fx runtime of a graph traced from DTensor state: local shards in, DTensors out.
+
+    Attributes:
+        specs: Per state placeholder, its ShardSpec (None for a plain tensor).
+        grads: ShardSpec of each DTensor gradient, by parameter FQN.
+        rank_classes: Ranks grouped by the local shape of every DTensor input;
+            ranks of one class feed this graph inputs of the same shapes. This
+            is necessary for sharing the graph, not proof of it: the graph may
+            also hold rank-dependent constants. ``jl.run_all_ranks`` runs it
+            for every rank and checks each rank against eager. None when the
+            placements are not modelled (e.g. ``_StridedShard``, several meshes).
+        group_dims: Process-group name to mesh dimension name, for the
+            collectives of this graph.
+    """
+
+    def __init__(self, specs: list[ShardSpec | None], grads: dict[str, ShardSpec]) -> None:
+        """Hold the trace-time shard specs."""
+        self.specs = specs
+        self.grads = grads
+        self.rank_classes = rank_classes([s for s in specs if s is not None])
+        self.group_dims = group_dims([s.mesh for s in specs if s is not None])
+
+    def prepare(self, joint: Any, flat: list[torch.Tensor]) -> list[Any]:
+        """Check each DTensor against the trace and pass its local shard.
+
+        Raises:
+            StateMismatchError: A DTensor's mesh, placements or local shape differ.
+        """
+        out = list(flat)
+        for i, spec in enumerate(self.specs):
+            if spec is None:
+                continue
+            why = spec.matches(flat[i])
+            if why:
+                raise StateMismatchError(
+                    f"'{spec.fqn}' cannot feed the graph: {why}. Run the graph on the model "
+                    "it was traced from (same mesh and plan, same rank class), or trace again.")
+            out[i] = spec.local(flat[i])
+        return out
+
+    def finish(self, joint: Any, outputs: list[Any], flat: list[torch.Tensor]
+               ) -> tuple[Any, list[torch.Tensor], list[Any]]:
+        """Split the outputs and wrap each DTensor gradient back into a DTensor."""
+        loss, grads, ld = super().finish(joint, outputs, flat)
+        grads = [self.grads[n].wrap(g) if n in self.grads else g
+                 for n, g in zip(joint.param_names, grads)]
+        return loss, grads, ld
