@@ -125,8 +125,10 @@ function wire(view, model, el) {
   if (!model.get("own_search")) view.search.style.display = "none";
   const select = view.select.bind(view);
   let clicks = 0;
+  view.detailNode = -1;
   view.select = function (i, centre) {  // a node clicked or followed: tell Python
     select(i, centre);
+    this.detailNode = i;
     model.set("click", {name: this.P.nodes.name[i], n: ++clicks}); model.save_changes();
   };
   const refresh = what => {
@@ -136,8 +138,11 @@ function wire(view, model, el) {
     if (what.has("current")) ring(view, model);
     highlight(view, model);
     if (what.has("depth")) view.fit();
-    const open = view.selected >= 0 && view.detail.style.display === "block";
-    if (what.has("values") && open) select(view.selected);  // the panel shows the new stats
+    const open = view.detailNode >= 0 && view.detail.style.display === "block";
+    if (what.has("values") && open) {  // the open panel shows the new stats; the ring stays
+      const ringed = view.selected;
+      select(view.detailNode); view.selected = ringed;
+    }
     view.draw();
     el.dataset.version = String(Number(el.dataset.version || 0) + 1);
   };
