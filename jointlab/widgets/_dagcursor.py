@@ -137,7 +137,7 @@ function wire(view, model, el) {
     view.update();
     if (what.has("current")) ring(view, model);
     highlight(view, model);
-    if (what.has("depth")) view.fit();
+    if (what.has("depth")) view.fit(true);  // readable: the left part of a long graph
     const open = view.detailNode >= 0 && view.detail.style.display === "block";
     if (what.has("values") && open) {  // the open panel shows the new stats; the ring stays
       const ringed = view.selected;
