@@ -240,6 +240,15 @@ def _dag_screen(page, js_world):
         const [sx, sy] = v.toScreen(x, y); return [r.left + sx, r.top + sy]; }}""")
 
 
+def _dag_shot(page, name: str) -> None:
+    """A picture of the report's DAG section, for a person to look at."""
+    import os
+
+    shots = pathlib.Path(os.environ.get("JOINTLAB_DAGVIEW_SHOTS", "/tmp/dagviews_shots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    page.locator(".jl-dag").screenshot(path=str(shots / f"{name}.png"))
+
+
 class _Scaled(nn.Module):
     """A root module with an op of its own (``* 2``) around a child Linear."""
 
@@ -289,7 +298,7 @@ def test_report_dag_labels_expand_search_and_twin(lm_report, tmp_path):
             return v.visNodes.filter(i => v.P.groups.name[v.g[i]] === {block!r}).length; }}""")
         assert own > 0 and shown == own
         assert after["visibleNodes"] > closed["visibleNodes"]
-        save_screenshot(page, tmp_path, "report_dag_expanded")
+        _dag_shot(page, "report_dag_expanded")
         # search an op: every match highlighted and inside the canvas
         want = [n.name for n in nodes if jl.meta.op_name(n) == "gelu_backward"]
         page.fill(".jl-dag .jl-search", "gelu_backward")
@@ -309,7 +318,7 @@ def test_report_dag_labels_expand_search_and_twin(lm_report, tmp_path):
         panel = page.locator(".jl-dag .jl-detail")
         assert panel.locator(".jl-detail-name").text_content() == node.name
         assert panel.locator(".jl-twin .jl-link").first.text_content() == twin
-        save_screenshot(page, tmp_path, "report_dag_detail")
+        _dag_shot(page, "report_dag_detail")
         context.close()
     assert errors.errors == [] and dialogs == [] and requested == []
 
