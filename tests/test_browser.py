@@ -306,11 +306,29 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
 
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+DAGVIEW_SHOTS = pathlib.Path(os.environ.get("JOINTLAB_DAGVIEW_SHOTS", "/tmp/dagviews_shots"))
+EXPLORE_REF = """import json
+nodes = list(joint.graph.nodes)
+ph = {n.name: jl.meta.phase(n) for n in nodes}
+mod = {n.name: jl.meta.module(n) for n in nodes}
+pairs = {(a.name, n.name) for n in nodes for a in n.all_input_nodes}
+hits = [n.name for n in nodes if 'addmm' in str(jl.meta.info(n).get('target', '')).lower()
+        or 'addmm' in mod[n.name].lower() or 'addmm' in n.name.lower()]
+in_h = [n for n in ph if ph[n] not in ('backward', 'output') and jl.meta.in_module(mod[n], 'h')]
+print('REF_JSON=' + json.dumps({
+    'nodes': len(nodes), 'edges': len(pairs),
+    'fwd_nodes': sum(p != 'backward' for p in ph.values()),
+    'fwd_edges': sum(ph[a] != 'backward' and ph[b] != 'backward' for a, b in pairs),
+    'hits': len(hits), 'hit_groups': sorted({mod[n].split('.')[0] for n in hits if mod[n]}),
+    'h_band0': len(in_h), 'h_band0_noparam': sum(ph[n] != 'param' for n in in_h),
+    'twin': next([n.name, jl.meta.info(n)['fwd_twin']] for n in nodes
+                 if jl.meta.info(n).get('fwd_twin') and ph[n.name] == 'backward')}))"""
 EXPLORE_CELLS = [
     f"import sys; sys.path.insert(0, {str(REPO)!r})",
     "import jointlab as jl\nfrom tests.fixtures import zoo\nf = zoo.FIXTURES['tiny_lm']\n"
     "joint = jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))",
     "w = jl.explore(joint)\nw",
+    EXPLORE_REF,
 ]
 
 
@@ -330,57 +348,102 @@ def _selected_label(select) -> str:
     return text.replace("\xa0", " ")
 
 
-def _legend_hidden(page, name: str) -> bool:
-    """Whether the legend shows trace ``name`` as hidden (dimmed, plotly's legendonly)."""
-    return page.evaluate("""name => [...document.querySelectorAll('.js-plotly-plot .traces')]
-        .some(t => t.querySelector('.legendtext')?.textContent === name
-                   && parseFloat(getComputedStyle(t).opacity) < 1)""", name)
+def _kernel_json(page, marker: str) -> dict:
+    """The JSON a cell printed after ``marker`` (the kernel's own reference figures)."""
+    out = page.locator(".jp-OutputArea-output", has_text=re.compile(re.escape(marker)))
+    out = out.first.text_content()
+    return json.loads(out.split(marker, 1)[1])
 
 
-def _overlap(a, b) -> bool:
-    return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
-                or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
+EXPLORE_VIEW = "document.querySelector('.jl-explore-dag').jlView"
+
+
+def _explore_state(page) -> dict:
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+    return page.evaluate(f"""() => {{ const v = {EXPLORE_VIEW};
+        return {{nodes: v.visNodes.length, edges: v.visEdges.length / 2, boxes: v.visBoxes.length,
+                 labels: v.drawnLabels.length, hits: v.hits.size,
+                 hitGroups: [...(v.hitBoxes || [])].map(b => v.P.groups.name[b >> 1]).sort(),
+                 shownPhases: [...new Set(v.visNodes.map(i => v.P.tables.phase[v.P.nodes.ph[i]]))],
+                 hCount: v.P.groups.count_f[v.P.groups.name.indexOf('h')]}}; }}""")
+
+
+def _wait_view(page, cond: str) -> None:
+    page.wait_for_function(f"() => {{ const v = {EXPLORE_VIEW}; return v && ({cond}); }}",
+                           timeout=30_000)
 
 
 def test_explore_dropdown_title_and_grouped_search_in_jupyterlab(lab, tmp_path):
+    DAGVIEW_SHOTS.mkdir(parents=True, exist_ok=True)
     src = _explore_notebook(tmp_path / "explore.ipynb")
     with browser() as b:
-        page, errors = _open_and_run_all(lab, b, "explore", src=src, min_cells=3)
+        page, errors = _open_and_run_all(lab, b, "explore", src=src, min_cells=4)
         _assert_no_error_outputs(page)
+        ref = _kernel_json(page, "REF_JSON=")
         select = page.locator(".widget-dropdown select").first
         select.wait_for(timeout=60_000)
-        page.locator("div.js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+        page.wait_for_function("() => document.querySelector('.jl-explore-dag')?.dataset.ready",
+                               timeout=60_000)
         select.scroll_into_view_if_needed()
-        page.locator("div.js-plotly-plot").first.hover()  # the modebar shows on hover
-        page.wait_for_timeout(500)
-        save_screenshot(page, tmp_path, "explore_default")
         assert _selected_label(select) == "all nodes"
-        title = page.locator(".widget-html", has_text="Joint graph").first
-        modebar = page.locator("div.js-plotly-plot .modebar").first
-        assert title.is_visible() and modebar.is_visible()
-        assert not _overlap(title.bounding_box(), modebar.bounding_box())
-        legend = page.locator("div.js-plotly-plot .legendtext").all_text_contents()
-        assert {"forward", "backward", "param"} <= set(legend), legend  # node traces drawn
-        assert _legend_hidden(page, "→ output")  # still legend-only, as plot_dag made it
-        page.locator("button", has_text=re.compile(r"^backward$")).first.click()
-        page.wait_for_timeout(1500)
-        page.locator("div.js-plotly-plot").first.hover()
-        save_screenshot(page, tmp_path, "explore_backward_hidden")
-        assert {"forward", "param"} <= set(
-            page.locator("div.js-plotly-plot .legendtext").all_text_contents())
-        page.locator("button", has_text=re.compile(r"^backward$")).first.click()
+        title = page.locator(".jl-explore-dag .jl-title")
+        assert title.is_visible() and title.text_content().startswith("Joint graph:")
+        assert page.locator(".jl-explore-dag .jl-search").is_hidden()  # explore's box only
+        s = _explore_state(page)  # every node and edge of the kernel's graph, labelled
+        assert (s["nodes"], s["edges"]) == (ref["nodes"], ref["edges"]) and s["labels"] > 20
+        page.screenshot(path=str(DAGVIEW_SHOTS / "explore_default.png"))
+        # a phase toggle hides its nodes and every edge that touches one
+        backward = page.locator("button", has_text=re.compile(r"^backward$")).first
+        backward.click()
+        _wait_view(page, f"v.visNodes.length === {ref['fwd_nodes']}")
+        s = _explore_state(page)
+        assert (s["nodes"], s["edges"]) == (ref["fwd_nodes"], ref["fwd_edges"])
+        assert "backward" not in s["shownPhases"]
+        page.screenshot(path=str(DAGVIEW_SHOTS / "explore_backward_hidden.png"))
+        backward.click()
+        _wait_view(page, f"v.visNodes.length === {ref['nodes']}")
+        # a click on the canvas selects the node and its twin in the kernel
+        node, twin = ref["twin"]
+        xy = page.evaluate(f"""() => {{ const v = {EXPLORE_VIEW}, i = v.index.get({node!r});
+            const r = v.canvas.getBoundingClientRect(); v.vx = v.x[i] - r.width / 2 / v.k;
+            v.vy = v.y[i] + r.height / 2 / (v.k * v.ay); v.render();
+            const [sx, sy] = v.toScreen(v.x[i], v.y[i]); return [r.left + sx, r.top + sy]; }}""")
+        page.mouse.click(*xy)
+        status = page.locator(".widget-html", has_text="node(s) selected")
+        status.first.wait_for(timeout=30_000)
+        page.wait_for_function("([el, t]) => el.textContent.includes(t)",
+                               arg=[status.first.element_handle(), twin], timeout=30_000)
+        assert node in status.first.text_content()
+        # grouped: search finds ops, the groups holding them are outlined
         select.select_option(label="depth 1")
-        page.wait_for_timeout(1500)
+        _wait_view(page, "v.visBoxes.length > 0")
         search = page.locator(".widget-text input").first
         search.fill("addmm")
         search.press("Enter")
-        status = page.locator(".widget-html", has_text="selected in")
-        status.first.wait_for(timeout=30_000)
-        page.locator("div.js-plotly-plot").first.hover()
-        save_screenshot(page, tmp_path, "explore_grouped_search")
-        text = status.first.text_content()
-        assert re.search(r"[1-9]\d* node\(s\) selected in [1-9]\d* group", text), text
+        want = f"{ref['hits']} node(s) selected in {len(ref['hit_groups'])} group(s)"
+        try:
+            page.wait_for_function("([el, t]) => el.textContent.includes(t)",
+                                   arg=[status.first.element_handle(), want], timeout=30_000)
+        finally:
+            assert want in status.first.text_content(), status.first.text_content()
+        _wait_view(page, f"v.hits.size === {ref['hits']}")
+        assert _explore_state(page)["hitGroups"] == ref["hit_groups"]
         assert _selected_label(select) == "depth 1"
+        page.screenshot(path=str(DAGVIEW_SHOTS / "explore_grouped_search.png"))
+        # param toggle while grouped: the boxes leave the parameters out of their counts
+        assert _explore_state(page)["hCount"] == ref["h_band0"]
+        page.locator("button", has_text=re.compile(r"^param$")).first.click()
+        _wait_view(page, f"v.P.groups.count_f[v.P.groups.name.indexOf('h')] === "
+                         f"{ref['h_band0_noparam']}")
+        assert ref["h_band0_noparam"] < ref["h_band0"]
+        page.locator("button", has_text=re.compile(r"^param$")).first.click()
+        # the selection is kept across depths
+        select.select_option(label="all nodes")
+        _wait_view(page, f"v.visNodes.length === {ref['nodes']}")
+        assert f"{ref['hits']} node(s) selected" in status.first.text_content()
+        assert _explore_state(page)["hits"] == ref["hits"]
+    assert errors.errors == [], errors.errors
+
 
 # -- the stepper panel, opened several times ----------------------------------------------
 PANEL_SHOTS = pathlib.Path(os.environ.get("JOINTLAB_PANEL_SHOTS", "/tmp/panel_shots"))
@@ -403,6 +466,13 @@ len(joint.graph.nodes)"""
 PANEL_CELL = ("t0 = time.perf_counter()\n"
               "panel = jl.Stepper(joint, model, inputs, device='cpu', seed=0).widget()\n"
               "print(f'widget() {time.perf_counter() - t0:.2f} s')\npanel")
+# eager's value of the first embedding, its statistics in numpy (not the panel's code)
+PANEL_REF = """import json
+import numpy as np
+x = F.embedding(inputs['input_ids'], model.wte.weight).detach().double().numpy()
+print('EMB_JSON=' + json.dumps({'shape': list(x.shape), 'mean': x.mean(), 'std': x.std(ddof=1),
+                          'min': x.min(), 'max': x.max(), 'norm': float(np.sqrt((x * x).sum())),
+                          'nan': int(np.isnan(x).sum()), 'inf': int(np.isinf(x).sum())}))"""
 DAG_STATE = """els => els.map(p => { const v = p.jlView; if (!v || !p.dataset.ready) return null;
     const c = v.canvas, d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
     let ink = 0; for (let k = 3; k < d.length; k += 4) if (d[k] > 0) ink++;
@@ -415,6 +485,7 @@ def _panel_notebook(path: pathlib.Path) -> pathlib.Path:
 
     cells = [nbformat.v4.new_code_cell(PANEL_SETUP)]
     cells += [nbformat.v4.new_code_cell(PANEL_CELL) for _ in range(N_PANELS)]
+    cells.append(nbformat.v4.new_code_cell(PANEL_REF))
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
@@ -463,6 +534,7 @@ def _panel_timing(page) -> float:
 
 def test_stepper_panel_in_jupyterlab(lab, tmp_path):
     PANEL_SHOTS.mkdir(parents=True, exist_ok=True)
+    DAGVIEW_SHOTS.mkdir(parents=True, exist_ok=True)
     src = _panel_notebook(tmp_path / "panel.ipynb")
     with browser() as b:
         page, errors = _open_and_run_all(lab, b, "stepper_panel", src)
@@ -492,6 +564,28 @@ def test_stepper_panel_in_jupyterlab(lab, tmp_path):
         assert "forward" in card.text_content() and "output" in card.text_content()
         ringed = page.eval_on_selector_all(".jl-stepper .jl-dag", DAG_STATE)[0]["ringed"]
         assert ringed == _current_name(panel) != "arg0_1"
+        # one more step runs the embedding: its detail panel shows the value's statistics
+        step.click()
+        panel.locator(".widget-label", has_text=re.compile(r"^position 32 /")).wait_for(
+            timeout=60_000)
+        dag = panel.locator(".jl-dag").first
+        dag.scroll_into_view_if_needed()
+        xy = dag.evaluate("""d => { const v = d.jlView, i = v.index.get('embedding');
+            const r = v.canvas.getBoundingClientRect(); v.vx = v.x[i] - r.width / 2 / v.k;
+            v.vy = v.y[i] + r.height / 2 / (v.k * v.ay); v.render();
+            const [sx, sy] = v.toScreen(v.x[i], v.y[i]); return [r.left + sx, r.top + sy]; }""")
+        page.mouse.click(*xy)
+        detail = dag.locator(".jl-detail")
+        assert detail.locator(".jl-detail-name").text_content() == "embedding"
+        detail.locator("td.jl-value").first.wait_for(timeout=30_000)
+        rows = dict(dag.evaluate("d => [...d.querySelectorAll('.jl-detail td.jl-value')]"
+                                 ".map(td => [td.previousSibling.textContent, td.textContent])"))
+        ref = _kernel_json(page, "EMB_JSON=")
+        assert rows["value"] == f"({', '.join(map(str, ref['shape']))}) float32", rows
+        for k in ("mean", "std", "min", "max", "norm"):
+            assert float(rows[k]) == pytest.approx(ref[k], rel=5e-4), (k, rows[k], ref[k])
+        assert rows["NaN / Inf"] == f"{ref['nan']} / {ref['inf']}"
+        page.screenshot(path=str(DAGVIEW_SHOTS / "stepper_detail_stats.png"))
         # breakpoints as chips, removed one by one; a name that matches nothing is refused
         text = panel.locator("input[placeholder='node name / module prefix / op']")
         kind = panel.locator("select").first

@@ -63,7 +63,8 @@ def test_demo_report_is_self_contained(demo_report):
     page = demo_report.read_text(encoding="utf-8")
     assert REMOTE.search(page) is None, REMOTE.search(page).group(0)
     assert "<script src" not in page.lower()
-    assert page.count("Plotly.newPlot") >= 2  # the DAG and the memory plot
+    assert page.count("Plotly.newPlot") >= 1  # the memory plot
+    assert page.count('class="jl-dag"') == 1 and "window.jointlabDag(" in page  # the DAG view
 
 
 def test_hostile_module_name_is_escaped(evil_report):
@@ -95,7 +96,9 @@ def test_demo_report_renders_offline(demo_report, tmp_path):
     with browser() as b:
         context, page, errors, dialogs, requested = _open_offline(b, demo_report)
         page.wait_for_selector("div.js-plotly-plot .main-svg", timeout=60_000)
-        assert page.locator("div.js-plotly-plot .main-svg").count() >= 2
+        assert page.locator("div.js-plotly-plot .main-svg").count() >= 1  # the memory plot
+        page.wait_for_function("() => document.querySelector('.jl-dag')?.jlView?.lastFrameMs"
+                               " !== undefined", timeout=60_000)  # the DAG drew a frame
         rows = page.locator("#jl-nodes tbody tr")
         assert rows.count() > 10
         assert "nodes" in page.locator("#jl-count").inner_text()
@@ -221,4 +224,126 @@ def test_demo_report_every_row_reachable_compute_first_sorted_with_units(demo_re
         assert src["x"] + src["width"] <= box["x"] + box["width"] + 1
         save_screenshot(page, tmp_path, "report_table")
         context.close()
+    assert errors.errors == []
+
+
+# -- the navigable DAG in the report, and the root module's own ops ------------------------
+def _dag_state(page):
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+    return page.evaluate("() => document.querySelector('.jl-dag').jlView.state()")
+
+
+def _dag_screen(page, js_world):
+    """Page coordinates of a world point given as JS over ``v`` (the view)."""
+    return page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
+        const r = v.canvas.getBoundingClientRect(); const [x, y] = {js_world};
+        const [sx, sy] = v.toScreen(x, y); return [r.left + sx, r.top + sy]; }}""")
+
+
+def _dag_shot(page, name: str) -> None:
+    """A picture of the report's DAG section, for a person to look at."""
+    import os
+
+    shots = pathlib.Path(os.environ.get("JOINTLAB_DAGVIEW_SHOTS", "/tmp/dagviews_shots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    page.locator(".jl-dag").screenshot(path=str(shots / f"{name}.png"))
+
+
+class _Scaled(nn.Module):
+    """A root module with an op of its own (``* 2``) around a child Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x) * 2.0
+
+
+@pytest.fixture(scope="module")
+def lm_report(tmp_path_factory):
+    from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+
+    model = make_gpt2(n_layer=2, d=32, n_head=4, vocab=64, seq=8)
+    inputs = lm_inputs(2, 64, 8)
+    joint = jl.trace(model, lm_train_fn, inputs)
+    return joint, jl.report(joint, tmp_path_factory.mktemp("lm") / "lm.html")
+
+
+@pytest.mark.browser
+def test_report_dag_labels_expand_search_and_twin(lm_report, tmp_path):
+    joint, path = lm_report
+    nodes = list(joint.graph.nodes)
+    with browser() as b:
+        context, page, errors, dialogs, requested = _open_offline(b, path)
+        page.wait_for_function("() => document.querySelector('.jl-dag')?.jlView?.lastFrameMs"
+                               " !== undefined", timeout=60_000)
+        page.locator(".jl-dag").scroll_into_view_if_needed()
+        s = _dag_state(page)
+        assert s["visibleNodes"] == len(nodes)  # the whole graph fits the default budget
+        params = {jl.meta.info(n)["fqn"] for n in nodes if jl.meta.phase(n) == "param"}
+        assert s["labelCount"] > 20 and set(s["labels"]) & params, s["labels"]
+        # collapse, then open the first block by clicking its forward box
+        page.locator(".jl-dag").get_by_role("button", name="collapse all").click()
+        closed = _dag_state(page)
+        assert closed["visibleNodes"] < len(nodes) and closed["visibleBoxes"] >= 2
+        block = "h.0"
+        for name in ("h", "h.0"):  # h holds only the blocks; h.0 has nodes of its own
+            page.mouse.click(*_dag_screen(page, f"""(() => {{
+                const g = v.P.groups.name.indexOf({name!r}), r = v.boxRect(g * 2);
+                return [(r[0] + r[2]) / 2, (r[1] + r[3]) / 2]; }})()"""))
+        after = _dag_state(page)
+        own = sum(jl.meta.module(n) == block for n in nodes)  # the block's own nodes
+        shown = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
+            return v.visNodes.filter(i => v.P.groups.name[v.g[i]] === {block!r}).length; }}""")
+        assert own > 0 and shown == own
+        assert after["visibleNodes"] > closed["visibleNodes"]
+        _dag_shot(page, "report_dag_expanded")
+        # search an op: every match highlighted and inside the canvas
+        want = [n.name for n in nodes if jl.meta.op_name(n) == "gelu_backward"]
+        page.fill(".jl-dag .jl-search", "gelu_backward")
+        page.press(".jl-dag .jl-search", "Enter")
+        assert _dag_state(page)["hits"] == len(want) >= 1
+        inside = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
+            const c = v.canvas; return {want!r}.map(name => {{
+                const i = v.P.nodes.name.indexOf(name); const [sx, sy] = v.toScreen(v.x[i], v.y[i]);
+                return v.itemOf[i] === i && v.hits.has(i) && sx >= 0 && sy >= 0
+                    && sx <= c.clientWidth && sy <= c.clientHeight; }}); }}""")
+        assert all(inside), inside
+        # the detail panel of a gelu_backward names its forward twin
+        node = next(n for n in nodes if n.name == want[0])
+        twin = jl.meta.info(node)["fwd_twin"]
+        page.mouse.click(*_dag_screen(page, f"(() => {{ const i = v.P.nodes.name.indexOf("
+                                            f"{node.name!r}); return [v.x[i], v.y[i]]; }})()"))
+        panel = page.locator(".jl-dag .jl-detail")
+        assert panel.locator(".jl-detail-name").text_content() == node.name
+        assert panel.locator(".jl-twin .jl-link").first.text_content() == twin
+        _dag_shot(page, "report_dag_detail")
+        context.close()
+    assert errors.errors == [] and dialogs == [] and requested == []
+
+
+@pytest.mark.browser
+def test_report_table_names_the_root_modules_own_ops(tmp_path):
+    model = _Scaled()
+    inputs = {"x": torch.randn(5, 4), "y": torch.randn(5, 3)}
+    joint = jl.trace(model, lambda m, x, y: F.mse_loss(m(x), y), inputs)
+    df = joint.nodes
+    assert (df.loc[df["target"] == "aten.mul", "module"] == "").any()  # data keeps ""
+    path = jl.report(joint, tmp_path / "root.html")
+    with browser() as b:
+        context, page, errors, _, _ = _open_offline(b, path)
+        page.wait_for_selector("#jl-nodes tbody tr")
+        col = page.locator("#jl-nodes thead th").all_inner_texts().index("module") + 1
+        cells = {}
+        for row in page.locator("#jl-nodes tbody tr").all():
+            tds = row.locator("td").all_inner_texts()
+            cells[tds[0]] = (tds[col - 1], tds[3])  # module, target
+        context.close()
+    # the root's own ``* 2`` (forward, and its backward) is named; the loss in train_fn is not
+    root = {k for k, (_, t) in cells.items() if t == "aten.mul"}
+    assert root and all(cells[k][0] == "(root) _Scaled" for k in root), cells
+    loss = {k for k, (_, t) in cells.items() if "mse_loss" in t}
+    assert loss and not any(cells[k][0].startswith("(root)") for k in loss), cells
+    assert all(cells[k][0] == "lin" for k, (_, t) in cells.items() if t == "aten.addmm"), cells
     assert errors.errors == []

@@ -405,3 +405,34 @@ def test_compare_and_the_panel_do_not_import_the_stepper():
     from jointlab.analysis.compare import compare as compare_module
 
     assert jl.compare is compare_module.compare
+
+
+def _stats(t: torch.Tensor) -> dict[str, float]:
+    """Reference statistics with numpy (not the panel's torch code)."""
+    import numpy as np
+
+    x = t.detach().double().numpy()
+    return {"mean": x.mean(), "std": x.std(ddof=1), "min": x.min(), "max": x.max(),
+            "norm": float(np.sqrt((x * x).sum()))}
+
+
+def test_panel_dag_detail_carries_stats_of_held_values(lm):
+    _, model, inputs, joint = lm
+    s = jl.Stepper(joint, model, inputs, device="cpu", seed=0, keep={"embedding"})
+    panel = s.widget()
+    at = next(k for k, n in enumerate(s.nodes) if n.name == "embedding")
+    for _ in range(at + 1):  # run up to and including the embedding
+        panel.buttons["step"].click()
+    emb = torch.nn.functional.embedding(inputs["input_ids"], model.wte.weight)  # eager
+    rows = panel.dag.values["embedding"]
+    assert rows["value"] == f"({', '.join(map(str, emb.shape))}) float32"
+    for k, want in _stats(emb).items():
+        assert float(rows[k]) == pytest.approx(want, rel=5e-4), (k, rows[k], want)
+    assert rows["NaN / Inf"] == "0 / 0"
+    for _ in range(40):  # far past it: the kept value is still described, a freed one is not
+        panel.buttons["step"].click()
+    assert panel.dag.values["embedding"] == rows
+    freed = [n.name for n in s.nodes[:s.position] if n.op != "placeholder" and n not in s.env]
+    assert freed and not set(freed) & set(panel.dag.values)
+    current_inputs = {a.name for a in s.current.all_input_nodes}
+    assert current_inputs <= set(panel.dag.values)

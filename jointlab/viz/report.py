@@ -3,10 +3,13 @@
 The page opens with a header (model class, parameter count, mode, date,
 jointlab and torch versions) and holds the summary card, a sortable,
 filterable and paged node table (compute nodes first, sizes in human units
-with exact values on hover), the DAG, the memory plot and, given a model and
-inputs, a summary of the comparison with eager (:mod:`jointlab.viz.comparison`).
-Each section opens with one sentence saying what it shows. plotly.js is
-inlined once; nothing is fetched from a CDN or a server.
+with exact values on hover, the root module's own ops labelled ``(root)
+<ModelClass>``), the navigable DAG (:func:`jointlab.viz.dagview.dag_view`: labels,
+click-expand by module, search, detail panel; a canvas renderer inlined with its
+payload), the memory plot and, given a model and inputs, a summary of the
+comparison with eager (:mod:`jointlab.viz.comparison`). Each section opens with
+one sentence saying what it shows. plotly.js (for the memory plot) and the DAG
+renderer are inlined once; nothing is fetched from a CDN or a server.
 Every string that comes from the model is treated as data: table cells are
 written with ``textContent`` from escaped JSON, and the HTML fragments come
 from renderers that escape their own text.
@@ -53,6 +56,7 @@ _TABLE_JS = """
   const data = JSON.parse(document.getElementById('jl-node-data').textContent);
   const cols = data.columns, rows = data.rows, PAGE = 100;
   const phase = cols.indexOf('phase') + 1, src = cols.indexOf('stack_trace') + 1;
+  const module = cols.indexOf('module') + 1, mtype = data.module_types;
   const WRAP = new Set(['name', 'module', 'target']);
   const COMPUTE = new Set(['forward', 'backward']);
   let shown = rows, sortCol = -1, asc = true, page = 0;
@@ -113,6 +117,7 @@ _TABLE_JS = """
         const col = i === 0 ? 'name' : cols[i - 1];
         const h = (col === 'bytes' || col === 'flops') ? human(v, col) : null;
         td.textContent = h !== null ? h : (v === null ? '' : String(v));
+        if (i === module && v === '' && mtype[r[0]]) td.textContent = '(root) ' + mtype[r[0]];
         if (h !== null) {
           td.title = v.toLocaleString('en-US') + (col === 'bytes' ? ' bytes' : ' FLOPs');
           td.className = 'num';
@@ -142,7 +147,8 @@ LEDES = {
     "Nodes": "Every node of the joint graph, forward and backward; click a header to sort, "
              "filter by any text, hover a size for its exact value.",
     "Forward/backward DAG": "The graph's data flow: forward on top, the backward mirrored "
-                            "below, saved activations linking the two.",
+                            "below; click a module box to open it, search an op or module, "
+                            "click a node for its row, twin, inputs and users.",
     "Memory": "Live bytes after each node step by category, the predicted peak, and the "
               "measured allocations when a model was given.",
     "Comparison with eager": "The graph's loss and gradients against eager autograd from the "
@@ -162,7 +168,26 @@ def _table_data(joint: JointGraph) -> dict[str, Any]:
     rows = []
     for name, rec in zip(df.index, df[cols].itertuples(index=False, name=None)):
         rows.append([str(name), *(_cell(v) for v in rec)])
-    return {"columns": cols, "rows": rows}
+    return {"columns": cols, "rows": rows, "module_types": root_module_types(joint)}
+
+
+def root_module_types(joint: JointGraph) -> dict[str, str]:
+    """Per node of the root module's own ops, the model's class (shown ``(root) <class>``).
+
+    A node outside every module (the loss in ``train_fn``, placeholders) has module
+    ``""`` and no module type, so it stays blank: only ops the root module ran are named.
+
+    Args:
+        joint: The traced graph.
+
+    Returns:
+        ``{node_name: module_type}`` for nodes with module ``""`` and a known type.
+    """
+    df = joint.nodes
+    if "module" not in df.columns or "module_type" not in df.columns:
+        return {}
+    own = (df["module"] == "") & (df["module_type"].fillna("") != "")
+    return {str(k): str(v) for k, v in df.loc[own, "module_type"].items()}
 
 
 def _cell(v: Any) -> Any:
@@ -192,7 +217,8 @@ def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] 
     Returns:
         Section titles and their HTML bodies, in page order.
     """
-    from jointlab.viz import plot_dag, plot_memory
+    from jointlab.viz import plot_memory
+    from jointlab.viz.dagview import dag_view
 
     live = model is not None and inputs is not None
     out = [("Summary", joint._repr_html_())]
@@ -209,7 +235,7 @@ def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] 
         f'<script type="application/json" id="jl-node-data">{_json_for_script(_table_data(joint))}'
         "</script>"
     )))
-    out.append(("Forward/backward DAG", _figure_div(plot_dag(joint))))
+    out.append(("Forward/backward DAG", dag_view(joint, height=620).html()))
     profile = joint.memory(model=model, inputs=inputs) if live else joint.memory()
     out.append(("Memory", _figure_div(plot_memory(profile))))
     if live:

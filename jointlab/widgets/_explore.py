@@ -1,9 +1,14 @@
-"""``explore(joint)``: an ipywidgets app around the DAG figure.
+"""``explore(joint)``: an ipywidgets app around the navigable DAG view.
 
-Layout: a control row (search box, phase toggles, collapse depth), the
-figure's title, the DAG as a plotly ``FigureWidget``, a status line and the
-node table for the current selection. Clicking a node selects it and its forward/backward
-twins (same ``seq_nr``, recorded as ``fwd_twin``); the table shows their rows.
+Layout: a control row (search box, collapse depth), the phase toggles, the DAG
+(:class:`jointlab.widgets._dagcursor.DagWidget`: the same canvas renderer as
+``jl.dag_view``, the stepper panel and the report, its title in its own bar), a
+status line and the node table for the current selection. Clicking a node
+selects it and its forward/backward twins (same ``seq_nr``, recorded as
+``fwd_twin``); the table shows their rows. The selection is kept as graph node
+names, so it survives a change of depth; grouped, the module groups holding a
+selected node are outlined. Phase toggles leave the nodes of a phase out of the
+drawing, with their edges and their share of every group's counts.
 """
 
 from __future__ import annotations
@@ -12,17 +17,16 @@ import html
 from typing import Any
 
 import ipywidgets as W
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from jointlab import meta as _meta
 from jointlab._deprecation import renamed_kwarg
 from jointlab.errors import PlotArgumentError
-from jointlab.viz import dag
-from jointlab.viz._layout import route_edges
+from jointlab.viz.dagview import PHASE_COLORS
+from jointlab.widgets._dagcursor import ALL, FIT, DagWidget
 
 TABLE_ROWS = 50
+PLACEHOLDER_PHASES = ("param", "buffer", "input")
 
 
 def node_rows(joint: Any, names: list[str]) -> pd.DataFrame:
@@ -43,205 +47,151 @@ def node_rows(joint: Any, names: list[str]) -> pd.DataFrame:
     return table.loc[[n for n in names if n in table.index]]
 
 
-ALL = -1  # the collapse dropdown's value for "all nodes" (None would show blank)
-PLACEHOLDER_PHASES = ("param", "buffer", "input")
+def opened_groups(payload: dict[str, Any], depth: int) -> set[int] | None:
+    """Group ids the view opens at control value ``depth`` (None: every group).
+
+    Args:
+        payload: The view's payload (:func:`jointlab.viz.dagview.build_payload`).
+        depth: :data:`ALL`, :data:`FIT` (as the payload's budget opens it) or a level ``k``
+            (groups above level ``k`` open, those at ``k`` closed).
+
+    Returns:
+        The open group ids (the root always), or None when all are open.
+    """
+    if depth == ALL:
+        return None
+    if depth == FIT:
+        return set(payload["expanded"]) | {0}
+    return {g for g, lvl in enumerate(payload["groups"]["level"]) if lvl < depth} | {0}
+
+
+def shown_items(payload: dict[str, Any], names: list[str], opened: set[int] | None) -> list[str]:
+    """What the view draws for ``names``: a node's own name, or its closed group's name.
+
+    A node is drawn inside the outermost group on its module path that is not open,
+    as the renderer's ``update()`` does.
+
+    Args:
+        payload: The view's payload.
+        names: Node names.
+        opened: Open group ids (None: every group open).
+
+    Returns:
+        Distinct node or group names, in first-seen order.
+    """
+    nodes, groups = payload["nodes"], payload["groups"]
+    pos = {n: i for i, n in enumerate(nodes["name"])}
+    out: dict[str, None] = {}
+    for name in names:
+        path, g = [], nodes["g"][pos[name]]
+        while g >= 0:
+            path.append(g)
+            g = groups["parent"][g]
+        closed = [g for g in reversed(path) if opened is not None and g not in opened]
+        out[groups["name"][closed[0]] if closed else name] = None
+    return list(out)
 
 
 class Explorer:
     """State and callbacks of the explore app (``.widget`` is what is displayed).
 
     The selection is kept as graph node names (:attr:`chosen`), so it survives
-    a change of collapse depth; :attr:`selected` names what the figure shows
-    for it (nodes, or the module groups holding them).
+    a change of collapse depth; :attr:`selected` names what the view shows for
+    it (nodes, or the module groups holding them).
     """
 
     def __init__(self, joint: Any, group_depth: int | None = None, height: int = 520) -> None:
         """Build the widgets for ``joint``; see :func:`explore`."""
         self.joint = joint
-        self.height = height
-        self.full = dag.graph_data(joint)
+        self.nodes = list(joint.graph.nodes)
+        self.infos = {n.name: _meta.info(n) for n in self.nodes}
         self.chosen: list[str] = []
         self.selected: list[str] = []
+        self.view = DagWidget(joint, height=height, own_search=False,
+                              css_class="jl-explore-dag")
         self.search = W.Text(placeholder="search op or module, e.g. aten.mm or h.3.attn",
                              description="search", continuous_update=False,
                              layout=W.Layout(width="360px"))
         self.phases = {p: W.ToggleButton(value=True, description=p, tooltip=f"show {p} nodes",
-                                         layout=W.Layout(width="90px")) for p in dag.PHASE_COLORS}
-        depths = [("all nodes", ALL), *[(f"depth {k}", k) for k in range(1, 5)]]
-        self.depth = W.Dropdown(options=depths, value=ALL if group_depth is None else group_depth,
-                                description="collapse", layout=W.Layout(width="200px"))
-        self.title = W.HTML()
+                                         layout=W.Layout(width="90px")) for p in PHASE_COLORS}
+        fits = len(self.nodes) <= self.view.payload["budget"]
+        depths = [("all nodes", ALL), ("fit budget", FIT),
+                  *[(f"depth {k}", k) for k in range(1, 5)]]
+        start = group_depth if group_depth is not None else (ALL if fits else FIT)
+        self.depth = W.Dropdown(options=depths, value=start, description="collapse",
+                                layout=W.Layout(width="200px"))
         self.status = W.HTML()
         self.table = W.Output(layout=W.Layout(max_height="320px", overflow="auto"))
-        self.fig = go.FigureWidget()
-        self._rebuild()
+        self.view.depth = start
         self.search.observe(lambda _: self.on_search(), names="value")
-        self.depth.observe(lambda _: self._rebuild(), names="value")
+        self.depth.observe(lambda _: self._on_depth(), names="value")
         for b in self.phases.values():
             b.observe(lambda _: self._on_phase(), names="value")
-        controls = W.HBox([self.search, self.depth])
-        self.widget = W.VBox([controls, W.HBox(list(self.phases.values())), self.title,
-                              self.fig, self.status, self.table])
+        self.view.observe(lambda ch: self.on_click(ch["new"].get("name")), names="click")
+        self.widget = W.VBox([W.HBox([self.search, self.depth]),
+                              W.HBox(list(self.phases.values())), self.view, self.status,
+                              self.table])
 
     @property
     def depth_value(self) -> int | None:
-        """The collapse depth, None for all nodes."""
+        """The collapse depth control: None for every node, :data:`FIT` or a level ``k``."""
         return None if self.depth.value == ALL else self.depth.value
 
-    def _shown_placeholders(self) -> tuple[str, ...]:
-        return tuple(p for p in PLACEHOLDER_PHASES if self.phases[p].value)
-
-    # -- figure ---------------------------------------------------------------------
-    def _rebuild(self) -> None:
-        depth = self.depth_value
-        # Grouped, parameters/inputs/buffers sit inside module groups: hiding them
-        # means grouping without them, so the figure is rebuilt from the kept nodes.
-        self._built_with = self._shown_placeholders() if depth is not None else PLACEHOLDER_PHASES
-        phases = None if depth is None else {*self.phases} - {
-            p for p in PLACEHOLDER_PHASES if p not in self._built_with}
-        src = dag.plot_dag(self.joint, depth=depth, height=self.height, phases=phases)
-        self.data: dag.DagData = src._jointlab_data
-        self.title.value = f"<b>{src.layout.title.text or ''}</b>"
-        with self.fig.batch_update():
-            self.fig.data = ()
-            self.fig.add_traces(list(src.data))
-            self.fig.layout = src.layout
-            self.fig.layout.title = None  # shown above the figure, clear of the modebar
-            self.fig.layout.margin.t = 30
-        for tr in self.fig.data:
-            if tr.customdata is not None:
-                tr.on_click(self.on_click)
-        self._positions()
-        self._edge_sets = self._edges_by_trace()
-        self._hidden: tuple[int, ...] = ()  # as plot_dag drew it: every edge
-        self._apply_phases()
+    # -- controls -------------------------------------------------------------------
+    def _on_depth(self) -> None:
+        self.view.depth = self.depth.value
         self._draw_selection()
 
-    def _node_traces(self) -> list[Any]:
-        return [t for t in self.fig.data if t.customdata is not None]
-
-    def _positions(self) -> None:
-        where = {}
-        for tr in self._node_traces():
-            for k, name in enumerate(tr.customdata):
-                where[name] = (tr.x[k], tr.y[k])
-        xy = np.asarray([where[n] for n in self.data.names], dtype=float).reshape(-1, 2)
-        self._x, self._y = xy[:, 0], xy[:, 1]
-
-    def _edges_by_trace(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        d = self.data
-        to_out = np.asarray([m.get("phase") == "output" for m in d.info], dtype=bool)[d.dst]
-        edges = {"edges": (d.src[~to_out], d.dst[~to_out]),
-                 "→ output": (d.src[to_out], d.dst[to_out])}
-        if not d.members and any(t.name == "saved activations" for t in self.fig.data):
-            rel = dag.relation_edges(self.joint, d)
-            edges.update({"saved activations": rel["saved"], "param → grad": rel["grads"]})
-        return edges
-
     def _on_phase(self) -> None:
-        if self.depth_value is not None and self._shown_placeholders() != self._built_with:
-            self._rebuild()
-        else:
-            self._apply_phases()
-
-    def _apply_phases(self) -> None:
-        """Hide the nodes of toggled-off phases and every edge that touches one.
-
-        Each trace gets its own update: a FigureWidget batch that sets different
-        properties on different traces resets the unset ones in the browser.
-        """
-        shown = np.asarray([self.phases[m.get("phase")].value if m.get("phase") in self.phases
-                            else True for m in self.data.info], dtype=bool)
-        with self.fig.batch_update():
-            for tr in self._node_traces():
-                if tr.name in self.phases:
-                    tr.visible = self.phases[tr.name].value
-        key = tuple(np.flatnonzero(~shown))
-        if key == self._hidden:
-            return
-        self._hidden = key
-        for tr in self.fig.data:
-            if tr.name in self._edge_sets:
-                s, t = self._edge_sets[tr.name]
-                keep = shown[s] & shown[t]
-                xs, ys = route_edges(self._x, self._y, s[keep], t[keep])
-                with self.fig.batch_update():
-                    tr.x, tr.y = plain_floats(xs), plain_floats(ys)
+        self.view.hidden = [p for p, b in self.phases.items() if not b.value]
 
     # -- selection ------------------------------------------------------------------
-    def on_click(self, trace: Any, points: Any, state: Any = None) -> None:
-        """Select the clicked node (plotly click callback)."""
-        if not points.point_inds:
-            return
-        self.select([str(trace.customdata[points.point_inds[0]])])
+    def on_click(self, name: str | None) -> None:
+        """Select the node clicked in the view (and its twins)."""
+        if name:
+            self.select([name])
 
     def on_search(self) -> None:
         """Select every graph node whose op, module or name contains the search text.
 
-        Works at every depth: grouped, the groups holding a match are ringed.
+        Works at every depth: grouped, the groups holding a match are outlined.
         """
         q = self.search.value.strip().lower()
         if not q:
             self.select([])
             return
-        self.chosen = [n for n, m in zip(self.full.names, self.full.info) if matches(q, n, m)]
+        self.chosen = [n for n, m in self.infos.items() if matches(q, n, m)]
         self._draw_selection()
 
     def select(self, names: list[str], twins: bool = True) -> None:
-        """Select ``names`` (and, with ``twins``, their twins) and show their rows.
+        """Select the nodes ``names`` (and, with ``twins``, their twins) and show their rows.
 
         Args:
-            names: Node names in the current figure (group names when collapsed).
+            names: Graph node names.
             twins: Also select forward/backward twins.
         """
-        d = self.data
+        picked = [n for n in names if n in self.infos]
         if twins:
-            idx = dag.highlight_indices(d, names)
-        else:
-            pos = {n: i for i, n in enumerate(d.names)}
-            idx = [pos[n] for n in names if n in pos]
-        picked = [d.names[i] for i in idx]
-        self.chosen = [m for i in idx for m in d.members[i]] if d.members else picked
+            want = set(picked) | {self.infos[n].get("fwd_twin") for n in picked}
+            want |= {n for n, m in self.infos.items() if m.get("fwd_twin") in want}
+            picked = [n for n in self.infos if n in want]
+        self.chosen = picked
         self._draw_selection()
 
     def _draw_selection(self) -> None:
-        """Ring what the figure shows of :attr:`chosen` and list the chosen rows."""
-        d = self.data
-        if d.members:
-            chosen = set(self.chosen)
-            idx = [i for i, mem in enumerate(d.members) if chosen.intersection(mem)]
-        else:
-            pos = {n: i for i, n in enumerate(d.names)}
-            idx = [pos[n] for n in self.chosen if n in pos]
-        self.selected = [d.names[i] for i in idx]
-        ring = self.fig.data[-1]
-        with self.fig.batch_update():
-            ring.x, ring.y = plain_floats(self._x[idx]), plain_floats(self._y[idx])
-            ring.showlegend = bool(idx)
-        self._show_rows()
-
-    def _show_rows(self) -> None:
+        """Highlight :attr:`chosen` in the view and list the chosen rows."""
+        payload = self.view.payload
+        self.selected = shown_items(payload, self.chosen, opened_groups(payload, self.depth.value))
+        self.view.selected = list(self.chosen)
         names = self.chosen
-        where = (f" in <b>{len(self.selected)}</b> group(s)" if self.data.members
-                 else "")
+        groups = [s for s in self.selected if s not in self.infos]
+        where = f" in <b>{len(groups)}</b> group(s) at this depth" if groups else ""
         self.status.value = (f"<b>{len(names)}</b> node(s) selected{where}: "
                              + html.escape(", ".join(self.selected[:8]))
                              + (" …" if len(self.selected) > 8 else ""))
         self.table.outputs = ()
         if names:
             self.table.append_display_data(node_rows(self.joint, names[:TABLE_ROWS]))
-
-
-def plain_floats(a: np.ndarray) -> list[float | None]:
-    """A float array as a list with None for NaN (gaps), which FigureWidget updates sync.
-
-    Args:
-        a: The array.
-
-    Returns:
-        The list.
-    """
-    return [None if v != v else v for v in np.asarray(a, dtype=float).tolist()]
 
 
 def matches(q: str, name: str, m: dict[str, Any]) -> bool:
@@ -265,7 +215,8 @@ def explore(joint: Any, *, depth: int | None = None, height: int = 520,
 
     Args:
         joint: A :class:`jointlab.JointGraph`.
-        depth: Initial module-collapse depth (None shows every node).
+        depth: Initial module level drawn closed (None: every node when the graph fits
+            the view's node budget, else as the budget opens it).
         height: Height of the DAG in pixels.
         group_depth: Deprecated spelling of ``depth``.
 

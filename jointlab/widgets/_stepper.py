@@ -19,6 +19,7 @@ import ipywidgets as W
 import torch
 
 from jointlab import meta as _meta
+from jointlab.errors import ValueNotAvailableError
 from jointlab.widgets._dagcursor import DagCursor
 from jointlab.widgets._stepper_html import (
     CSS,
@@ -26,6 +27,7 @@ from jointlab.widgets._stepper_html import (
     compare_card,
     node_card,
     stats_card,
+    value_rows,
 )
 
 __all__ = ["stepper_widget", "value_summary"]
@@ -68,6 +70,37 @@ def _histogram_html(value: Any, bins: int = 24) -> str:
 
 #: Above this many nodes the panel leaves the DAG out unless asked (``dag=True``).
 DAG_MAX_NODES = 5000
+#: Most kept values whose statistics the DAG's detail panel carries (the latest run).
+DAG_MAX_VALUES = 64
+
+
+def held_values(stepper: Any, last: str | None) -> dict[str, dict[str, str]]:
+    """Detail-panel rows of the values the stepper holds that a user asks about.
+
+    Those are the node just run (``last``), the current node's inputs and the kept
+    values (``keep=``), the latest :data:`DAG_MAX_VALUES` of them.
+
+    Args:
+        stepper: The :class:`jointlab.Stepper`.
+        last: Name of the node just run, if any.
+
+    Returns:
+        ``{node_name: rows}`` (see :func:`jointlab.widgets._stepper_html.value_rows`).
+    """
+    runner, node = stepper.runner, stepper.current
+    names = [n.name for n in stepper.env
+             if runner.keep_all or n.name in runner.keep][-DAG_MAX_VALUES:]
+    if node is not None:
+        names += [a.name for a in node.all_input_nodes]
+    if last is not None:
+        names.append(last)
+    out = {}
+    for name in dict.fromkeys(names):
+        try:
+            out[name] = value_rows(stepper.value(name))
+        except ValueNotAvailableError:  # freed after its last use: no rows
+            continue
+    return out
 
 
 def backward_twins(nodes: list[Any]) -> dict[str, list[str]]:
@@ -177,6 +210,7 @@ class StepperPanel:
         self.chips.refresh()
         if self.cursor is not None:
             self.cursor.move(None if node is None else node.name)
+            self.cursor.values = held_values(s, last)
         self.show_value(last)
 
     def guarded(self, action: Callable[[], Any]) -> Callable[[Any], None]:

@@ -11,11 +11,13 @@ import html
 import re
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from jointlab import meta as _meta
 
-__all__ = ["CSS", "breakpoint_label", "compare_card", "fmt", "node_card", "stats_card"]
+__all__ = ["CSS", "breakpoint_label", "compare_card", "fmt", "node_card", "stats_card",
+           "value_rows"]
 
 CSS = """<style>
 .jl-sp{font:13px system-ui,sans-serif;color:#1f2328;line-height:1.45}
@@ -128,6 +130,36 @@ def stats_card(name: str, summary: dict[str, Any], histogram: str = "") -> str:
     body = "".join(f"<tr><td class='k'>{k.replace('_', '-')}</td>"
                    f"<td class='n'>{_esc(fmt(summary[k]))}</td></tr>" for k in keys)
     return f"<div class='jl-sp jl-value'>{head}<table>{body}</table>{histogram}</div>"
+
+
+def value_rows(value: Any) -> dict[str, str]:
+    """The DAG detail panel's rows for a held value: shape, mean, std, min, max, NaN/Inf, norm.
+
+    Statistics are over every element in float64 (a NaN makes them NaN, as it should;
+    the NaN and Inf counts say why); ``std`` is Bessel-corrected like ``torch.std``;
+    ``norm`` is the L2 norm of all elements. Numbers in 4 significant digits. Of a
+    tuple, the first tensor is described.
+
+    Args:
+        value: What the stepper holds for a node.
+
+    Returns:
+        ``{row: text}`` in display order.
+    """
+    items = value if isinstance(value, (tuple, list)) else [value]
+    t = next((v for v in items if isinstance(v, torch.Tensor)), None)
+    if t is None:
+        return {"value": repr(value)[:80]}
+    rows = {"value": f"({', '.join(map(str, t.shape))}) {str(t.dtype).removeprefix('torch.')}"}
+    if not t.numel() or t.dtype == torch.bool or t.is_complex():
+        return rows
+    x = t.detach().to(torch.float64)
+    rows.update({"mean": fmt(float(x.mean())),
+                 "std": fmt(float(x.std())) if x.numel() > 1 else "-",
+                 "min": fmt(float(x.min())), "max": fmt(float(x.max())),
+                 "NaN / Inf": f"{int(torch.isnan(x).sum())} / {int(torch.isinf(x).sum())}",
+                 "norm": fmt(float(torch.linalg.vector_norm(x)))})
+    return rows
 
 
 def breakpoint_label(bp: Any) -> str:

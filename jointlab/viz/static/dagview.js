@@ -361,6 +361,7 @@
       for (const k of ["fqn", "grad_of", "input_path"]) if (extra[k]) row(k, extra[k]);
       row("source", T.source[n.src[i]] || "-");
       for (const [name, L] of Object.entries(P.layers || {})) row(name, this.layerText(L, L.v[i])).className = "jl-layer";
+      if (this.detailRows) for (const [k, v] of this.detailRows(i)) row(k, v).className = "jl-value";  // e.g. a Stepper's value stats
       const tw = n.twin[i], back = [];
       for (let j = 0; j < this.N; j++) if (n.twin[j] === i) back.push(j);
       if (tw >= 0) row("forward twin", links([tw])).className = "jl-twin";
