@@ -13,7 +13,8 @@ does not change them). When a value holds NaN or Inf, mean/std/min/max/norm
 are over its finite elements. A value jointlab cannot describe says why in
 ``note`` and has NaN statistics: ``uninitialized`` (``empty*`` ops: whatever
 memory held), ``complex``, ``sparse``/``quantized`` layouts, ``empty``
-(no elements) and ``not a tensor``.
+(no elements) and ``not a tensor``. :meth:`Record.layers` gives the norms and
+NaN/Inf counts as :func:`jointlab.dag_view` colourings.
 """
 
 from __future__ import annotations
