@@ -253,14 +253,28 @@ def _eager_grad_norms(joint, grads, out_grads) -> dict[str, float]:
     return want
 
 
-def test_layers_hold_eager_gradient_and_value_norms():
-    f, model, inputs, joint = _setup("tiny_lm")
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_layers_hold_eager_gradient_and_value_norms(mode):
+    f = zoo.FIXTURES["tiny_lm"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs, mode=mode)
     grads, out_grads = _eager_output_grads(model, f.train_fn, inputs, seed=3)
     _, _, outs = _eager_module_outputs(model, f.train_fn, inputs, seed=3)
     torch.manual_seed(3)  # dropout: same seed, same draws
-    layers = jl.record(joint, copy.deepcopy(model), inputs).layers()
+    rec = jl.record(joint, copy.deepcopy(model), inputs, keep_bytes=1 << 24)
+    layers = rec.layers()
     assert set(layers) == {"grad norm", "value norm", "nan/inf"}
     want = _eager_grad_norms(joint, grads, out_grads)
+    # AOT gives a tied weight one gradient per alias: terms that add up to eager's gradient
+    terms: dict[str, list[str]] = {}
+    for node, what in rec.gradients.items():
+        if "alias terms" in what:
+            terms.setdefault(what.split(" ")[0], []).append(node)
+    assert bool(terms) == (mode == "aot")
+    for fqn, parts in terms.items():
+        assert len(parts) > 1
+        torch.testing.assert_close(sum(rec.value(n) for n in parts), grads[fqn])
+        want.update({n: torch.linalg.vector_norm(rec.value(n).double()).item() for n in parts})
     by_name = {n.name: n for n in joint.graph.nodes}
     probed = [n for n in want if _meta.info(by_name[n]).get("probe_grad")]
     assert len(probed) >= 5 and len(want) > len(probed)

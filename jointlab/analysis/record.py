@@ -309,7 +309,8 @@ class Record:
             - ``value norm``: the L2 norm of every value with statistics that is
               all finite;
             - ``grad norm``: the same for the nodes in :attr:`gradients` only
-              (parameter gradients and the gradients of module outputs);
+              (parameter gradients, or their alias terms, and the gradients of
+              module outputs);
             - ``nan/inf``: the number of NaN and Inf elements of every value with
               statistics (0 when all finite).
 
@@ -413,13 +414,24 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
 
 
 def _gradient_nodes(nodes: list[fx.Node]) -> dict[str, str]:
-    """The nodes whose value is a gradient, with what they are the gradient of."""
+    """The nodes whose value is a gradient, with what they are the gradient of.
+
+    A tied weight in ``mode="aot"`` has one gradient output per alias, which the
+    runtime adds after the graph: each is named as one term of that sum.
+    """
+    terms: dict[str, int] = {}
+    for node in nodes:
+        info = node_info(node)
+        if info.grad_of and not info.zero_grad:
+            terms[info.grad_of] = terms.get(info.grad_of, 0) + 1
     out: dict[str, str] = {}
     for node in nodes:
         info = node_info(node)
         probes = sorted({fqn for fqn, _call, _leaf in info.probe_grad})
         if info.grad_of and not info.zero_grad:
-            out[node.name] = info.grad_of
+            n = terms[info.grad_of]
+            out[node.name] = info.grad_of if n == 1 else (
+                f"{info.grad_of} (one of {n} alias terms, summed after the graph)")
         elif probes:
             out[node.name] = "output of " + ", ".join(p or "(root)" for p in probes)
     return out
