@@ -22,7 +22,7 @@ from jointlab import meta as _meta
 from jointlab._deprecation import warn_renamed
 from jointlab.core import GraphParts, RunResult
 from jointlab.display import rich_html
-from jointlab.errors import NodeExecutionError
+from jointlab.errors import NodeExecutionError, TableQueryError
 from jointlab.inputs import (
     InputSpec,
     StateSpec,
@@ -45,7 +45,9 @@ from jointlab.trace.refusals import torch_errors
 if TYPE_CHECKING:
     import pandas as pd
 
+    from jointlab.analysis.record import Record
     from jointlab.guards import ShapeGuards
+    from jointlab.viz.tables import ModuleTable
 
 _RUN_HINT = ("The joint graph was traced fine but torch rejected a node while running it; "
              "if you edited the graph, check that edit (then joint.recompute()), otherwise "
@@ -282,19 +284,44 @@ class JointGraph:
 
         return self.cached("nodes", node_table)
 
-    def summary(self, by: str = "module", depth: int | None = None) -> pd.DataFrame:
+    def summary(self, by: str = "module", depth: int | None = None, *,
+                model: nn.Module | None = None, inputs: dict[str, Any] | None = None,
+                record: Record | None = None) -> pd.DataFrame | ModuleTable:
         """Aggregate the node table by ``"module"``, ``"phase"`` or ``"op"``.
 
         Args:
             by: Grouping key.
             depth: For ``by="module"``, truncate module FQNs to this many components.
+            model: For ``by="module"``: the traced model. Given, the summary is
+                :func:`jointlab.module_summary`'s, one row per module of the model
+                (parameters with tied weights once, shapes, FLOPs, bytes, times).
+            inputs: With ``model``: example inputs, for the modules' input shapes.
+            record: With ``model``: a :func:`jointlab.record` of this graph, for times.
 
         Returns:
-            Counts, FLOPs, bytes and saved bytes per group, forward and backward side by side.
-        """
-        from jointlab.analysis.tables import summary
+            Counts, FLOPs, bytes and saved bytes per group, forward and backward side
+            by side (a DataFrame). With ``model``: a
+            :class:`jointlab.viz.tables.ModuleTable`, the styled table in a notebook,
+            its DataFrame in ``.data``.
 
-        return summary(self, by=by, depth=depth)
+        Raises:
+            TableQueryError: ``model`` with ``by`` other than ``"module"``, or
+                ``inputs``/``record`` without ``model``.
+        """
+        if model is None:
+            if inputs is not None or record is not None:
+                raise TableQueryError("inputs= and record= describe the model's modules: "
+                                      "pass model= too (joint.summary(by='module', model=m))")
+            from jointlab.analysis.tables import summary
+
+            return summary(self, by=by, depth=depth)
+        if by != "module":
+            raise TableQueryError(f"model= is for by='module' (per-module parameters, shapes "
+                                  f"and times), not by={by!r}")
+        from jointlab.analysis.modules import module_summary
+        from jointlab.viz.tables import ModuleTable
+
+        return ModuleTable(module_summary(self, model, inputs, record=record, depth=depth))
 
     def select(self, *, module: str | None = None, phase: str | None = None,
                op: str | None = None) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 import jointlab as jl
-from jointlab.errors import RecordError
+from jointlab.errors import RecordError, TableQueryError
 from jointlab.meta import TRAIN_FN, in_module
 from tests.util import assert_unchanged, deep_state, traced_fixture, traced_real
 
@@ -124,3 +124,49 @@ def zoo_model(name: str):
     from tests.fixtures import zoo
 
     return zoo.get(name).make_model()
+
+
+def _by_storage(params) -> dict[int, list[tuple[str, torch.nn.Parameter]]]:
+    """Parameters grouped by the memory they live in: one group per distinct tensor."""
+    groups: dict[int, list] = {}
+    for name, p in params:
+        groups.setdefault(p.data_ptr(), []).append((name, p))
+    return groups
+
+
+def test_joint_summary_by_module_counts_storages_once_on_hf_gpt2():
+    f, model, inputs, joint = traced_real("hf_gpt2", "make_fx")
+    frozen = copy.deepcopy(model)
+    frozen.transformer.wpe.weight.requires_grad_(False)
+    before = deep_state(frozen)
+    table = joint.summary(by="module", model=frozen, inputs=inputs)
+    assert_unchanged(before, frozen)
+    assert "tied: " in table._repr_html_() and len(table) == len(list(frozen.named_modules()))
+    everything = _by_storage(frozen.named_parameters(remove_duplicate=False))
+    assert any(len(names) > 1 for names in everything.values())  # GPT-2 ties lm_head to wte
+    for mod_name, mod in frozen.named_modules():
+        own = _by_storage(mod.named_parameters(remove_duplicate=False))
+        assert table.loc[mod_name, "params"] == sum(g[0][1].numel() for g in own.values())
+        assert table.loc[mod_name, "trainable"] == sum(
+            g[0][1].numel() for g in own.values() if g[0][1].requires_grad), mod_name
+    for group in everything.values():
+        names = [n for n, _ in group]
+        for name in names if len(names) > 1 else ():
+            owner, _, leaf = name.rpartition(".")
+            others = [n for n in names if n != name]
+            assert all(o in table.loc[owner, "tied"] for o in others), name
+            assert table.loc[owner, "tied"].startswith(f"{leaf}=")
+    untied = [m for m, mod in frozen.named_modules()
+              if all(len(everything[p.data_ptr()]) == 1 for p in mod.parameters(recurse=False))]
+    assert untied and all(table.loc[m, "tied"] == "" for m in untied)
+    assert table.loc["transformer.h.0", "in_shapes"][0] == tuple(
+        [*inputs["input_ids"].shape, model.config.n_embd])
+
+
+def test_joint_summary_hand_off_refuses_mixed_arguments():
+    f, inputs, joint = traced_fixture("mlp", "make_fx")
+    with pytest.raises(TableQueryError, match="model="):
+        joint.summary(by="op", model=f.make_model())
+    with pytest.raises(TableQueryError, match="model="):
+        joint.summary(inputs=inputs)
+    assert "nodes_fwd" in joint.summary(by="module").columns  # without model=: the node summary

@@ -215,3 +215,119 @@ def test_every_row_matches_torch_reductions_of_the_kept_value():
                 checked[_meta.op_name(node)] = checked.get(_meta.op_name(node), 0) + 1
         assert table["note"].isin(["", "uninitialized", "not a tensor", "not run"]).all()
     assert checked["expand"] and checked["t"] and checked["view"] and checked["mm"]
+
+
+def _eager_output_grads(model, train_fn, inputs, seed):
+    """Eager gradients of every parameter and of every module call's output (tensor hooks)."""
+    model = copy.deepcopy(model)
+    out_grads: dict[tuple[str, int], torch.Tensor] = {}
+    counts: dict[str, int] = {}
+
+    def hook(name):
+        def fn(_mod, _args, out):
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                call = counts.get(name, 0)
+                counts[name] = call + 1
+                out.register_hook(lambda g: out_grads.setdefault((name, call), g.detach()))
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()]
+    try:
+        _, grads, _ = eager_step(model, train_fn, inputs, seed)
+    finally:
+        for h in handles:
+            h.remove()
+    return grads, out_grads
+
+
+def _eager_grad_norms(joint, grads, out_grads) -> dict[str, float]:
+    """The reference norm of every gradient node: eager's parameter or module-output gradient."""
+    want: dict[str, float] = {}
+    for fqn, (_, node) in joint.params_and_grads().items():
+        if node is not None:
+            want[node.name] = torch.linalg.vector_norm(grads[fqn].double()).item()
+    for node in joint.graph.nodes:
+        for fqn, call, leaf in _meta.info(node).get("probe_grad", []):
+            if leaf == 0 and (fqn, call) in out_grads and node.name not in want:
+                want[node.name] = torch.linalg.vector_norm(out_grads[(fqn, call)].double()).item()
+    return want
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_layers_hold_eager_gradient_and_value_norms(mode):
+    f = zoo.FIXTURES["tiny_lm"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs, mode=mode)
+    grads, out_grads = _eager_output_grads(model, f.train_fn, inputs, seed=3)
+    _, _, outs = _eager_module_outputs(model, f.train_fn, inputs, seed=3)
+    torch.manual_seed(3)  # dropout: same seed, same draws
+    rec = jl.record(joint, copy.deepcopy(model), inputs, keep_bytes=1 << 24)
+    layers = rec.layers()
+    assert set(layers) == {"grad norm", "value norm", "nan/inf"}
+    want = _eager_grad_norms(joint, grads, out_grads)
+    # AOT gives a tied weight one gradient per alias: terms that add up to eager's gradient
+    terms: dict[str, list[str]] = {}
+    for node, what in rec.gradients.items():
+        if "alias terms" in what:
+            terms.setdefault(what.split(" ")[0], []).append(node)
+    assert bool(terms) == (mode == "aot")
+    for fqn, parts in terms.items():
+        assert len(parts) > 1
+        torch.testing.assert_close(sum(rec.value(n) for n in parts), grads[fqn])
+        want.update({n: torch.linalg.vector_norm(rec.value(n).double()).item() for n in parts})
+    by_name = {n.name: n for n in joint.graph.nodes}
+    probed = [n for n in want if _meta.info(by_name[n]).get("probe_grad")]
+    assert len(probed) >= 5 and len(want) > len(probed)
+    assert set(layers["grad norm"]) == set(want)
+    for name, norm in want.items():
+        assert layers["grad norm"][name] == pytest.approx(norm, rel=1e-5), name
+    checked = 0
+    for node in joint.graph.nodes:
+        for fqn, call, leaf in _meta.info(node).get("probe_out", []):
+            if leaf == 0 and (fqn, call) in outs:
+                ref = torch.linalg.vector_norm(outs[(fqn, call)].double()).item()
+                assert layers["value norm"][node.name] == pytest.approx(ref, rel=1e-5), fqn
+                checked += 1
+    assert checked >= 3
+    assert set(layers["grad norm"]) <= set(layers["value norm"])
+    assert set(layers["nan/inf"].values()) == {0}
+
+
+def test_collapsed_module_shows_its_largest_eager_gradient():
+    from jointlab.viz.dagview import build_payload
+
+    f, model, inputs, joint = _setup("tiny_lm")
+    grads, out_grads = _eager_output_grads(model, f.train_fn, inputs, seed=4)
+    torch.manual_seed(4)
+    rec = jl.record(joint, copy.deepcopy(model), inputs)
+    payload = build_payload(joint, layers=rec.layers())
+    layer, groups = payload["layers"]["grad norm"], payload["groups"]["name"]
+    want = _eager_grad_norms(joint, grads, out_grads)
+    module = {n.name: _meta.info(n).get("module", "") for n in joint.graph.nodes}
+    for mod in ("h.0", "h.1.attn", "h.0.mlp"):
+        ref = max(v for n, v in want.items() if _meta.in_module(module[n], mod))
+        assert layer["gb"][groups.index(mod)] == pytest.approx(ref, rel=1e-5), mod
+        assert layer["gf"][groups.index(mod)] is None  # no gradient in the forward band
+
+
+def test_nan_and_inf_values_have_no_norm_and_are_counted():
+    f, model, inputs, joint = _setup("mlp")
+    bad = dict(inputs, x=inputs["x"].clone())
+    bad["x"][0, 3] = float("nan")
+    bad["x"][2, 5] = float("inf")
+    grads, out_grads = _eager_output_grads(model, f.train_fn, bad, seed=0)
+    _, _, outs = _eager_module_outputs(model, f.train_fn, bad, seed=0)
+    rec = jl.record(joint, model, bad)
+    layers = rec.layers()
+    x_node = next(n for n in joint.placeholders if _meta.info(n).get("input_path") == "x")
+    fc1 = next(n for n in joint.graph.nodes
+               if ["fc1", 0, 0] in _meta.info(n).get("probe_out", []))
+    g_node = joint.params_and_grads()["fc1.weight"][1]
+    for node, ref in ((x_node, bad["x"]), (fc1, outs[("fc1", 0)]), (g_node, grads["fc1.weight"])):
+        count = int((~torch.isfinite(ref)).sum())
+        assert count > 0 and layers["nan/inf"][node.name] == count, node.name
+        assert node.name not in layers["value norm"] and node.name not in layers["grad norm"]
+    weight = joint.params_and_grads()["fc1.weight"][0]  # a clean value: the parameter itself
+    assert layers["nan/inf"][weight.name] == 0
+    assert layers["value norm"][weight.name] == pytest.approx(
+        torch.linalg.vector_norm(model.fc1.weight.double()).item(), rel=1e-6)

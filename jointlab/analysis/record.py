@@ -13,7 +13,8 @@ does not change them). When a value holds NaN or Inf, mean/std/min/max/norm
 are over its finite elements. A value jointlab cannot describe says why in
 ``note`` and has NaN statistics: ``uninitialized`` (``empty*`` ops: whatever
 memory held), ``complex``, ``sparse``/``quantized`` layouts, ``empty``
-(no elements) and ``not a tensor``.
+(no elements) and ``not a tensor``. :meth:`Record.layers` gives the norms and
+NaN/Inf counts as :func:`jointlab.dag_view` colourings.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ import torch
 import torch.fx as fx
 
 from jointlab.errors import RecordError, ValueNotAvailableError
-from jointlab.meta import in_module, is_aten_op, node_error, op_name
+from jointlab.meta import in_module, is_aten_op, node_error, node_info, op_name
 from jointlab.torch_compat import graph_codegen, op_schema
 from jointlab.units import human_bytes
 
@@ -239,12 +240,16 @@ class Record:
         loss: The step's loss.
         param_grad_norms: L2 norm of each trainable parameter's gradient, by FQN.
         values: The kept values (clones), by node name, in graph order.
+        gradients: The nodes whose value is a gradient, by node name: what of
+            (``"h.0.attn.qkv.weight"`` for a parameter's gradient output,
+            ``"output of h.0.mlp"`` for the gradient reaching a module's output).
     """
 
     table: pd.DataFrame
     loss: float
     param_grad_norms: Mapping[str, float]
     values: Mapping[str, torch.Tensor]
+    gradients: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def value(self, node: str) -> torch.Tensor:
         """The kept value of ``node`` (a clone taken right after it ran).
@@ -288,6 +293,40 @@ class Record:
                             "grad_norm": [math.sqrt(sum(v)) for v in sq.values()]},
                            index=pd.Index(list(sq), name="module"))
         return out
+
+    def layers(self) -> dict[str, dict[str, float]]:
+        """The recorded statistics as colour layers for :func:`jointlab.dag_view`.
+
+        ``jl.dag_view(joint, layers=rec.layers(), color_by="grad norm")`` colours
+        each node by its value; a collapsed module shows the largest value of the
+        nodes under it in each band, so its backward band shows the largest
+        gradient its backward computed.
+
+        Returns:
+            ``{"grad norm": ..., "value norm": ..., "nan/inf": ...}``, each
+            ``{node name: number}``:
+
+            - ``value norm``: the L2 norm of every value with statistics that is
+              all finite;
+            - ``grad norm``: the same for the nodes in :attr:`gradients` only
+              (parameter gradients, or their alias terms, and the gradients of
+              module outputs);
+            - ``nan/inf``: the number of NaN and Inf elements of every value with
+              statistics (0 when all finite).
+
+            A value holding NaN or Inf has no norm here (its finite part's norm
+            would look like a real one): it is left out of both norm layers,
+            drawn as unknown, and counted in ``nan/inf``.
+        """
+        t = self.table
+        described = t[t["note"].eq("")]
+        bad = (described["nan"].fillna(0) + described["inf"].fillna(0)).astype("int64")
+        finite = described.index[bad.eq(0).to_numpy()]
+        norms = {str(n): float(v) for n, v in described.loc[finite, "norm"].items()
+                 if math.isfinite(v)}
+        return {"grad norm": {n: norms[n] for n in self.gradients if n in norms},
+                "value norm": norms,
+                "nan/inf": {str(n): int(v) for n, v in bad.items()}}
 
     def module_time(self, nodes: pd.DataFrame, prefix: str) -> tuple[float, float]:
         """Forward and backward seconds of the nodes at or below module ``prefix``.
@@ -370,7 +409,32 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
     norms = {k: float(torch.linalg.vector_norm(g.detach().float())) for k, g in grads.items()}
     table = _table([n.name for n in rec.nodes], rec)
     return Record(table=table, loss=float(loss), param_grad_norms=MappingProxyType(norms),
-                  values=MappingProxyType(dict(rec.values)))
+                  values=MappingProxyType(dict(rec.values)),
+                  gradients=MappingProxyType(_gradient_nodes(rec.nodes)))
+
+
+def _gradient_nodes(nodes: list[fx.Node]) -> dict[str, str]:
+    """The nodes whose value is a gradient, with what they are the gradient of.
+
+    A tied weight in ``mode="aot"`` has one gradient output per alias, which the
+    runtime adds after the graph: each is named as one term of that sum.
+    """
+    terms: dict[str, int] = {}
+    for node in nodes:
+        info = node_info(node)
+        if info.grad_of and not info.zero_grad:
+            terms[info.grad_of] = terms.get(info.grad_of, 0) + 1
+    out: dict[str, str] = {}
+    for node in nodes:
+        info = node_info(node)
+        probes = sorted({fqn for fqn, _call, _leaf in info.probe_grad})
+        if info.grad_of and not info.zero_grad:
+            n = terms[info.grad_of]
+            out[node.name] = info.grad_of if n == 1 else (
+                f"{info.grad_of} (one of {n} alias terms, summed after the graph)")
+        elif probes:
+            out[node.name] = "output of " + ", ".join(p or "(root)" for p in probes)
+    return out
 
 
 def _next_compute(rec: _Recorder) -> fx.Node | None:

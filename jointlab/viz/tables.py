@@ -126,6 +126,9 @@ def module_summary_html(df: pd.DataFrame, *, max_rows: int = 500) -> str:
 class ModuleTable:
     """A ``jl.module_summary`` frame that a notebook shows as the styled table.
 
+    Reading passes through to the frame (``t.loc[...]``, ``t["params"]``,
+    ``t.columns``); ``t.data`` is the DataFrame itself.
+
     Attributes:
         data: The DataFrame itself (unchanged).
     """
@@ -133,6 +136,18 @@ class ModuleTable:
     def __init__(self, data: pd.DataFrame) -> None:
         """Wrap ``data`` (what ``jl.module_summary`` returned)."""
         self.data = data
+
+    def __getattr__(self, name: str) -> Any:
+        """Read the DataFrame through the table: ``t.loc["h.0", "params"]``, ``t.columns``."""
+        if name.startswith("_") or name == "data":
+            raise AttributeError(name)
+        return getattr(self.data, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.data[key]
+
+    def __len__(self) -> int:
+        return len(self.data)
 
     def _repr_html_(self) -> str:
         return module_summary_html(self.data)
