@@ -132,22 +132,38 @@ class JointGraph:
         warn_renamed("JointGraph.param_grads", "joint.params_and_grads()")
         return self.params_and_grads()
 
-    def params_and_grads(self) -> dict[str, tuple[fx.Node, fx.Node | None]]:
-        """Map each trainable parameter FQN to (its placeholder, its gradient node or None).
+    def grad_terms(self) -> dict[str, tuple[fx.Node, ...]]:
+        """Map each trainable parameter FQN to its gradient output nodes, in output order.
 
-        The gradient node is None for a parameter the loss does not depend on.
-        Only the graph's outputs count, so a node a user pass put in front of
-        a gradient output is found, not the node it replaced.
+        make_fx mode sums a tied weight's uses inside the graph: one node. AOT
+        mode returns one output per alias and the runtime adds them, so a tied
+        weight has several terms, none of which is its gradient alone. The tuple
+        is empty for a parameter the loss does not depend on. Only the graph's
+        outputs count, so a node a user pass put in front of a gradient output is
+        found, not the node it replaced.
         """
-        ph = {_meta.info(n).get("fqn"): n for n in self.placeholders}
-        grads: dict[str, fx.Node] = {}
+        terms: dict[str, list[fx.Node]] = {name: [] for name in self.param_names}
         for n in self.graph.output_node().args[0]:
             if not isinstance(n, fx.Node):
                 continue
             info = _meta.info(n)
-            if "grad_of" in info and not info.get("zero_grad"):
-                grads.setdefault(info["grad_of"], n)
-        return {name: (ph[name], grads.get(name)) for name in self.param_names}
+            if info.get("grad_of") in terms and not info.get("zero_grad"):
+                terms[info["grad_of"]].append(n)
+        return {name: tuple(t) for name, t in terms.items()}
+
+    def params_and_grads(self) -> dict[str, tuple[fx.Node, fx.Node | tuple[fx.Node, ...] | None]]:
+        """Map each trainable parameter FQN to (its placeholder, its gradient node or None).
+
+        The gradient node is None for a parameter the loss does not depend on.
+        Where no single node holds the gradient (a tied weight in AOT mode: one
+        term per alias, added by the runtime), the entry is the tuple of terms,
+        never one term passed off as the whole; see :meth:`grad_terms`.
+        """
+        ph = {_meta.info(n).get("fqn"): n for n in self.placeholders}
+        out: dict[str, tuple[fx.Node, fx.Node | tuple[fx.Node, ...] | None]] = {}
+        for name, terms in self.grad_terms().items():
+            out[name] = (ph[name], terms[0] if len(terms) == 1 else (terms or None))
+        return out
 
     # -- descriptor-style queries (one API over both modes; see _descriptors) ---
     def inputs_and_grads(self) -> list[tuple[fx.Node, fx.Node | None]]:

@@ -126,9 +126,10 @@ def lost_gradients(joint: TracedGraph) -> tuple[list[str], list[str]]:
     from_loss = _from_seeds(seeds)
     feeding = _feeding_placeholders(loss)
     lost, kept = [], []
-    for name, (ph, grad) in joint.params_and_grads().items():
-        if ph in feeding:
-            (kept if grad is not None and grad in from_loss else lost).append(name)
+    placeholders = {name: ph for name, (ph, _) in joint.params_and_grads().items()}
+    for name, terms in joint.grad_terms().items():
+        if placeholders[name] in feeding:
+            (kept if any(g in from_loss for g in terms) else lost).append(name)
     return lost, kept
 
 

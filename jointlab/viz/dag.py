@@ -336,8 +336,9 @@ def relation_edges(joint: Any, data: DagData) -> dict[str, tuple[np.ndarray, np.
     phase = np.asarray([m.get("phase", "") for m in data.info], dtype=object)
     saved = (phase[data.src] == "forward") & (phase[data.dst] == "backward")
     index = {n: i for i, n in enumerate(data.names)}
-    pairs = [(index[p.name], index[g.name]) for p, g in joint.params_and_grads().values()
-             if g is not None and p.name in index and g.name in index]
+    ph = {name: p for name, (p, _) in joint.params_and_grads().items()}
+    pairs = [(index[ph[name].name], index[g.name]) for name, terms in joint.grad_terms().items()
+             for g in terms if ph[name].name in index and g.name in index]
     gs = np.asarray([p for p, _ in pairs], dtype=np.int64)
     gd = np.asarray([g for _, g in pairs], dtype=np.int64)
     return {"saved": (data.src[saved], data.dst[saved]), "grads": (gs, gd)}

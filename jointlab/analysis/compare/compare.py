@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import numbers
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -476,12 +475,10 @@ def divergence_checks(joint: TracedGraph, eager: EagerCapture,
     checks = [(p.node, p.want, p.what, p.module) for p in probes]
     # A parameter's gradient node holds its full gradient only when it is the
     # sole one; tied aliases in AOT mode each carry a partial gradient.
-    outs = [n for n in joint.graph.output_node().args[0] if isinstance(n, fx.Node)]
-    grad_count = Counter(_meta.info(n).get("grad_of") for n in outs)
-    for name, (_ph, gnode) in joint.params_and_grads().items():
+    for name, terms in joint.grad_terms().items():
         want = eager.grads.get(name)
-        if gnode is not None and want is not None and grad_count[name] == 1:
-            checks.append((gnode, want, "parameter gradient", name.rpartition(".")[0]))
+        if len(terms) == 1 and want is not None:
+            checks.append((terms[0], want, "parameter gradient", name.rpartition(".")[0]))
     loss_node = joint.outputs_and_tangents()[0][0]  # the loss, in either mode's layout
     if isinstance(loss_node, fx.Node):
         checks.append((loss_node, eager.loss, "loss", _meta.TRAIN_FN))
