@@ -150,4 +150,5 @@ def boundary_table(stepper: Any, writes: tuple[str, ...], *, eager: bool = False
                 _compare(row, got, "eager", probed[probe], tol)
                 row["eager_node"] = probe
         rows.append(row)
-    return pd.DataFrame(rows, columns=COLUMNS).set_index("buffer")
+    df = pd.DataFrame(rows, columns=COLUMNS).set_index("buffer")
+    return df.astype(object).where(df.notna(), None)  # None, not NaN, where not compared

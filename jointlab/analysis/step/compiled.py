@@ -23,13 +23,14 @@ the first kernel that covers a node they select. Per-kernel timings live in
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from torch import nn
 
 from jointlab import meta as _meta
 from jointlab import torch_compat
+from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.boundary import boundary_table, node_of
 from jointlab.analysis.step.breakpoints import Breakpoint, check_breakpoint
@@ -347,6 +348,40 @@ class CompiledStepper:
         return {"kernel": kernel, "nodes": tuple(n.name for n in nodes),
                 "modules": tuple(dict.fromkeys(_meta.module(n) for n in nodes)),
                 "phase": "+".join(dict.fromkeys(_meta.phase(n) or "?" for n in nodes))}
+
+    def compare(self, train_fn: Any = None, **options: Any) -> Comparison:
+        """Compare the compiled code (whole run) and its source graph with eager autograd.
+
+        Args:
+            train_fn: The training step; default ``compiled.source.train_fn``.
+            **options: More keywords for :func:`jointlab.compare` (``rtol``, ...).
+
+        Returns:
+            A :class:`jointlab.Comparison` (seed 0 without a seed).
+        """
+        return compare(self.compiled, self.model, self.inputs, train_fn=train_fn,
+                       seed=self.seed or 0, **options)
+
+    def value(self, name: str) -> NoReturn:
+        """Refused: compiled code holds buffers, not node values.
+
+        Raises:
+            jointlab.errors.StepperError: Always; the message points at the way.
+        """
+        raise StepperError(
+            f"a compiled stepper holds the generated code's buffers, not the value of node "
+            f"{name!r}: read stepper.boundary() after a kernel (which names the node each "
+            "buffer holds, where one does) or stepper.buffer('bufN'); step compiled.source "
+            "with jl.Stepper for node values.")
+
+    def widget(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the stepper panel steps the traced graph node by node.
+
+        Raises:
+            jointlab.errors.StepperError: Always.
+        """
+        raise StepperError("the stepper widget drives a node Stepper; use "
+                           "jl.Stepper(compiled.source, model, inputs).widget() for it.")
 
     def kernel_timings(self) -> pd.DataFrame:
         """Per kernel call run so far: kind, modules, phase, nodes, ``step_s``.
