@@ -177,6 +177,11 @@ def test_what_cannot_be_stepped_is_refused(tiny):
     other = joint.compile("aot_eager")
     with pytest.raises(CompiledGraphError, match=r"backend='aot_eager'.*compiled\.source"):
         jl.Stepper(other, model, inputs)
+    f = zoo.FIXTURES["mlp"]
+    m, x = f.make_model(), f.make_inputs(4)
+    dynamic = jl.trace(m, f.train_fn, x, dynamic=True).compile("inductor")
+    with pytest.raises(CompiledGraphError, match="dynamic shapes"):
+        jl.Stepper(dynamic, m, x)
     with pytest.raises(StepperError, match="keep="):
         jl.Stepper(compiled, model, inputs, keep="all")
     with pytest.raises(CompiledGraphError, match="compiled for cpu"):
