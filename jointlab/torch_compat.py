@@ -21,11 +21,12 @@ imported on first use, so ``import jointlab`` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -458,3 +459,70 @@ def inductor_provenance(compiled: Callable[..., Any]) -> tuple[dict[str, Any], s
         raise unsupported("inductor_provenance_mapping_str/source_code on compiled graphs",
                           "map Inductor's kernels onto the joint graph")
     return json.loads(text), source
+
+
+@contextlib.contextmanager
+def inductor_buffer_origins() -> Iterator[dict[str, tuple[str, str, tuple[int, ...]]]]:
+    """Record, while Inductor lowers a graph, which post-grad node each buffer holds.
+
+    Inductor names the buffers of its generated code (``buf3``) after its IR
+    buffers; each IR buffer that is the value of one post-grad FX node keeps
+    that node as ``origin_node``. The record is filled when
+    ``GraphLowering.codegen`` returns (nothing is recorded on a cache hit).
+
+    Yields:
+        ``{buffer name: (post-grad node name, its target as text, static shape)}``,
+        filled once Inductor generates code inside the block.
+
+    Raises:
+        UnsupportedTorchError: This torch's ``GraphLowering`` has no ``codegen``.
+    """
+    lowering = torch_attr("torch._inductor.graph", "GraphLowering",
+                          "step the kernels of a compiled joint graph")
+    original = _required(lowering, "codegen", "GraphLowering.codegen",
+                         "step the kernels of a compiled joint graph")
+    record: dict[str, tuple[str, str, tuple[int, ...]]] = {}
+
+    def codegen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        for buf in getattr(self, "buffers", ()):
+            origin = getattr(buf, "origin_node", None)
+            name = getattr(buf, "get_name", lambda: None)()
+            if origin is None or name is None:
+                continue
+            try:
+                shape = tuple(int(s) for s in buf.get_size())
+            except (TypeError, ValueError):  # symbolic sizes: no static shape
+                continue
+            record[name] = (origin.name, str(origin.target), shape)
+        return out
+
+    lowering.codegen = codegen
+    try:
+        yield record
+    finally:
+        lowering.codegen = original
+
+
+def inductor_wrapper_globals(compiled: Callable[..., Any]) -> dict[str, Any]:
+    """The module namespace of a ``torch._inductor.compile`` result's generated wrapper code.
+
+    Its ``call`` runs the kernels; its globals hold the loaded kernels
+    (``cpp_fused_*``, ``extern_kernels``, ``reinterpret_tensor``...).
+
+    Args:
+        compiled: What ``torch._inductor.compile`` returned.
+
+    Returns:
+        The generated module's globals.
+
+    Raises:
+        UnsupportedTorchError: This torch keeps no ``current_callable`` with module globals.
+    """
+    call = getattr(compiled, "current_callable", None)
+    func = getattr(call, "__func__", call)
+    namespace = getattr(func, "__globals__", None)
+    if not isinstance(namespace, dict) or "call" not in namespace:
+        raise unsupported("current_callable of compiled graphs (the generated wrapper's call)",
+                          "step the kernels of a compiled joint graph")
+    return namespace

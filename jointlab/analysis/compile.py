@@ -5,10 +5,11 @@ A :class:`CompiledJoint` has a small, explicit surface: :meth:`~CompiledJoint.ru
 (compiled vs graph vs eager), :attr:`~CompiledJoint.source` (the traced graph it
 came from) and a short repr. It does not pass itself off as the traced graph:
 stepping, the memory picture and the node table describe the traced graph,
-not the code ``torch.compile`` generates, so ``jl.Stepper(compiled)``,
-``compiled.memory()`` and ``compiled.nodes`` refuse with
-:class:`jointlab.errors.CompiledGraphError` and point at ``compiled.source``.
-Stepping the compiled code itself would be a separate feature.
+not the code ``torch.compile`` generates, so ``compiled.memory()`` and
+``compiled.nodes`` refuse with :class:`jointlab.errors.CompiledGraphError` and
+point at ``compiled.source``. ``jl.Stepper(compiled, ...)`` steps the compiled
+code itself, kernel by kernel
+(:class:`jointlab.analysis.step.compiled.CompiledStepper`).
 
 With ``backend="inductor"`` on a static-shape graph the joint graph is handed to
 Inductor directly (``torch._inductor.compile``, no Dynamo re-trace), with
@@ -39,7 +40,9 @@ __all__ = ["CompiledJoint", "compile_joint", "refuse_compiled_joint"]
 # ones: with fallback_random the compiled graph draws what eager draws.
 _EXACT_RANDOM = {"fallback_random": True}
 # Inductor records which joint-graph nodes each kernel covers (its provenance).
-_MAPPED = {**_EXACT_RANDOM, "trace.provenance_tracking_level": 1}
+# Inductor's cache skips the lowering, where the buffer origins the compiled Stepper reads
+# are recorded, so the mapped compile always lowers.
+_MAPPED = {**_EXACT_RANDOM, "trace.provenance_tracking_level": 1, "fx_graph_cache": False}
 
 
 class InductorGraph:
@@ -48,6 +51,7 @@ class InductorGraph:
     Attributes:
         provenance: Inductor's node/kernel mapping (None before the first call).
         source_code: Inductor's generated wrapper and kernels (None before).
+        buffers: ``{buffer: (post-grad node, target, shape)}`` recorded while lowering.
     """
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
@@ -56,12 +60,14 @@ class InductorGraph:
         self.fn: Any = None
         self.provenance: dict[str, Any] | None = None
         self.source_code: str | None = None
+        self.buffers: dict[str, tuple[str, str, tuple[int, ...]]] = {}
 
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
         if self.fn is None:
-            with torch.no_grad():
+            with torch.no_grad(), torch_compat.inductor_buffer_origins() as buffers:
                 fn = torch_compat.inductor_compile(self.gm, list(args), options=_MAPPED)
+            self.buffers = buffers
             self.provenance, self.source_code = inductor_provenance(fn)
             self.fn = fn
         return self.fn(*args)
@@ -171,9 +177,9 @@ def refuse_compiled_joint(joint: Any, what: str) -> None:
         raise CompiledGraphError(
             f"{what} works on the traced joint graph, not on code compiled from it: on a "
             f"CompiledJoint ({joint.backend}) it would describe the uncompiled graph. Pass "
-            "compiled.source (the original graph from jl.trace) instead. Stepping the compiled "
-            "code kernel by kernel is a separate feature jointlab does not offer yet; "
-            "jl.bisect(compiled, model, inputs) "
+            "compiled.source (the original graph from jl.trace) instead. To look inside the "
+            "compiled code, jl.Stepper(compiled, model, inputs) steps it kernel by kernel "
+            "(joint.compile('inductor')), and jl.bisect(compiled, model, inputs) "
             "compiles and runs it region by region against the uncompiled graph and names "
             "the first region that diverges. compiled.run(...) and jl.compare(compiled, ...) "
             "run the compiled code.")

@@ -8,6 +8,10 @@ timings (and CUDA memory, synchronized); stepping over a module; the
 comparison with eager from the same start; and the ipywidgets panel. Bulk
 runs go through generated code between breakpoints, so without breakpoints
 creating a stepper and running it to the end costs what ``joint.run`` costs.
+
+Given a compiled joint graph (``joint.compile("inductor")``), ``jl.Stepper``
+returns a :class:`jointlab.analysis.step.compiled.CompiledStepper`, which runs
+the generated code kernel by kernel (never the uncompiled graph in its place).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from torch import nn
 
 from jointlab import meta as _meta
 from jointlab.analysis.compare.compare import Comparison, compare
-from jointlab.analysis.compile import refuse_compiled_joint
 from jointlab.analysis.step.breakpoints import Breakpoint, _predicate, check_breakpoint
+from jointlab.analysis.step.compiled import CompiledStepper, is_compiled_joint
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import StepperError, ValueNotAvailableError
@@ -45,13 +49,19 @@ class Stepper:
         timings: Per stepped node name, ``(seconds, memory delta, memory peak)``.
     """
 
+    def __new__(cls, joint: Any, *args: Any, **kwargs: Any) -> Any:
+        """A :class:`CompiledStepper` for a compiled joint graph, else a node :class:`Stepper`."""
+        if is_compiled_joint(joint):
+            return CompiledStepper(joint, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
                  device: str | torch.device | None = None, seed: int | None = None,
                  keep: str | Iterable[str] | None = None) -> None:
         """Bind ``model``'s state and ``inputs`` to the graph on ``device``.
 
         Args:
-            joint: The traced joint graph (not a compiled one: step ``compiled.source``).
+            joint: The traced joint graph (a compiled one gets a :class:`CompiledStepper`).
             model: The model (its buffers are cloned; the model is never changed).
             inputs: Keyword inputs with the traced structure.
             device: Where to run; default ``"cuda"`` when available, else ``"cpu"``.
@@ -59,10 +69,8 @@ class Stepper:
             keep: ``"all"`` or a set of node names whose values outlive their last use.
 
         Raises:
-            jointlab.errors.CompiledGraphError: ``joint`` is a compiled joint graph.
             jointlab.errors.StepperError: ``joint``, ``model`` or ``inputs`` is of the wrong kind.
         """
-        refuse_compiled_joint(joint, "jl.Stepper")
         check_call(joint, model, inputs, StepperError, "jl.Stepper")
         self.joint, self.model, self.inputs, self.seed = joint, model, inputs, seed
         self.runner = NodeRunner(joint, model, inputs, device=device, seed=seed, keep=keep)
