@@ -60,6 +60,7 @@ from jointlab.io.codec import (
     is_plain_scalar,
     shared_meta,
 )
+from jointlab.io.deferred import DeferredGraphModule
 from jointlab.io.fakes import SPEC_KEY, encode_vals, rebuild_vals
 from jointlab.passes.analyze import require_analyzed
 from jointlab.runtime import AotRuntime, MakeFxRuntime
@@ -277,7 +278,7 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModul
     root = torch.nn.Module()
     for key, tensor in constants.items():
         _set_constant(root, key, tensor)
-    return fx.GraphModule(root, graph)
+    return DeferredGraphModule(root, graph)  # code generated when first run or read
 
 
 def _set_constant(root: torch.nn.Module, key: str, tensor: torch.Tensor) -> None:
