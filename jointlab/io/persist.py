@@ -263,9 +263,13 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModul
         kwargs = decode_value(rec.get("kwargs", {"t": "dict", "v": []}), node_of)
         if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
             raise PersistError(f"node '{name}' has malformed args or kwargs")
-        node = graph.create_node(op, target, tuple(args), kwargs, name=name)
+        node = graph.create_node(op, target, name=name)
         if node.name != name:
             raise PersistError(f"duplicate or reserved node name {name!r} in the archive")
+        # Set after creation: create_node scans args for raw SymInts, which JSON cannot hold.
+        node.args = tuple(args)
+        if kwargs:
+            node.kwargs = kwargs
         node.meta.update(_decode_meta(rec.get("meta", {})))
         node.meta.update(shared_meta(rec.get("shared_meta", {}), shared, SAVED_META))
         if rec.get("val") is not None:
