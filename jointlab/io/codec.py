@@ -29,6 +29,8 @@ from jointlab.torch_compat import sympy_functions as sym_fns
 from jointlab.trace.checkpoint import GET_STATE, SET_STATE
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A dotted name of identifiers (``fullmatch`` it: one regex call a name, a load checks thousands).
+DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 DEVICE = re.compile(r"^[a-z_]+(:[0-9]+)?$")
 OP_NAMESPACES = ("aten", "prims")
 
@@ -298,11 +300,15 @@ def shared_meta(refs: Any, shared: list[Any], allowed: tuple[str, ...]) -> dict[
 
 
 def _fresh(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _fresh(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_fresh(x) for x in v]
+    kind = type(v)
+    if kind is dict:
+        return {k: _fresh(x) if type(x) in _MUTABLE else x for k, x in v.items()}
+    if kind is list:
+        return [_fresh(x) if type(x) in _MUTABLE else x for x in v]
     return v
+
+
+_MUTABLE = frozenset({dict, list})  # what decode_value builds that a node must not share
 
 
 # -- sympy expressions --------------------------------------------------------------

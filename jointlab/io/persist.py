@@ -46,7 +46,7 @@ from jointlab.errors import PersistError
 from jointlab.guards import ShapeGuards
 from jointlab.inputs import InputSpec, LeafSpec, StateSpec
 from jointlab.io.codec import (
-    IDENT,
+    DOTTED,
     SharedValues,
     decode_callable,
     decode_device,
@@ -228,7 +228,7 @@ def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
 
 
 def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not all(IDENT.match(p) for p in name.split(".")):
+    if not isinstance(name, str) or DOTTED.fullmatch(name) is None:
         raise PersistError(f"invalid {what} {name!r} in the archive: names must be "
                            "Python identifiers (the file may have been tampered with)")
     return name
