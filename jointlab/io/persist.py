@@ -19,7 +19,8 @@ The archive is a zip file:
 
 Loading resolves targets only against :mod:`jointlab.io.codec`'s allow-list and
 never evaluates code from the file. The fake ``meta["val"]`` values are
-rebuilt from their recorded specs (:mod:`jointlab.io.fakes`).
+rebuilt from their recorded specs (:mod:`jointlab.io.fakes`). The graph module
+generates its Python code when first run or read (:mod:`jointlab.io.deferred`).
 
 Version 2 (written now) adds every node's value spec with its storage, and
 stores each meta value that repeats across nodes (stack traces, module stacks)
