@@ -2,11 +2,12 @@
 
 The subject is a real trace of the GPT-2-shaped LM of :mod:`jointlab.models`
 (16 layers, narrow so it traces quickly on a small machine; about 2k nodes).
-Both are timed alternately in one run; the target is a load at most 5% of
-the trace. The load covers the whole of ``jl.load``: reading and checking the
-archive, building the graph, and rebuilding every node's fake ``meta["val"]``.
-The graph's Python code is generated when first run or read
-(:mod:`jointlab.io.deferred`); the row "load + code" times that too, for reference.
+Both are timed alternately in one run, each by its least disturbed sample (the
+machine is shared); the target is a load at most 5% of the trace. The load
+covers the whole of ``jl.load``: reading and checking the archive, building
+the graph, and rebuilding every node's fake ``meta["val"]``. The graph's Python
+code is generated when first run or read (:mod:`jointlab.io.deferred`); the
+row "load + code" times that too, for reference.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def rows(ctx):
         t = interleaved({"trace": lambda: jl.trace(model, train_fn, inputs),
                          "load": lambda: jl.load(path),
                          "load + code": lambda: jl.load(path).graph_module.code},
-                        repeat=2 if ctx.quick else 3)
+                        repeat=2 if ctx.quick else 3, stat=min)
     ratio = t["load"] / t["trace"]
     name = f"gpt2-{N_LAYER}L d16"
     return [
