@@ -9,11 +9,10 @@ graph is made by concatenating copies.
 
 from __future__ import annotations
 
-from run import interleaved, row, timeit
+from run import interleaved, narrow_lm, row, timeit
 
 import jointlab as jl
 from jointlab.analysis.tables import node_table
-from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
 from jointlab.passes.analyze import ensure_analyzed, forget_analysis
 
 # About 130 nodes per layer at this width: 38 layers ~ 5k nodes, 384 ~ 50k.
@@ -29,8 +28,7 @@ def uncached_build(joint) -> None:
 
 def narrow_gpt2(n_layer: int):
     """A real trace of a narrow GPT-2-shaped model with ``n_layer`` layers."""
-    model = make_gpt2(n_layer=n_layer, d=16, n_head=2, vocab=32, seq=8)
-    return jl.trace(model, lm_train_fn, lm_inputs(1, 32, 8))
+    return jl.trace(*narrow_lm(n_layer))
 
 
 def rows(ctx):

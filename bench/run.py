@@ -88,6 +88,17 @@ class Context:
         return timeit(lambda: jl.trace(m, fn, inp), repeat=1 if self.quick else 3)
 
 
+def narrow_lm(n_layer: int) -> tuple[Any, Callable[..., Any], dict[str, Any]]:
+    """(model, train_fn, inputs) of a narrow GPT-2-shaped LM: d=16, seq=8, ~130 nodes a layer.
+
+    The subject of the benchmarks that need many nodes traced quickly (load, tables).
+    """
+    from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+
+    model = make_gpt2(n_layer=n_layer, d=16, n_head=2, vocab=32, seq=8)
+    return model, lm_train_fn, lm_inputs(1, 32, 8)
+
+
 def row(name: str, value: float, unit: str, target: str = "", ok: bool | None = None,
         **extra: Any) -> dict[str, Any]:
     """Build one result row."""

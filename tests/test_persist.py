@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
-from jointlab.errors import GuardError, PersistError
+from jointlab.errors import GuardError, PersistError, StaleAnalysisError
+from jointlab.io.deferred import has_generated_code
 from tests.fixtures import zoo
 
 
@@ -431,3 +432,37 @@ def test_malformed_version_2_fields_are_refused(member, edit, message, saved, tm
     _tamper(saved, bad, member, edit)
     with pytest.raises(PersistError, match=message):
         jl.load(str(bad))
+
+
+def test_loaded_graph_generates_its_code_when_first_run_and_stays_analyzed(tmp_path):
+    fx_, model, inputs, joint = _trace("cnn_bn")
+    path = str(tmp_path / "g.jlg")
+    joint.save(path)
+    loaded = jl.load(path)
+    gm = loaded.graph_module
+    assert not has_generated_code(gm)
+    loaded.nodes, loaded.memory()  # readers need no generated code
+    assert not has_generated_code(gm)
+    model2 = fx_.make_model()  # same builder: BatchNorm buffers evolve identically
+    _assert_bitwise(_run(loaded, model2, inputs), _run(joint, model, inputs))
+    assert has_generated_code(gm)
+    assert gm.code == torch.fx.GraphModule(gm, gm.graph).code
+    # the first code generation is not an edit: the analysis is still current
+    assert len(loaded.nodes) == len(joint.nodes)
+    _assert_bitwise(_run(loaded, model2, inputs), _run(joint, model, inputs))
+
+
+@pytest.mark.parametrize("run_first", [False, True])
+def test_recompile_of_loaded_graph_makes_its_analysis_stale(run_first, tmp_path):
+    _, model, inputs, joint = _trace("mlp")
+    path = str(tmp_path / "g.jlg")
+    joint.save(path)
+    loaded = jl.load(path)
+    if run_first:
+        loaded.run(model, inputs)
+    loaded.graph_module.recompile()  # what a user does after editing the graph
+    with pytest.raises(StaleAnalysisError):
+        loaded.summary()
+    loaded.recompute()
+    assert len(loaded.nodes) == len(joint.nodes)
+    _assert_bitwise(_run(loaded, model, inputs), _run(joint, model, inputs))

@@ -99,6 +99,13 @@ def _traced(name: str, mode: str, dynamic: bool = False):
     return model, jl.trace(model, train_fn, _inputs(), mode=mode, dynamic_arg_dims=dims)
 
 
+def _subject(name: str, mode: str, dynamic: bool = False, batch: int = 4):
+    """The traced one-op model, its inputs and eager's step from ``SEED`` (the reference)."""
+    model, joint = _traced(name, mode, dynamic)
+    inputs = _inputs(batch)
+    return model, joint, inputs, eager_step(model, train_fn, inputs, SEED)
+
+
 def _assert_same(got, ref, what: str) -> None:
     g_loss, g_grads, _ = got
     e_loss, e_grads, _ = ref
@@ -112,9 +119,7 @@ def _assert_same(got, ref, what: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", list(OPS))
 def test_joint_run_draws_what_eager_draws(name, mode):
-    model, joint = _traced(name, mode)
-    inputs = _inputs()
-    ref = eager_step(model, train_fn, inputs, SEED)
+    model, joint, inputs, ref = _subject(name, mode)
     other = eager_step(model, train_fn, inputs, SEED + 1)
     assert not torch.equal(ref[0], other[0]), "the op must actually draw"
     assert any(draws_random(n) for n in joint.graph.nodes), "the Stepper must see the draw"
@@ -125,9 +130,7 @@ def test_joint_run_draws_what_eager_draws(name, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", list(OPS))
 def test_stepper_draws_what_eager_draws(name, mode):
-    model, joint = _traced(name, mode)
-    inputs = _inputs()
-    ref = eager_step(model, train_fn, inputs, SEED)
+    model, joint, inputs, ref = _subject(name, mode)
     torch.manual_seed(123)
     user = torch.get_rng_state()
     stepper = jl.Stepper(joint, model, inputs, device="cpu", seed=SEED)
@@ -140,9 +143,7 @@ def test_stepper_draws_what_eager_draws(name, mode):
 @pytest.mark.parametrize("name", ["bernoulli", "normal_tensor_tensor", "rrelu", "randperm",
                                   "multinomial", "dropout", "exponential_", "randint_like"])
 def test_dynamic_trace_draws_what_eager_draws_at_another_size(name, mode):
-    model, joint = _traced(name, mode, dynamic=True)
-    inputs = _inputs(batch=3)
-    ref = eager_step(model, train_fn, inputs, SEED)
+    model, joint, inputs, ref = _subject(name, mode, dynamic=True, batch=3)
     torch.manual_seed(SEED)
     _assert_same(joint.run(model, inputs), ref, f"{name} dynamic joint.run")
 

@@ -29,6 +29,8 @@ from jointlab.torch_compat import sympy_functions as sym_fns
 from jointlab.trace.checkpoint import GET_STATE, SET_STATE
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A dotted name of identifiers (``fullmatch`` it: one regex call a name, a load checks thousands).
+DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 DEVICE = re.compile(r"^[a-z_]+(:[0-9]+)?$")
 OP_NAMESPACES = ("aten", "prims")
 
@@ -183,6 +185,10 @@ def _bad(tag: str, v: Any) -> Any:
     raise PersistError(f"malformed {tag} value {v!r}")
 
 
+# JSON values that decode to themselves (checked inline: a load decodes ~30 a node).
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def decode_value(v: Any, node_of: Callable[[str], Any] | None = None) -> Any:
     """Inverse of :func:`encode_value`; ``node_of`` maps node names to nodes.
 
@@ -190,21 +196,22 @@ def decode_value(v: Any, node_of: Callable[[str], Any] | None = None) -> Any:
         PersistError: An unknown tag or a malformed value.
     """
     kind = type(v)
-    if v is None or kind is str or kind is int or kind is bool:
+    if kind in _PLAIN:
         return v
     if kind is list:
-        return [decode_value(x, node_of) for x in v]
+        return [x if type(x) in _PLAIN else decode_value(x, node_of) for x in v]
     if kind is not dict or len(v) != 2 or "t" not in v or "v" not in v:
         if isinstance(v, (bool, int, str)):  # subclasses a JSON parser does not make
             return v
         raise PersistError(f"malformed value {v!r}")
     tag, body = v["t"], v["v"]
     if tag == "tuple":
-        return tuple([decode_value(x, node_of) for x in _as_list(body)])
+        return tuple([x if type(x) in _PLAIN else decode_value(x, node_of)
+                      for x in _as_list(body)])
     if tag == "sdict":
         if type(body) is not dict:
             raise PersistError(f"malformed sdict value {str(body)[:200]}")
-        return {k: decode_value(x, node_of) for k, x in body.items()}
+        return {k: x if type(x) in _PLAIN else decode_value(x, node_of) for k, x in body.items()}
     if tag == "dict":
         return {decode_value(k, node_of): decode_value(x, node_of) for k, x in _pairs(body)}
     if tag == "node":
@@ -293,11 +300,15 @@ def shared_meta(refs: Any, shared: list[Any], allowed: tuple[str, ...]) -> dict[
 
 
 def _fresh(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _fresh(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_fresh(x) for x in v]
+    kind = type(v)
+    if kind is dict:
+        return {k: _fresh(x) if type(x) in _MUTABLE else x for k, x in v.items()}
+    if kind is list:
+        return [_fresh(x) if type(x) in _MUTABLE else x for x in v]
     return v
+
+
+_MUTABLE = frozenset({dict, list})  # what decode_value builds that a node must not share
 
 
 # -- sympy expressions --------------------------------------------------------------

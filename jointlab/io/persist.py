@@ -19,7 +19,8 @@ The archive is a zip file:
 
 Loading resolves targets only against :mod:`jointlab.io.codec`'s allow-list and
 never evaluates code from the file. The fake ``meta["val"]`` values are
-rebuilt from their recorded specs (:mod:`jointlab.io.fakes`).
+rebuilt from their recorded specs (:mod:`jointlab.io.fakes`). The graph module
+generates its Python code when first run or read (:mod:`jointlab.io.deferred`).
 
 Version 2 (written now) adds every node's value spec with its storage, and
 stores each meta value that repeats across nodes (stack traces, module stacks)
@@ -46,7 +47,7 @@ from jointlab.errors import PersistError
 from jointlab.guards import ShapeGuards
 from jointlab.inputs import InputSpec, LeafSpec, StateSpec
 from jointlab.io.codec import (
-    IDENT,
+    DOTTED,
     SharedValues,
     decode_callable,
     decode_device,
@@ -60,6 +61,7 @@ from jointlab.io.codec import (
     is_plain_scalar,
     shared_meta,
 )
+from jointlab.io.deferred import DeferredGraphModule
 from jointlab.io.fakes import SPEC_KEY, encode_vals, rebuild_vals
 from jointlab.passes.analyze import require_analyzed
 from jointlab.runtime import AotRuntime, MakeFxRuntime
@@ -227,7 +229,7 @@ def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
 
 
 def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not all(IDENT.match(p) for p in name.split(".")):
+    if not isinstance(name, str) or DOTTED.fullmatch(name) is None:
         raise PersistError(f"invalid {what} {name!r} in the archive: names must be "
                            "Python identifiers (the file may have been tampered with)")
     return name
@@ -262,9 +264,13 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModul
         kwargs = decode_value(rec.get("kwargs", {"t": "dict", "v": []}), node_of)
         if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
             raise PersistError(f"node '{name}' has malformed args or kwargs")
-        node = graph.create_node(op, target, tuple(args), kwargs, name=name)
+        node = graph.create_node(op, target, name=name)
         if node.name != name:
             raise PersistError(f"duplicate or reserved node name {name!r} in the archive")
+        # Set after creation: create_node scans args for raw SymInts, which JSON cannot hold.
+        node.args = tuple(args)
+        if kwargs:
+            node.kwargs = kwargs
         node.meta.update(_decode_meta(rec.get("meta", {})))
         node.meta.update(shared_meta(rec.get("shared_meta", {}), shared, SAVED_META))
         if rec.get("val") is not None:
@@ -277,7 +283,7 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModul
     root = torch.nn.Module()
     for key, tensor in constants.items():
         _set_constant(root, key, tensor)
-    return fx.GraphModule(root, graph)
+    return DeferredGraphModule(root, graph)  # code generated when first run or read
 
 
 def _set_constant(root: torch.nn.Module, key: str, tensor: torch.Tensor) -> None:

@@ -8,7 +8,8 @@ Readers never run it; they call :func:`require_analyzed`, which raises
 
 Staleness uses public FX state only and costs O(1): the stamp holds the
 generated ``graph_module.code`` string (a new object on every
-``recompile()``, which ``gm.graph = ...`` also runs), the ``fx.Graph``
+``recompile()``, which ``gm.graph = ...`` also runs; a loaded graph's
+``code_version`` object, see :mod:`jointlab.io.deferred`), the ``fx.Graph``
 object and ``len(graph.nodes)``. An edit that neither recompiles nor adds
 or removes a node leaves the module running the code the analysis describes.
 
@@ -295,8 +296,11 @@ def graph_fingerprint(gm: fx.GraphModule) -> tuple[str, fx.Graph, int]:
 
     Returns:
         ``(generated code, graph, node count)``; compare with :func:`same_version`.
+        A module that defers its code generation (``jl.load``'s) offers a
+        ``code_version`` object instead, replaced on every ``recompile()``.
     """
-    return (gm.code, gm.graph, len(gm.graph.nodes))
+    version = gm.__dict__.get("code_version")
+    return (gm.code if version is None else version, gm.graph, len(gm.graph.nodes))
 
 
 def same_version(a: tuple[str, fx.Graph, int] | None, b: tuple[str, fx.Graph, int]) -> bool:
