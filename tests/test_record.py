@@ -243,9 +243,9 @@ def _eager_output_grads(model, train_fn, inputs, seed):
 def _eager_grad_norms(joint, grads, out_grads) -> dict[str, float]:
     """The reference norm of every gradient node: eager's parameter or module-output gradient."""
     want: dict[str, float] = {}
-    for fqn, (_, node) in joint.params_and_grads().items():
-        if node is not None:
-            want[node.name] = torch.linalg.vector_norm(grads[fqn].double()).item()
+    for fqn, nodes in joint.grad_terms().items():
+        if len(nodes) == 1:  # a sole term is the whole gradient (alias terms: see the test)
+            want[nodes[0].name] = torch.linalg.vector_norm(grads[fqn].double()).item()
     for node in joint.graph.nodes:
         for fqn, call, leaf in _meta.info(node).get("probe_grad", []):
             if leaf == 0 and (fqn, call) in out_grads and node.name not in want:
