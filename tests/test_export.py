@@ -154,3 +154,19 @@ def test_refusals(lm, tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="needs the system Chromium"):
         jl.export_figure(joint, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_dag_of_every_node_exports_one_labelled_box_per_node(tmp_path):
+    from tests.fixtures import zoo
+
+    f = zoo.FIXTURES["tiny_lm"]
+    joint = jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
+    fig = jl.plot_dag(joint)  # depth=None: every graph node, ungrouped
+    root = ET.parse(jl.export_figure(fig, tmp_path / "nodes.svg")).getroot()
+    nodes = {n.name: n for n in joint.graph.nodes}
+    got = _groups(root)
+    assert [n for n, _ in got] == list(fig._jointlab_data.names)
+    for name, label in got:  # parameters by FQN, inputs by path, others by FX name
+        m = jl.meta.info(nodes[name])
+        want = m.get("fqn") or m.get("input_path") or name
+        assert label == export_mod._svg.short(want), (name, label)

@@ -36,6 +36,20 @@ def short(text: str, limit: int = MAX_LABEL) -> str:
     return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2):]
 
 
+def is_group(info: dict[str, Any]) -> bool:
+    """True for the facts of a module group (a ``plot_dag`` figure drawn collapsed)."""
+    return "count" in info
+
+
+def node_lines(info: dict[str, Any], name: str) -> tuple[str, str]:
+    """The two label lines of one graph node: its FQN or name, then module and shape."""
+    first = info.get("fqn") or info.get("input_path") or name
+    shape = info.get("shape")
+    dims = "×".join(map(str, shape)) if shape is not None else ""
+    second = " · ".join(x for x in (str(info.get("module") or "(root)"), dims) if x)
+    return short(str(first)), short(second, MAX_LABEL + 8)
+
+
 def group_lines(info: dict[str, Any]) -> tuple[str, str]:
     """The two label lines of a group box: module, then ops / FLOPs / bytes."""
     second = f"{info['count']} ops"
@@ -87,8 +101,8 @@ def _edge_paths(src: np.ndarray, dst: np.ndarray, cx: np.ndarray, cy: np.ndarray
 
 def _box(i: int, info: dict[str, Any], name: str, x: float, y: float, box_w: float) -> str:
     phase = info.get("phase", "forward")
-    line1, line2 = group_lines(info)
-    tip = escape(f"{name}: {info['count']} nodes")
+    line1, line2 = group_lines(info) if is_group(info) else node_lines(info, name)
+    tip = escape(f"{name}: {info['count']} nodes" if is_group(info) else f"{name}: {line2}")
     return (f'<g class="group" data-name={quoteattr(name)}><title>{tip}</title>'
             f'<rect x="{x - box_w / 2:.1f}" y="{y - BOX_H / 2:.1f}" width="{box_w:.1f}" '
             f'height="{BOX_H:.0f}" rx="5" fill="{PHASE_FILL.get(phase, "#eeeeee")}" '
@@ -111,7 +125,9 @@ def dag_svg(data: Any, lay: Any, title: str) -> str:
         The SVG text; one ``<g class="group">`` per node or group, one
         ``<path class="edge">`` per edge.
     """
-    widest = max((max(len(a), len(b)) for a, b in map(group_lines, data.info)), default=8)
+    lines = [group_lines(i) if is_group(i) else node_lines(i, n)
+             for i, n in zip(data.info, data.names)]
+    widest = max((max(len(a), len(b)) for a, b in lines), default=8)
     box_w = max(96.0, widest * CHAR_W + 16)
     cx, cy, width, height = _pixels(lay, box_w)
     fwd = [cy[i] for i, b in enumerate(data.is_bwd) if not b]
