@@ -21,11 +21,12 @@ imported on first use, so ``import jointlab`` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -433,3 +434,74 @@ def inductor_provenance(compiled: Callable[..., Any]) -> tuple[dict[str, Any], s
         raise unsupported("inductor_provenance_mapping_str/source_code on compiled graphs",
                           "map Inductor's kernels onto the joint graph")
     return json.loads(text), source
+
+
+# -- completing Inductor's provenance around pattern replacements -----------------
+_ABSORBED = "jointlab_absorbed"  # the pass name on the provenance jointlab adds
+
+
+def _replacements(graph: torch.fx.Graph, outputs: list[Any]) -> list[Any]:
+    """Nodes of ``graph`` whose provenance names one of ``outputs`` (a replaced match output)."""
+    gid, names = id(graph), {o.name for o in outputs}
+    return [n for n in graph.nodes
+            if any(s.name in names and s.graph_id == gid for s in n.meta.get("from_node", ()))]
+
+
+def _recording_erase(original: Callable[..., Any], node_source: Any,
+                     action: Any) -> Callable[..., Any]:
+    def erase_nodes(match: Any) -> None:
+        graph = match.graph
+        outputs = [o for o in match.output_nodes() if o is not None and not o.users]
+        original(match)
+        alive = set(graph.nodes)
+        absorbed = [n for n in match.nodes if n not in alive and n not in outputs
+                    and n.op == "call_function"]
+        if not absorbed or not outputs:
+            return
+        for new in _replacements(graph, outputs):
+            new.meta["from_node"] = [*new.meta.get("from_node", ()),
+                                     *(node_source(a, _ABSORBED, action) for a in absorbed)]
+    return erase_nodes
+
+
+@contextlib.contextmanager
+def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
+    """Inductor options and a patch under which its provenance names every replaced node.
+
+    Inductor's pattern replacements (``mm`` + ``add`` -> ``addmm``, ...) record
+    only the match's output node as the source of the replacement; the other
+    nodes they consume vanish from ``trace.provenance_tracking_level=1``'s
+    mapping (the tied-weight gradient ``mm`` of a GPT became part of an
+    ``addmm`` nobody said covered it). While this context is open, each match
+    that erases such nodes adds them, as provenance with pass name
+    ``jointlab_absorbed``, to the nodes that replaced its outputs, so Inductor's
+    own mapping carries them on to the kernel. The yielded options salt the
+    FX-graph cache key (a no-op custom pass) so no compile made without the
+    patch is reused.
+
+    Yields:
+        Inductor options to compile with while the context is open.
+
+    Raises:
+        UnsupportedTorchError: This torch lacks the pattern matcher's ``Match``,
+            ``NodeSource`` or ``CustomGraphPass``.
+    """
+    purpose = "map the nodes Inductor's pattern replacements consume onto their kernels"
+    match_cls = torch_attr("torch._inductor.pattern_matcher", "Match", purpose)
+    node_source = torch_attr("torch.fx.traceback", "NodeSource", purpose)
+    action = torch_attr("torch.fx.traceback", "NodeSourceAction", purpose).REPLACE
+    base = torch_attr("torch._inductor.custom_graph_pass", "CustomGraphPass", purpose)
+    original = _required(match_cls, "erase_nodes", "Match.erase_nodes", purpose)
+
+    class Salt(base):  # type: ignore[misc, valid-type]
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            return None
+
+        def uuid(self) -> str:
+            return "jointlab.complete_inductor_provenance.v1"
+
+    match_cls.erase_nodes = _recording_erase(original, node_source, action)
+    try:
+        yield {"post_grad_custom_post_pass": Salt()}
+    finally:
+        match_cls.erase_nodes = original

@@ -21,7 +21,7 @@ through ``torch.compile`` (and have no kernel map).
 from __future__ import annotations
 
 import copy
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from torch import nn
@@ -29,9 +29,13 @@ from torch import nn
 from jointlab import torch_compat
 from jointlab.analysis.bisect import Bisection, bisect
 from jointlab.analysis.compare.compare import Comparison, compare
+from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_layer, kernel_table
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError
 from jointlab.torch_compat import inductor_provenance
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["CompiledJoint", "compile_joint", "refuse_compiled_joint"]
 
@@ -60,8 +64,9 @@ class InductorGraph:
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
         if self.fn is None:
-            with torch.no_grad():
-                fn = torch_compat.inductor_compile(self.gm, list(args), options=_MAPPED)
+            with torch.no_grad(), torch_compat.complete_inductor_provenance() as extra:
+                fn = torch_compat.inductor_compile(self.gm, list(args),
+                                                   options={**_MAPPED, **extra})
             self.provenance, self.source_code = inductor_provenance(fn)
             self.fn = fn
         return self.fn(*args)
@@ -133,6 +138,30 @@ class CompiledJoint:
         """
         return bisect(self, model, inputs, **options)
 
+    def kernels(self) -> pd.DataFrame:
+        """The kernel table (:func:`jointlab.analysis.kernels.kernel_table`), after a run.
+
+        Returns:
+            One row per kernel call; ``attrs["coverage"]`` is the map's coverage.
+        """
+        return kernel_table(self)
+
+    def coverage(self) -> KernelCoverage:
+        """Share of the source graph's compute nodes the kernel map covers, after a run.
+
+        Returns:
+            A :class:`jointlab.analysis.kernels.KernelCoverage`.
+        """
+        return kernel_coverage(self)
+
+    def kernel_layer(self) -> dict[str, str]:
+        """``{node: kernel}`` for ``jl.dag_view(compiled.source, layers={"kernel": ...})``.
+
+        Returns:
+            Covered node names to their kernel calls (see :func:`kernel_layer`).
+        """
+        return kernel_layer(self)
+
     def memory(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused: the memory picture describes the traced graph (``compiled.source.memory()``).
 
@@ -153,8 +182,10 @@ class CompiledJoint:
     def __repr__(self) -> str:
         """Backend, mode and size of the source graph, in one line."""
         n = len(self.source.graph.nodes)
+        mapped = getattr(self.compiled, "provenance", None) is not None
+        tail = f"; {self.coverage()}" if mapped else ""
         return (f"CompiledJoint(backend={self.backend!r}, source: {self.source.mode} graph, "
-                f"{n} nodes)")
+                f"{n} nodes{tail})")
 
 
 def refuse_compiled_joint(joint: Any, what: str) -> None:
