@@ -464,9 +464,22 @@ def _recording_erase(original: Callable[..., Any], node_source: Any,
     return erase_nodes
 
 
+def _recording_codegen(original: Callable[..., Any], lowered: list[Any]) -> Callable[..., Any]:
+    def codegen(graph: Any) -> Any:
+        out = original(graph)
+        names = {}
+        for buf in graph.buffers:
+            origin = getattr(buf, "origin_node", None)
+            if origin is not None:
+                names[buf.get_name()] = origin.name
+        lowered.append((graph.module, names))
+        return out
+    return codegen
+
+
 @contextlib.contextmanager
 def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
-    """Inductor options and a patch under which its provenance names every replaced node.
+    """Inductor options and patches under which a compile records its full provenance.
 
     Inductor's pattern replacements (``mm`` + ``add`` -> ``addmm``, ...) record
     only the match's output node as the source of the replacement; the other
@@ -475,33 +488,32 @@ def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
     ``addmm`` nobody said covered it). While this context is open, each match
     that erases such nodes adds them, as provenance with pass name
     ``jointlab_absorbed``, to the nodes that replaced its outputs, so Inductor's
-    own mapping carries them on to the kernel. The yielded options salt the
-    FX-graph cache key (a no-op custom pass) so no compile made without the
-    patch is reused.
+    own mapping carries them on to the kernel. Each lowering also leaves the
+    graph it lowered (post-grad, after decompositions and pattern passes) and
+    which of its nodes each buffer of the generated code holds (Inductor's
+    best-effort ``origin_node``). The yielded options turn the FX-graph cache
+    off: a cached compile lowers nothing, so it would leave neither record.
 
     Yields:
-        Inductor options to compile with while the context is open.
+        ``{"options": Inductor options to compile with, "lowered": [(post-grad
+        graph module, {buffer name: its node's name}), ...]}``.
 
     Raises:
         UnsupportedTorchError: This torch lacks the pattern matcher's ``Match``,
-            ``NodeSource`` or ``CustomGraphPass``.
+            ``NodeSource`` or ``GraphLowering.codegen``.
     """
     purpose = "map the nodes Inductor's pattern replacements consume onto their kernels"
     match_cls = torch_attr("torch._inductor.pattern_matcher", "Match", purpose)
+    lowering = torch_attr("torch._inductor.graph", "GraphLowering", purpose)
     node_source = torch_attr("torch.fx.traceback", "NodeSource", purpose)
     action = torch_attr("torch.fx.traceback", "NodeSourceAction", purpose).REPLACE
-    base = torch_attr("torch._inductor.custom_graph_pass", "CustomGraphPass", purpose)
-    original = _required(match_cls, "erase_nodes", "Match.erase_nodes", purpose)
-
-    class Salt(base):  # type: ignore[misc, valid-type]
-        def __call__(self, graph: torch.fx.Graph) -> None:
-            return None
-
-        def uuid(self) -> str:
-            return "jointlab.complete_inductor_provenance.v1"
-
-    match_cls.erase_nodes = _recording_erase(original, node_source, action)
+    erase = _required(match_cls, "erase_nodes", "Match.erase_nodes", purpose)
+    codegen = _required(lowering, "codegen", "GraphLowering.codegen", purpose)
+    record: dict[str, Any] = {"options": {"fx_graph_cache": False}, "lowered": []}
+    match_cls.erase_nodes = _recording_erase(erase, node_source, action)
+    lowering.codegen = _recording_codegen(codegen, record["lowered"])
     try:
-        yield {"post_grad_custom_post_pass": Salt()}
+        yield record
     finally:
-        match_cls.erase_nodes = original
+        match_cls.erase_nodes = erase
+        lowering.codegen = codegen

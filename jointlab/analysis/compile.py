@@ -28,7 +28,8 @@ from torch import nn
 
 from jointlab import torch_compat
 from jointlab.analysis.bisect import Bisection, bisect
-from jointlab.analysis.compare.compare import Comparison, compare
+from jointlab.analysis.compare.compare import Comparison, Tolerance, compare
+from jointlab.analysis.kernel_probe import KernelCheck, first_diverging_kernel
 from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_layer, kernel_table
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError
@@ -52,6 +53,7 @@ class InductorGraph:
     Attributes:
         provenance: Inductor's node/kernel mapping (None before the first call).
         source_code: Inductor's generated wrapper and kernels (None before).
+        lowered: ``(post-grad graph, {buffer: node})`` per graph Inductor lowered.
     """
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
@@ -60,14 +62,16 @@ class InductorGraph:
         self.fn: Any = None
         self.provenance: dict[str, Any] | None = None
         self.source_code: str | None = None
+        self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
 
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
         if self.fn is None:
-            with torch.no_grad(), torch_compat.complete_inductor_provenance() as extra:
+            with torch.no_grad(), torch_compat.complete_inductor_provenance() as record:
                 fn = torch_compat.inductor_compile(self.gm, list(args),
-                                                   options={**_MAPPED, **extra})
+                                                   options={**_MAPPED, **record["options"]})
             self.provenance, self.source_code = inductor_provenance(fn)
+            self.lowered = record["lowered"]
             self.fn = fn
         return self.fn(*args)
 
@@ -161,6 +165,27 @@ class CompiledJoint:
             Covered node names to their kernel calls (see :func:`kernel_layer`).
         """
         return kernel_layer(self)
+
+    def first_diverging_kernel(self, model: nn.Module, inputs: dict[str, Any],
+                               tol: Tolerance, seed: int = 0) -> KernelCheck:
+        """Rerun the generated code kernel by kernel against Inductor's post-grad graph.
+
+        ``jl.compare`` calls it when this candidate does not match
+        (:func:`jointlab.analysis.kernel_probe.first_diverging_kernel`).
+
+        Args:
+            model: The live model (not changed).
+            inputs: Keyword inputs for the training step.
+            tol: How values are judged.
+            seed: RNG seed for both runs.
+
+        Returns:
+            A :class:`jointlab.analysis.kernel_probe.KernelCheck`.
+        """
+        if not isinstance(self.compiled, InductorGraph):
+            return KernelCheck(None, 0, (), f"no kernel-by-kernel check for backend="
+                               f"{self.backend!r} or a dynamic-shape graph")
+        return first_diverging_kernel(self, model, inputs, tol, seed)
 
     def memory(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused: the memory picture describes the traced graph (``compiled.source.memory()``).

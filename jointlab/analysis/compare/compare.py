@@ -384,7 +384,16 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     if compiled and not _compiled_exact(comp, compiled):
         ref = fp64_reference(model, train_fn, inputs, graph.param_names, seed, dev)
         comp = dataclasses.replace(comp, fp64=fp64_table(results, eager, ref, compiled))
-    return comp
+    kernels = {name: cands[name].first_diverging_kernel(model, inputs, loose, seed)
+               for name in compiled if not _candidate_ok(comp, name)
+               and hasattr(cands[name], "first_diverging_kernel")}
+    return dataclasses.replace(comp, kernels=kernels) if kernels else comp
+
+
+def _candidate_ok(comp: Comparison, name: str) -> bool:
+    rows = [t[t["candidate"] == name] for t in (comp.loss, comp.grads, comp.loss_dict,
+                                                comp.buffers) if len(t)]
+    return all(bool(r["ok"].all()) for r in rows)
 
 
 def _compiled_exact(comp: Comparison, names: list[str]) -> bool:
@@ -515,6 +524,9 @@ class Comparison:
         fp64: When a compiled candidate is not bit-exact: per value, its and eager's
             max abs distance to eager run in float64, and which side is closer
             (None otherwise).
+        kernels: Per compiled candidate that does not match (Inductor only): the
+            kernel-by-kernel check naming its first diverging kernel
+            (:class:`jointlab.analysis.kernel_probe.KernelCheck`); None otherwise.
     """
 
     ok: bool
@@ -529,6 +541,7 @@ class Comparison:
     notes: tuple[str, ...]
     unchecked: tuple[str, ...]
     fp64: pd.DataFrame | None = None
+    kernels: dict[str, Any] | None = None
 
     @classmethod
     def build(cls, results: dict[str, tuple], eager: EagerCapture, first: Divergence | None,
@@ -576,10 +589,27 @@ class Comparison:
             lines.append(f"  vs float64 eager: eager closer on {n} of {len(self.fp64)} values, "
                          "the compiled side on "
                          f"{int((~self.fp64['closer'].isin(['eager', 'tie'])).sum())}")
+        lines += _kernel_lines(self.kernels or {})
         return "\n".join(lines) + ")"
 
     def _repr_html_(self) -> str:
         return rich_html("comparison", self)
+
+
+def _kernel_lines(kernels: dict[str, Any]) -> list[str]:
+    """The repr's lines for each compiled candidate's kernel-by-kernel check."""
+    lines = []
+    for name, check in kernels.items():
+        if check.first is not None:
+            lines.append(f"  first diverging kernel ({name}): {check.first}")
+        elif check.note:
+            lines.append(f"  {name}: {check.note}")
+        else:
+            lines.append(f"  {name}: all {check.checked} checked kernels match Inductor's "
+                         "post-grad graph run eagerly, so the difference arose before "
+                         "lowering (a decomposition or graph pass); jl.bisect compares "
+                         "regions with the traced graph")
+    return lines
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
