@@ -47,14 +47,17 @@ OTHER = "other"
 #: Allocations (uninitialised memory) compute nothing, whatever their category.
 ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
                          "new_empty_strided"})
+#: Reshapes of a fresh tensor: views in all but schema (Inductor reinterprets the buffer).
+RESHAPES = frozenset({"_unsafe_view", "_reshape_alias"})
 
 
 def is_compute(node: Any) -> bool:
     """True for a call that computes values: not a view, ``getitem`` or an allocation.
 
-    That is a :data:`COMPUTE` category, or an ATen op of category ``other``.
+    That is a :data:`COMPUTE` category, or an ATen op of category ``other`` that is
+    not one of :data:`RESHAPES`.
     """
-    if node.op != "call_function" or _meta.op_name(node) in ALLOCATIONS:
+    if node.op != "call_function" or _meta.op_name(node) in ALLOCATIONS | RESHAPES:
         return False
     cat = _meta.info(node).get("category")
     return cat in COMPUTE or (cat == OTHER and is_op_overload(node.target))
