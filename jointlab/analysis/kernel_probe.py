@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from torch import fx, nn
 from jointlab import meta as _meta
 from jointlab.analysis.compare.compare import Tolerance, close, errors
 from jointlab.analysis.kernels import kernel_map, kernel_table
+from jointlab.torch_compat import is_op_overload, op_schema
 
 __all__ = ["KernelCheck", "KernelDivergence", "first_diverging_kernel", "kernel_calls"]
 
@@ -56,6 +58,8 @@ class KernelDivergence:
         nodes: Joint-graph nodes the kernel covers, ``modules`` their modules and
             ``sources`` their source lines.
         code: The kernel's generated source (the call name for an extern call).
+        written_before: Earlier kernel calls that also wrote ``buffer`` (an accumulation
+            started there, say): the error may come from them too.
     """
 
     kernel: str
@@ -68,10 +72,14 @@ class KernelDivergence:
     code: str
     max_abs_err: float
     max_rel_err: float
+    written_before: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         """One line: kernel, kind, nodes, modules, source lines and the error."""
-        return (f"{self.kernel} ({self.kind}; writes {self.buffer} = {self.node}) covering "
+        also = (f"; {self.buffer} was also written earlier by {', '.join(self.written_before)}"
+                if self.written_before else "")
+        return (f"{self.kernel} ({self.kind}; completes {self.buffer} = {self.node}{also}) "
+                "covering "
                 f"{', '.join(self.nodes) or 'no mapped node'}; modules "
                 f"{', '.join(self.modules) or '(root)'}; source "
                 f"{', '.join(self.sources) or 'unknown'}: max abs err "
@@ -103,6 +111,7 @@ class KernelCall:
     line: int
     writes: tuple[str, ...]
     indent: str = ""
+    start: int = 0  # the line of its provenance handle
 
 
 def _written(call: str, signatures: dict[str, list[str]]) -> list[str]:
@@ -113,8 +122,8 @@ def _written(call: str, signatures: dict[str, list[str]]) -> list[str]:
         return [m.group(1)]
     name = call.strip().split("(", 1)[0]
     sig = signatures.get(name)
-    if sig is None:
-        return []
+    if sig is None:  # an unknown call may mutate any buffer it is given
+        return list(dict.fromkeys(_BUF.findall(call)))
     args = [a.strip() for a in call.strip()[len(name) + 1:].rsplit(")", 1)[0].split(",")]
     return [a for a, t in zip(args, sig) if _BUF.fullmatch(a) and not t.startswith("const")]
 
@@ -142,8 +151,30 @@ def kernel_calls(source_code: str) -> list[KernelCall]:
             if item := _ITEM.match(lines[end + 1]):
                 writes.append(item.group(1))
             end += 1
-        calls.append(KernelCall(m.group(2), end, tuple(writes), m.group(1)))
+        calls.append(KernelCall(m.group(2), end, tuple(writes), m.group(1), i))
     return calls
+
+
+_PLAIN = re.compile(r"^\s*(#|del |return|assert_|buf\d+ = (buf\d+|empty_strided\w*\(|"
+                    r"reinterpret_tensor\(|buf\d+\[))")
+
+
+def unprobed_writes(source_code: str, calls: list[KernelCall]) -> set[str]:
+    """Buffers a line of ``call`` other than a probed kernel call may write (never compared)."""
+    lines = source_code.splitlines()
+    probed = {i for c in calls for i in range(c.start, c.line + 1)}
+    try:
+        start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("def call("))
+    except StopIteration:
+        return set()
+    out: set[str] = set()
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if line.strip() and not line.startswith(" " * 8) and not line.startswith("\t"):
+            break
+        if i not in probed and not _PLAIN.match(line) and "(" in line:
+            out.update(_BUF.findall(line))
+    return out
 
 
 def instrumented_call(source_code: str, calls: list[KernelCall], probe: Any) -> Any:
@@ -162,9 +193,26 @@ def _clones(args: list[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
+def _dropout_p(node: fx.Node) -> Any:
+    """The ``dropout_p`` argument of ``node``'s op (None when it has none)."""
+    names = [a.name for a in op_schema(node.target).arguments]
+    if "dropout_p" not in names:
+        return None
+    i = names.index("dropout_p")
+    return node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else 0.0)
+
+
+def draws_random(node: fx.Node) -> bool:
+    """True for a random op; attention with ``dropout_p=0`` draws nothing despite its tag."""
+    if node.op != "call_function" or not is_op_overload(node.target):
+        return False
+    if torch.Tag.nondeterministic_seeded not in node.target.tags:
+        return False
+    return _dropout_p(node) not in (0, 0.0)
+
+
 def _has_random(gm: fx.GraphModule) -> bool:
-    return any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
-               for n in gm.graph.nodes if n.op == "call_function")
+    return any(draws_random(n) for n in gm.graph.nodes)
 
 
 def _reference(gm: fx.GraphModule, args: list[Any]) -> dict[str, Any]:
@@ -240,9 +288,14 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
         want = _reference(gm, args)
         torch.manual_seed(seed)
         seen = _probed(compiled, args)
+    calls = kernel_calls(compiled.compiled.source_code)
+    last = {b: i for i, c in enumerate(calls) for b in c.writes}
+    elsewhere = unprobed_writes(compiled.compiled.source_code, calls)
     checked, unchecked = 0, []
-    for kernel, bufs in seen:
+    for i, (kernel, bufs) in enumerate(seen):
+        # a buffer is compared once complete: after the last kernel call that writes it
         pairs = [(b, buffers[b], v) for b, v in bufs.items() if b in buffers
+                 and last.get(b) == i and b not in elsewhere
                  and isinstance(want.get(buffers[b]), torch.Tensor)
                  and want[buffers[b]].shape == v.shape]
         if not pairs:
@@ -251,6 +304,8 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
         checked += 1
         for buf, node, got in pairs:
             if not close(got, want[node], tol):
-                return KernelCheck(_divergence(kernel, buf, node, got, want[node], compiled),
+                before = tuple(c.kernel for c in calls[:i] if buf in c.writes)
+                found = _divergence(kernel, buf, node, got, want[node], compiled)
+                return KernelCheck(dataclasses.replace(found, written_before=before),
                                    checked, tuple(unchecked))
     return KernelCheck(None, checked, tuple(unchecked))
