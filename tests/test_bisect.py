@@ -120,3 +120,35 @@ def test_compare_names_the_kernel_that_a_wrong_relu_lowering_broke(mlp_bisected,
     calls = [k.kernel for k in jl.analysis.kernel_probe.kernel_calls(bad.compiled.source_code)]
     assert c.kernels["inductor"].checked == calls.index(want) + 1  # the ones before matched
     assert f"first diverging kernel (inductor): {want}" in repr(c)
+
+
+_WRAPPER = '''
+cpp_fused_a_0 = async_compile.cpp_pybinding(['float*', 'const float*'], r\'\'\'
+void kernel(float* in_out_ptr0, const float* in_ptr0) {}
+\'\'\')
+
+class Runner:
+    def call(self, args):
+        buf0 = empty_strided_cpu((4, ), (1, ), torch.float32)
+        # [Provenance debug handles] cpp_fused_a_0:1
+        cpp_fused_a_0(buf0, arg0_1)
+        buf1 = buf0; del buf0  # reuse
+        torch.ops.aten.index_put_(buf3, [arg1_1], buf1, True)
+        # [Provenance debug handles] extern_kernels.mm:2
+        extern_kernels.mm(buf1, arg0_1, out=buf2)
+        # [Provenance debug handles] cpp_fused_a_0:3
+        cpp_fused_a_0(buf2, buf1)
+        return (buf2, )
+'''
+
+
+def test_kernel_calls_know_what_each_call_writes_and_what_other_lines_mutate():
+    from jointlab.analysis.kernel_probe import kernel_calls, unprobed_writes
+
+    calls = kernel_calls(_WRAPPER)
+    # C++ kernels write their non-const pointers, extern calls their out=
+    assert [(c.kernel, c.writes) for c in calls] == [
+        ("cpp_fused_a_0:1", ("buf0",)), ("extern_kernels.mm:2", ("buf2",)),
+        ("cpp_fused_a_0:3", ("buf2",))]
+    # a call without a provenance handle may mutate what it is given: never compared
+    assert unprobed_writes(_WRAPPER, calls) == {"buf1", "buf3"}
