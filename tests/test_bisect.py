@@ -81,3 +81,74 @@ def test_refusal_points_at_bisect(mlp_bisected):
     *_, compiled, _ = mlp_bisected
     with pytest.raises(CompiledGraphError, match=r"jl\.bisect\(compiled, model, inputs\)"):
         compiled.memory()  # jl.Stepper(compiled) steps it: tests/test_compiled_step.py
+
+
+def test_unmodified_compiled_graph_matches_kernel_by_kernel(mlp_bisected):
+    model, inputs, joint, compiled, _ = mlp_bisected
+    from jointlab.analysis.compare.compare import Tolerance
+    from jointlab.analysis.kernel_probe import kernel_calls
+
+    check = compiled.first_diverging_kernel(model, inputs, Tolerance(floor=torch.float32))
+    calls = kernel_calls(compiled.compiled.source_code)
+    # every kernel call of the generated code wrote a buffer that was compared
+    assert check.first is None and check.unchecked == () and check.note == ""
+    assert check.checked == len(calls) == len(jl.analysis.kernels.kernel_map(compiled))
+    c = jl.compare(compiled, model, inputs)
+    assert c.ok and c.kernels is None, c
+
+
+def test_compare_names_the_kernel_that_a_wrong_relu_lowering_broke(mlp_bisected, monkeypatch):
+    model, inputs, joint, _, _ = mlp_bisected
+    lowering = torch_compat.torch_module("torch._inductor.lowering", "inject a wrong lowering")
+    monkeypatch.setitem(lowering.lowerings, aten.relu.default, lowering.lowerings[aten.abs.default])
+    bad = joint.compile("inductor")
+    bad.run(model, inputs)  # compiled with the wrong lowering (the FX-graph cache is off)
+    monkeypatch.undo()
+    before = deep_state(model)
+    c = jl.compare(bad, model, inputs)
+    assert_unchanged(before, model)
+    print(c)
+    assert not c.ok and set(c.kernels) == {"inductor"}
+    first = c.kernels["inductor"].first
+    # independent reference: the kernel Inductor's own provenance says covers relu
+    relu = next(n for n in joint.graph.nodes if n.target is aten.relu.default)
+    (want,) = jl.analysis.kernels.kernel_column(bad)[relu.name].split(", ")
+    assert first is not None and first.kernel == want
+    assert relu.name in first.nodes and first.kind == "fused pointwise"
+    assert jl.meta.info(relu)["source"] in first.sources
+    assert "abs()" in first.code and "abs()" in bad.compiled.source_code
+    calls = [k.kernel for k in jl.analysis.kernel_probe.kernel_calls(bad.compiled.source_code)]
+    assert c.kernels["inductor"].checked == calls.index(want) + 1  # the ones before matched
+    assert f"first diverging kernel (inductor): {want}" in repr(c)
+
+
+_WRAPPER = '''
+cpp_fused_a_0 = async_compile.cpp_pybinding(['float*', 'const float*'], r\'\'\'
+void kernel(float* in_out_ptr0, const float* in_ptr0) {}
+\'\'\')
+
+class Runner:
+    def call(self, args):
+        buf0 = empty_strided_cpu((4, ), (1, ), torch.float32)
+        # [Provenance debug handles] cpp_fused_a_0:1
+        cpp_fused_a_0(buf0, arg0_1)
+        buf1 = buf0; del buf0  # reuse
+        torch.ops.aten.index_put_(buf3, [arg1_1], buf1, True)
+        # [Provenance debug handles] extern_kernels.mm:2
+        extern_kernels.mm(buf1, arg0_1, out=buf2)
+        # [Provenance debug handles] cpp_fused_a_0:3
+        cpp_fused_a_0(buf2, buf1)
+        return (buf2, )
+'''
+
+
+def test_kernel_calls_know_what_each_call_writes_and_what_other_lines_mutate():
+    from jointlab.analysis.kernel_probe import kernel_calls, unprobed_writes
+
+    calls = kernel_calls(_WRAPPER)
+    # C++ kernels write their non-const pointers, extern calls their out=
+    assert [(c.kernel, c.writes) for c in calls] == [
+        ("cpp_fused_a_0:1", ("buf0",)), ("extern_kernels.mm:2", ("buf2",)),
+        ("cpp_fused_a_0:3", ("buf2",))]
+    # a call without a provenance handle may mutate what it is given: never compared
+    assert unprobed_writes(_WRAPPER, calls) == {"buf1", "buf3"}

@@ -7,8 +7,8 @@ import torch
 
 import jointlab as jl
 from jointlab.errors import CompiledGraphError
-from tests.fixtures import zoo
-from tests.util import assert_unchanged, deep_state, eager_step
+from tests.fixtures import real, zoo
+from tests.util import assert_unchanged, deep_state, eager_step, one_thread
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,38 @@ def test_compare_method_repr_and_export(compiled_mlp):
     assert text.startswith("CompiledJoint(backend='aot_eager'") and len(text) < 100
     assert f"{len(joint.graph.nodes)} nodes" in text
     assert isinstance(compiled, jl.CompiledJoint)
+
+
+def _one_layer(name):
+    """The tiny HF fixture ``name`` with one layer (a short CPU compile)."""
+    import transformers as tr
+
+    f = real.get(name)
+    family, auto = {"hf_gpt2": ("gpt2", "AutoModelForCausalLM"),
+                    "hf_bert": ("bert", "AutoModelForMaskedLM")}[name]
+    cfg = real.hf_config(family)
+    cfg.num_hidden_layers = 1  # n_layer for GPT-2 (an attribute map)
+    torch.manual_seed(0)
+    model = getattr(tr, auto).from_config(cfg).train()
+    assert len(model.base_model.encoder.layer if family == "bert" else model.transformer.h) == 1
+    return f, model, f.make_inputs()
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+@pytest.mark.parametrize("name", ["hf_gpt2", "hf_bert"])
+def test_hf_model_compiles_with_inductor_and_compares_clean(name, mode):
+    with one_thread():
+        f, model, inputs = _one_layer(name)
+        joint = jl.trace(model, f.train_fn, inputs, mode=mode)
+        compiled = joint.compile("inductor")
+        before = deep_state(model)
+        c = compiled.compare(model, inputs, train_fn=f.train_fn)
+    assert_unchanged(before, model)
+    print(c, compiled, sep="\n")
+    assert c.ok, c
+    # the compiled side itself, against eager autograd under the same seed (dropout on)
+    mine = c.grads[c.grads["candidate"] == "inductor"]
+    assert len(mine) == len(joint.param_names) and bool(mine["ok"].all())
+    assert bool(c.loss[c.loss["candidate"] == "inductor"]["ok"].all())
+    assert c.kernels is None  # nothing to bisect
+    assert compiled.coverage().compute > 50

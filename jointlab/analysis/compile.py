@@ -22,17 +22,22 @@ through ``torch.compile`` (and have no kernel map).
 from __future__ import annotations
 
 import copy
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from torch import nn
 
 from jointlab import torch_compat
 from jointlab.analysis.bisect import Bisection, bisect
-from jointlab.analysis.compare.compare import Comparison, compare
+from jointlab.analysis.compare.compare import Comparison, Tolerance, compare
+from jointlab.analysis.kernel_probe import KernelCheck, first_diverging_kernel
+from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_layer, kernel_table
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError
 from jointlab.torch_compat import inductor_provenance
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["CompiledJoint", "compile_joint", "refuse_compiled_joint"]
 
@@ -52,6 +57,7 @@ class InductorGraph:
         provenance: Inductor's node/kernel mapping (None before the first call).
         source_code: Inductor's generated wrapper and kernels (None before).
         buffers: ``{buffer: (post-grad node, target, shape)}`` recorded while lowering.
+        lowered: ``(post-grad graph, {buffer: node})`` per graph Inductor lowered.
     """
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
@@ -61,14 +67,18 @@ class InductorGraph:
         self.provenance: dict[str, Any] | None = None
         self.source_code: str | None = None
         self.buffers: dict[str, tuple[str, str, tuple[int, ...]]] = {}
+        self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
 
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
         if self.fn is None:
-            with torch.no_grad(), torch_compat.inductor_buffer_origins() as buffers:
-                fn = torch_compat.inductor_compile(self.gm, list(args), options=_MAPPED)
+            with torch.no_grad(), torch_compat.inductor_buffer_origins() as buffers, \
+                    torch_compat.complete_inductor_provenance() as record:
+                fn = torch_compat.inductor_compile(self.gm, list(args),
+                                                   options={**_MAPPED, **record["options"]})
             self.buffers = buffers
             self.provenance, self.source_code = inductor_provenance(fn)
+            self.lowered = record["lowered"]
             self.fn = fn
         return self.fn(*args)
 
@@ -139,6 +149,51 @@ class CompiledJoint:
         """
         return bisect(self, model, inputs, **options)
 
+    def kernels(self) -> pd.DataFrame:
+        """The kernel table (:func:`jointlab.analysis.kernels.kernel_table`), after a run.
+
+        Returns:
+            One row per kernel call; ``attrs["coverage"]`` is the map's coverage.
+        """
+        return kernel_table(self)
+
+    def coverage(self) -> KernelCoverage:
+        """Share of the source graph's compute nodes the kernel map covers, after a run.
+
+        Returns:
+            A :class:`jointlab.analysis.kernels.KernelCoverage`.
+        """
+        return kernel_coverage(self)
+
+    def kernel_layer(self) -> dict[str, str]:
+        """``{node: kernel}`` for ``jl.dag_view(compiled.source, layers={"kernel": ...})``.
+
+        Returns:
+            Covered node names to their kernel calls (see :func:`kernel_layer`).
+        """
+        return kernel_layer(self)
+
+    def first_diverging_kernel(self, model: nn.Module, inputs: dict[str, Any],
+                               tol: Tolerance, seed: int = 0) -> KernelCheck:
+        """Rerun the generated code kernel by kernel against Inductor's post-grad graph.
+
+        ``jl.compare`` calls it when this candidate does not match
+        (:func:`jointlab.analysis.kernel_probe.first_diverging_kernel`).
+
+        Args:
+            model: The live model (not changed).
+            inputs: Keyword inputs for the training step.
+            tol: How values are judged.
+            seed: RNG seed for both runs.
+
+        Returns:
+            A :class:`jointlab.analysis.kernel_probe.KernelCheck`.
+        """
+        if not isinstance(self.compiled, InductorGraph):
+            return KernelCheck(None, 0, (), f"no kernel-by-kernel check for backend="
+                               f"{self.backend!r} or a dynamic-shape graph")
+        return first_diverging_kernel(self, model, inputs, tol, seed)
+
     def memory(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused: the memory picture describes the traced graph (``compiled.source.memory()``).
 
@@ -159,8 +214,10 @@ class CompiledJoint:
     def __repr__(self) -> str:
         """Backend, mode and size of the source graph, in one line."""
         n = len(self.source.graph.nodes)
+        mapped = getattr(self.compiled, "provenance", None) is not None
+        tail = f"; {self.coverage()}" if mapped else ""
         return (f"CompiledJoint(backend={self.backend!r}, source: {self.source.mode} graph, "
-                f"{n} nodes)")
+                f"{n} nodes{tail})")
 
 
 def refuse_compiled_joint(joint: Any, what: str) -> None:

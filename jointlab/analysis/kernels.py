@@ -13,6 +13,12 @@ nodes without a kernel are listed, never guessed. Views, ``getitem`` and
 allocations usually own no kernel (Inductor folds them into indexing), so
 coverage counts compute nodes only.
 
+Inductor's pattern replacements (``mm`` + ``add`` -> ``addmm``) record only the
+match's output as the replacement's source, so the nodes they consume (the
+tied-weight gradient ``mm`` of a GPT) fell out of the map; the compile runs under
+:func:`jointlab.torch_compat.complete_inductor_provenance`, which records them
+on the replacement, and Inductor's own mapping carries them to the kernel.
+
 Everything here reads; nothing writes ``node.meta``.
 """
 
@@ -25,23 +31,36 @@ from typing import TYPE_CHECKING, Any
 from jointlab import meta as _meta
 from jointlab.errors import CompiledGraphError
 from jointlab.passes.analyze import require_analyzed
+from jointlab.torch_compat import is_op_overload
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["KernelCoverage", "kernel_column", "kernel_coverage", "kernel_map", "kernel_table"]
+__all__ = ["KernelCoverage", "kernel_column", "kernel_coverage", "kernel_layer", "kernel_map",
+           "kernel_table"]
 
 #: Node-table categories that compute values (the rest are views and bookkeeping).
 COMPUTE = frozenset({"matmul", "conv", "pointwise", "reduction", "norm", "rng", "copy"})
+#: ATen ops of category ``other`` compute too (embedding, cat, nll_loss_backward, ...);
+#: ``other`` also holds ``getitem``, which is no ATen op and computes nothing.
+OTHER = "other"
 #: Allocations (uninitialised memory) compute nothing, whatever their category.
 ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
                          "new_empty_strided"})
+#: Reshapes of a fresh tensor: views in all but schema (Inductor reinterprets the buffer).
+RESHAPES = frozenset({"_unsafe_view", "_reshape_alias"})
 
 
 def is_compute(node: Any) -> bool:
-    """True for a call that computes values: a :data:`COMPUTE` category, not an allocation."""
-    return (node.op == "call_function" and _meta.info(node).get("category") in COMPUTE
-            and _meta.op_name(node) not in ALLOCATIONS)
+    """True for a call that computes values: not a view, ``getitem`` or an allocation.
+
+    That is a :data:`COMPUTE` category, or an ATen op of category ``other`` that is
+    not one of :data:`RESHAPES`.
+    """
+    if node.op != "call_function" or _meta.op_name(node) in ALLOCATIONS | RESHAPES:
+        return False
+    cat = _meta.info(node).get("category")
+    return cat in COMPUTE or (cat == OTHER and is_op_overload(node.target))
 
 
 def is_extern(kernel: str) -> bool:
@@ -110,7 +129,8 @@ def kernel_table(compiled: Any) -> pd.DataFrame:
         compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
 
     Returns:
-        A DataFrame indexed by kernel call, in the order the generated code runs them.
+        A DataFrame indexed by kernel call, in the order the generated code runs them;
+        ``attrs["coverage"]`` holds the :class:`KernelCoverage` of the map.
 
     Raises:
         jointlab.errors.CompiledGraphError: No kernel map for ``compiled``.
@@ -130,7 +150,9 @@ def kernel_table(compiled: Any) -> pd.DataFrame:
                      "modules": tuple(mods), "phase": "+".join(phases),
                      "source": kernel_source(code, kernel)})
     cols = ["kernel", "name", "kind", "nodes", "modules", "phase", "source"]
-    return pd.DataFrame(rows, columns=cols).set_index("kernel")
+    table = pd.DataFrame(rows, columns=cols).set_index("kernel")
+    table.attrs["coverage"] = kernel_coverage(compiled)
+    return table
 
 
 def kernel_column(compiled: Any) -> pd.Series:
@@ -151,6 +173,22 @@ def kernel_column(compiled: Any) -> pd.Series:
             cover.setdefault(n, []).append(kernel)
     names = [n.name for n in compiled.source.graph.nodes]
     return pd.Series([", ".join(cover.get(n, [])) for n in names], index=names, name="kernel")
+
+
+def kernel_layer(compiled: Any) -> dict[str, str]:
+    """The DAG colour layer of the kernel map: ``{node name: covering kernel calls}``.
+
+    ``jl.dag_view(compiled.source, layers={"kernel": kernel_layer(compiled)},
+    color_by="kernel")`` colours each fused group alike; nodes no kernel covers
+    are left out (drawn grey, "unknown"), never guessed.
+
+    Args:
+        compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
+
+    Returns:
+        Covered node names to their :func:`kernel_column` label (calls joined by ``", "``).
+    """
+    return {name: k for name, k in kernel_column(compiled).items() if k}
 
 
 @dataclass(frozen=True)
