@@ -203,6 +203,9 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                   "simulate a distributed world with the fake process group"),
     "inductor_compile": ("torch._inductor", "compile",
                          "compile the joint graph itself and map its kernels onto it"),
+    "build_memory_profile": ("torch._inductor.fx_passes.memory_estimator",
+                             "build_memory_profile",
+                             "cross-check the memory prediction against Inductor's estimator"),
 }
 
 
