@@ -18,6 +18,7 @@ from jointlab.analysis.memory.predict import predict
 from jointlab.errors import MemoryQueryError
 from jointlab.passes.analyze import ensure_analyzed
 from tests.fixtures.real import hf_config
+from tests.util import assert_unchanged, deep_state
 
 VOCAB = 96
 
@@ -110,3 +111,74 @@ def test_cpu_graph_is_refused_not_estimated_as_zero():
     gm = make_fx(step, tracing_mode="fake")(torch.randn(32, 32))
     with pytest.raises(MemoryQueryError, match=r"CPU tensors .*meta device"):
         inductor_peak_bytes(gm)
+
+
+# -- item 3: AOT mode and DTensor (tensor-subclass) descriptors ------------------------
+class TinyMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class LocalInputMLP(TinyMLP):
+    """Plain parameters; its input is a DTensor whose local shard it computes on."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to_local())
+
+
+def mse(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(model(x), y)
+
+
+def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    return parallelize_module(model, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+
+
+@pytest.fixture
+def no_dtensor_precheck(monkeypatch):
+    """Let DTensor state reach the AOT exporter (the mode-independent pre-check refuses it
+    today; the make_fx local-shard route lifts that pre-check for make_fx)."""
+    import importlib
+
+    tracer = importlib.import_module("jointlab.trace.tracer")
+    monkeypatch.setattr(tracer, "refuse_unsupported_wrappers", lambda model: None)
+
+
+def test_aot_with_dtensor_parameters_is_refused_naming_make_fx(no_dtensor_precheck):
+    with jl.fake_world(2) as world:
+        torch.manual_seed(0)
+        model = tensor_parallel(TinyMLP(), world.mesh)
+        x, y = torch.randn(8, 16), torch.randn(8, 16)
+        before = deep_state(model)
+        with pytest.raises(jl.errors.UnsupportedWrapperError) as info:
+            jl.trace(model, mse, {"x": x, "y": y}, mode="aot")
+        assert_unchanged(before, model)
+    msg = str(info.value)
+    assert "'fc1.weight' is a DTensor (flattened into _local_tensor, device_mesh)" in msg
+    assert "mode='make_fx'" in msg and "alias" not in msg
+
+
+def test_aot_subclass_input_descriptor_is_named_not_blamed_on_aliasing():
+    from torch.distributed.tensor import DTensor, Replicate
+
+    with jl.fake_world(2) as world:
+        torch.manual_seed(0)
+        model = LocalInputMLP()
+        x = DTensor.from_local(torch.randn(8, 16), world.mesh, [Replicate()])
+        before = deep_state(model)
+        with pytest.raises(jl.errors.UnsupportedWrapperError) as info:
+            jl.trace(model, mse, {"x": x, "y": torch.randn(8, 16)}, mode="aot")
+        assert_unchanged(before, model)
+    msg = str(info.value)
+    assert "input that is one part ('_local_tensor') of tensor input 0" in msg
+    assert "mode='make_fx'" in msg and "alias" not in msg
