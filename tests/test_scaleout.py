@@ -175,9 +175,10 @@ def test_aot_subclass_input_descriptor_is_named_not_blamed_on_aliasing():
         torch.manual_seed(0)
         model = LocalInputMLP()
         x = DTensor.from_local(torch.randn(8, 16), world.mesh, [Replicate()])
+        y = torch.randn(8, 16)
         before = deep_state(model)
         with pytest.raises(jl.errors.UnsupportedWrapperError) as info:
-            jl.trace(model, mse, {"x": x, "y": torch.randn(8, 16)}, mode="aot")
+            jl.trace(model, mse, {"x": x, "y": y}, mode="aot")
         assert_unchanged(before, model)
     msg = str(info.value)
     assert "input that is one part ('_local_tensor') of tensor input 0" in msg
