@@ -8,7 +8,9 @@ the lost-backward and meta-attention checks, building the JointGraph), the peak
 RSS the trace added (over the process's RSS before it), and the CPU time of the
 first (uncached) call of every view: the node table, the collectives table,
 ``memory()`` and the DAG payload. Nodes, trace CPU time and RSS are fitted
-linearly in layers and extrapolated to the real model's 80 layers.
+linearly in layers and extrapolated to the real model's 80 layers;
+``JOINTLAB_BENCH_GIANT_FULL=1`` also traces all 80 (about 45 CPU seconds, 0.33 GiB),
+which shows what a fit over small depths hides (a super-linear pass).
 
 On meta, attention takes the math path (S x S scores), so the predicted peak is
 the math-path one (``MetaAttentionWarning``); ``jl.fake_cpu()`` gives the fused one.
@@ -147,6 +149,8 @@ def _fit(xs: list[int], ys: list[float]) -> tuple[float, float, float]:
 
 def rows(ctx):
     depths = [2, 4] if ctx.quick else [2, 4, 8]
+    if os.environ.get("JOINTLAB_BENCH_GIANT_FULL"):  # the real depth: minutes on 2 loaded cores
+        depths.append(FULL_DEPTH)
     recs = [_run_depth(d) for d in depths]
     out = []
     for r in recs:
