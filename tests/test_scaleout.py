@@ -85,6 +85,32 @@ def test_meta_llama_memory_equals_inductor_estimator_to_the_byte(mode, step, lay
     assert after_allocation(graph, theirs) == {k: ours[k] for k in after_allocation(graph, theirs)}
 
 
+
+def test_bf16_gap_is_exactly_the_unused_values_inductor_never_frees():
+    """In bf16 the math attention path casts the softmax into a copy nobody reads.
+
+    The generated code drops such a value right after its node (measured in
+    tests/test_memory.py::test_unused_values_are_dropped_at_once); Inductor's
+    estimator frees only at a last use, so it keeps it to the end. At every op
+    the two differ by exactly the unused values allocated so far.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jl.errors.MetaAttentionWarning)
+        joint = jl.trace(meta_llama(2).to(torch.bfloat16), ce_step, llama_inputs())
+    prof = joint.memory()
+    graph = joint.graph_module.graph
+    theirs = after_allocation(graph, inductor_memory_profile(joint))
+    ours = dict(zip(prof.timeline["node"], prof.timeline["total"].tolist()))
+    unused = 0
+    for node in graph.nodes:
+        if node.name not in theirs:
+            continue
+        assert theirs[node.name] - ours[node.name] == unused, node.name
+        if not node.users:
+            unused += int(node.meta["jointlab"]["bytes"])
+    assert unused > 0  # the bf16 graph has such copies (the fp32 one above has none)
+    assert inductor_peak_bytes(joint) > prof.peak_bytes
+
 def test_mse_loss_gap_is_the_full_buffer_the_cpu_kernel_keeps():
     """Where the two differ, the CPU profiler sides with jointlab."""
     def step(x, w):
