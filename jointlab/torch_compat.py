@@ -208,6 +208,9 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                     "run every rank of a simulated world in one process"),
     "inductor_compile": ("torch._inductor", "compile",
                          "compile the joint graph itself and map its kernels onto it"),
+    "build_memory_profile": ("torch._inductor.fx_passes.memory_estimator",
+                             "build_memory_profile",
+                             "cross-check the memory prediction against Inductor's estimator"),
 }
 
 

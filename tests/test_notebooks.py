@@ -21,7 +21,7 @@ nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 EXPECTED = ["01_quickstart", "02_memory", "03_debugging", "04_modes_and_shapes",
-            "05_teaching_autodiff", "07_compiled"]
+            "05_teaching_autodiff", "06_distributed", "07_compiled"]
 PROBE = "import json, sys; print('JL-PROBE ' + json.dumps([sys.executable, sys.prefix]))"
 
 

@@ -251,8 +251,10 @@ def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None
     # Nodes without a forward twin (gradient seeds, accumulation, zeros for
     # unused parameters) take the module of their nearest attributed neighbour:
     # first a producer, then (walking back) a consumer.
+    order: dict[fx.Node, int] = {}  # graph positions, built once (not per accumulation)
+    sigs: dict[fx.Node, Any] = {}
     for node in unresolved:
-        if is_gradient_acc(node) and _attribute_accumulation(node, twins):
+        if is_gradient_acc(node) and _attribute_accumulation(node, twins, order, sigs):
             continue
         _inherit(node, node_inputs(node))
     for node in reversed(unresolved):
@@ -281,11 +283,6 @@ def _own_module(node: fx.Node, by_seq: dict[int, fx.Node]) -> None:
 _PASSTHROUGH = ("add.Tensor", "sub.Tensor", "add_.Tensor")
 
 
-def _same_meta(a: Any, b: Any) -> bool:
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and a.shape == b.shape and a.dtype == b.dtype)
-
-
 def _contributions(acc: fx.Node) -> list[fx.Node]:
     """The gradient terms an accumulation add sums (through chains of accumulations)."""
     out, todo = [], list(node_inputs(acc))
@@ -295,25 +292,45 @@ def _contributions(acc: fx.Node) -> list[fx.Node]:
     return out
 
 
-def _candidates(twin: fx.Node, like: Any) -> dict[fx.Node, fx.Node]:
+def _facts(node: fx.Node, sigs: dict[fx.Node, Any]) -> tuple[Any, bool]:
+    """``((shape, dtype) or None, is a pass-through add)`` of a node, memoised in ``sigs``.
+
+    Reading a fake tensor's shape is slow while a torch function mode is active
+    (the tracer's), and the walks below visit the residual stream once per term.
+    """
+    if node not in sigs:
+        v = node.meta.get("val")
+        sigs[node] = ((v.shape, v.dtype) if isinstance(v, torch.Tensor) else None,
+                      node.op == "call_function" and str(node.target).endswith(_PASSTHROUGH))
+    return sigs[node]
+
+
+def _candidates(twin: fx.Node, like: Any, sigs: dict[fx.Node, Any] | None = None
+                ) -> dict[fx.Node, fx.Node]:
     """Forward inputs of ``twin`` shaped like the gradient, through pass-through adds.
 
     Returns each candidate with the forward node that reads it directly (``twin``,
     or the pass-through add it flows through).
     """
+    sigs = {} if sigs is None else sigs
+    want = (like.shape, like.dtype) if isinstance(like, torch.Tensor) else None
     found: dict[fx.Node, fx.Node] = {}
-    todo = [(a, twin) for a in node_inputs(twin) if _same_meta(a.meta.get("val"), like)]
+    if want is None:
+        return found
+    todo = [(a, twin) for a in node_inputs(twin) if _facts(a, sigs)[0] == want]
     while todo:
         n, reader = todo.pop()
         if n in found:
             continue
         found[n] = reader
-        if n.op == "call_function" and str(n.target).endswith(_PASSTHROUGH):
-            todo.extend((a, n) for a in node_inputs(n) if _same_meta(a.meta.get("val"), like))
+        if _facts(n, sigs)[1]:
+            todo.extend((a, n) for a in node_inputs(n) if _facts(a, sigs)[0] == want)
     return found
 
 
-def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node]
+def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node],
+                      order: dict[fx.Node, int] | None = None,
+                      sigs: dict[fx.Node, Any] | None = None
                       ) -> tuple[fx.Node | None, list[fx.Node]]:
     """The forward value whose gradient a gradient-accumulation add sums, and its consumers.
 
@@ -325,19 +342,25 @@ def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node]
     Args:
         acc: A node with ``meta["is_gradient_acc"]``.
         twins: The forward twin of each backward node that has one.
+        order: Graph position of every node; filled here when empty (pass one
+            dict for all accumulations of a graph).
+        sigs: Memo of node value signatures shared across calls.
 
     Returns:
         ``(value, consumers)``; value is None when no consumer shares one.
     """
     like = acc.meta.get("val")
-    per_term = [_candidates(t, like) for t in (twins.get(c) for c in _contributions(acc))
+    sigs = {} if sigs is None else sigs
+    per_term = [_candidates(t, like, sigs) for t in (twins.get(c) for c in _contributions(acc))
                 if t is not None]
     common = set.intersection(*(set(c) for c in per_term)) if per_term else set()
     if not common:
         return None, []
     # Pass-through expansion also admits the inputs of the value's own producing
     # add; the value itself is the latest common candidate in graph order.
-    order = {n: i for i, n in enumerate(acc.graph.nodes)}
+    order = {} if order is None else order
+    if not order:
+        order.update((n, i) for i, n in enumerate(acc.graph.nodes))
     value = max(common, key=order.__getitem__)
     return value, [c[value] for c in per_term]
 
@@ -365,14 +388,15 @@ def _common_module(consumers: list[fx.Node]) -> tuple[str, str, str] | None:
     return None
 
 
-def _attribute_accumulation(acc: fx.Node, twins: dict[fx.Node, fx.Node]) -> bool:
+def _attribute_accumulation(acc: fx.Node, twins: dict[fx.Node, fx.Node],
+                            order: dict[fx.Node, int], sigs: dict[fx.Node, Any]) -> bool:
     """Give an accumulation add the module where its value is used; False if unknown.
 
     A parameter or buffer's accumulation belongs to the module owning it (a
     tied weight is used in two modules); a computed value's to the deepest
     module holding all of its consumers (e.g. a block for its residual input).
     """
-    value, consumers = accumulated_value(acc, twins)
+    value, consumers = accumulated_value(acc, twins, order, sigs)
     if value is None:
         return False
     vmeta = value.meta[KEY]

@@ -29,7 +29,7 @@ from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
 
 from jointlab.core import GraphParts
-from jointlab.errors import TraceError
+from jointlab.errors import TraceError, UnsupportedWrapperError
 from jointlab.guards import fakeify, symbolic_fake_mode
 from jointlab.inputs import state_on_meta
 from jointlab.meta import TRAIN_FN
@@ -186,6 +186,7 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
     Returns:
         The annotated graph and its layout, ``mode="aot"`` with an :class:`AotRuntime`.
     """
+    refuse_subclass_state(model)
     tensors, dyn_dims = req.tensors, req.dyn_dims
     snapshot = ModelSnapshot.take(model)
     try:
@@ -202,6 +203,60 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
     annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon))
     write_probes(gm, probes.outputs, probes.grads)
     return req.parts(gm, "aot", box, guards, runtime)
+
+
+# -- tensor subclasses (DTensor): AOT flattens each into several graph inputs ------------
+_SUBCLASS_ROUTE = (
+    "mode='aot' flattens each such tensor into its inner parts (a DTensor into its local "
+    "shard and its device mesh: two graph inputs and two gradient outputs), which jointlab "
+    "cannot yet feed, annotate or map back to the tensor they came from, so it refuses instead of "
+    "guessing. The supported route is mode='make_fx' (the default) inside "
+    "jl.fake_world(...).")
+
+
+def is_wrapper_subclass(t: Any) -> bool:
+    """True for a tensor subclass that PT2 tracing flattens (``__tensor_flatten__``)."""
+    return isinstance(t, torch.Tensor) and callable(getattr(type(t), "__tensor_flatten__", None))
+
+
+def inner_parts(t: torch.Tensor) -> list[str]:
+    """The attributes a wrapper subclass flattens into (``_local_tensor``, ``device_mesh``)."""
+    try:
+        return list(t.__tensor_flatten__()[0])
+    except Exception:  # a subclass whose flatten needs tracing state: name it without parts
+        return []
+
+
+def refuse_subclass_state(model: nn.Module) -> None:
+    """Refuse mode='aot' for parameters or buffers that are tensor subclasses (DTensor).
+
+    Args:
+        model: The model about to be traced (not changed).
+
+    Raises:
+        UnsupportedWrapperError: A parameter or buffer is a wrapper subclass.
+    """
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if is_wrapper_subclass(t):
+            parts = inner_parts(t)
+            raise UnsupportedWrapperError(
+                f"'{name}' is a {type(t).__name__}"
+                + (f" (flattened into {', '.join(parts)})" if parts else "")
+                + f" and cannot be traced with mode='aot': {_SUBCLASS_ROUTE}")
+
+
+def _subclass_part_error(desc: Any, where: str) -> TraceError:
+    """The error for an AOT input or output that is one part of a tensor subclass."""
+    base, attr = desc, getattr(desc, "attr", None)
+    while hasattr(base, "base"):
+        base = base.base
+    src = getattr(base, "grad_of", base)
+    what = (f"'{strip_prefix(src.target)}'" if hasattr(src, "target") else
+            f"tensor input {src.idx}" if hasattr(src, "idx") else repr(src))
+    part = f" ({attr!r})" if attr else ""
+    return UnsupportedWrapperError(
+        f"the AOT export gave an {where} that is one part{part} of {what}, a tensor "
+        f"subclass such as a DTensor: {_SUBCLASS_ROUTE}")
 
 
 def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
@@ -312,11 +367,24 @@ def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
         return state_index[canon[strip_prefix(desc.target)]]
     if isinstance(desc, D.PlainAOTInput):
         return n_state + desc.idx
-    raise TraceError(
-        f"the AOT export produced an input jointlab cannot feed ({desc!r}). This happens "
-        "when inputs alias each other and one is mutated in place; pass separate "
-        "tensors or avoid the in-place update, or use mode='make_fx'."
-    )
+    if is_subclass_part(desc):
+        raise _subclass_part_error(desc, "input")
+    if isinstance(desc, (D.SyntheticBaseAOTInput, D.ViewBaseAOTInput)):
+        raise TraceError(
+            f"the AOT export produced an input jointlab cannot feed ({desc!r}). This happens "
+            "when inputs alias each other and one is mutated in place; pass separate "
+            "tensors or avoid the in-place update, or use mode='make_fx'.")
+    raise TraceError(f"the AOT export produced an input jointlab cannot feed ({desc!r}); "
+                     "use mode='make_fx' for this model.")
+
+
+def is_subclass_part(desc: Any) -> bool:
+    """True for an AOT descriptor of one inner part of a tensor subclass (DTensor)."""
+    kinds = tuple(getattr(D, k) for k in (
+        "SubclassGetAttrAOTInput", "SubclassSizeAOTInput", "SubclassStrideAOTInput",
+        "SubclassGetAttrAOTOutput", "SubclassSizeAOTOutput", "SubclassStrideAOTOutput")
+        if hasattr(D, k))
+    return isinstance(desc, kinds)
 
 
 def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> AotRuntime:
@@ -357,6 +425,8 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
         return ("mut", _flat_index(desc.mutated_input, state_index, canon, n_state))
     if desc is None:
         return ("skip", 0)
+    if is_subclass_part(desc):
+        raise _subclass_part_error(desc, "output")
     raise TraceError(
         f"the AOT export produced an output jointlab cannot return ({desc!r}); "
         "use mode='make_fx' for this model."
