@@ -39,6 +39,42 @@
     while (n >= 1024 && k < s.length - 1) { n /= 1024; k++; }
     return (k ? n.toFixed(1) : String(n)) + " " + s[k];
   }
+  // Every canvas text uses FONT; widths are cached per string (one font, so one cache).
+  const FONT = "11px system-ui,sans-serif", widths = new Map();
+  function textWidth(ctx, s) {
+    let w = widths.get(s);
+    if (w === undefined) { if (widths.size > 50000) widths.clear(); w = ctx.measureText(s).width; widths.set(s, w); }
+    return w;
+  }
+  // `s` cut with an ellipsis to fit `maxw` pixels (never squeezed), or "" when under 3 characters
+  // fit; `tail` keeps the end (module paths: "…attn.qkv")
+  function fitText(ctx, s, maxw, tail) {
+    const w = textWidth(ctx, s);
+    if (w <= maxw) return s;
+    const cut = n => tail ? "…" + s.slice(s.length - n) : s.slice(0, n) + "…";
+    let n = Math.floor(s.length * maxw / w);
+    while (n >= 3 && textWidth(ctx, cut(n)) > maxw) n--;
+    return n >= 3 ? cut(n) : "";
+  }
+  // Screen rectangles already holding text: a label that would overlap one is skipped.
+  class Occupancy {
+    constructor() { this.cells = new Map(); }
+    _each(x0, y0, x1, y1, f) {
+      for (let gx = Math.floor(x0 / 64); gx <= Math.floor(x1 / 64); gx++)
+        for (let gy = Math.floor(y0 / 64); gy <= Math.floor(y1 / 64); gy++) if (f(gx * 65536 + gy) === false) return false;
+      return true;
+    }
+    free(x0, y0, x1, y1) {
+      return this._each(x0, y0, x1, y1, key => {
+        const l = this.cells.get(key);
+        if (l) for (let k = 0; k < l.length; k += 4) if (x0 < l[k + 2] && x1 > l[k] && y0 < l[k + 3] && y1 > l[k + 1]) return false;
+      });
+    }
+    take(x0, y0, x1, y1) {
+      this._each(x0, y0, x1, y1, key => { let l = this.cells.get(key); if (!l) this.cells.set(key, l = []); l.push(x0, y0, x1, y1); });
+    }
+    place(x0, y0, x1, y1) { if (!this.free(x0, y0, x1, y1)) return false; this.take(x0, y0, x1, y1); return true; }
+  }
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -397,16 +433,19 @@
       // band divider
       const [, zy] = this.toScreen(0, 0); ctx.strokeStyle = "rgba(0,0,0,.15)"; ctx.setLineDash([4, 4]);
       ctx.beginPath(); ctx.moveTo(0, zy); ctx.lineTo(W, zy); ctx.stroke(); ctx.setLineDash([]);
+      this._occ = new Occupancy();  // text drawn so far this frame
       this._drawTitles(ctx, W, H);
       this._drawEdges(ctx, W, H);
       this._drawBoxes(ctx, W, H, on);
       this._drawNodes(ctx, W, H, on);
       this._drawMiniView();
-      this.lastFrameMs = performance.now() - t0;
+      const t1 = performance.now();
+      this.lastFrameMs = t1 - t0; this.lastFrameEnd = t1;  // frame timing, read by bench/
+      if (this.firstFrameEnd === undefined) { this.firstFrameEnd = t1; performance.mark("jl-dag-first-frame"); }
     }
     _drawTitles(ctx, W, H) {  // outlines and titles of open groups (click a title to close)
       this.titles = [];
-      ctx.font = "11px system-ui,sans-serif";
+      ctx.font = FONT;
       const seen = new Set();
       for (const i of this.visNodes) { for (let gid = this.g[i]; gid > 0; gid = this.parent[gid]) { const key = gid * 2 + this.band[i]; if (seen.has(key)) break; seen.add(key); } }
       for (const key of seen) {
@@ -415,8 +454,8 @@
         const gid = key >> 1;
         ctx.strokeStyle = this.groupColor(gid); ctx.globalAlpha = 0.5; ctx.strokeRect(a, t, z - a, u - t); ctx.globalAlpha = 1;
         const name = (this.P.groups.name[gid] || "") + (key & 1 ? " (bwd)" : "") + " ▾";
-        ctx.fillStyle = "#333"; const w = Math.min(ctx.measureText(name).width, z - a);
-        ctx.fillText(name, a + 2, t + 11, z - a - 4);
+        const txt = fitText(ctx, name, z - a - 4, true), w = textWidth(ctx, txt);
+        ctx.fillStyle = "#333"; if (txt) { ctx.fillText(txt, a + 2, t + 11); this._occ.take(a + 2, t, a + 2 + w, t + 13); }
         this.titles.push([gid, a, t, a + w + 4, t + 13]);
       }
     }
@@ -457,7 +496,7 @@
     }
     _drawBoxes(ctx, W, H) {
       const G = this.P.groups;
-      ctx.font = "11px system-ui,sans-serif"; ctx.textBaseline = "alphabetic";
+      ctx.font = FONT; ctx.textBaseline = "alphabetic";
       this.boxLabels = [];
       for (const b of this.visBoxes) {
         const [x0, y0, x1, y1] = this.boxRect(b), [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
@@ -473,8 +512,13 @@
         const cx = Math.max(a, 0) + 3, maxw = z - Math.max(a, 0) - 6;
         let yy = Math.max(t, 0) + 13;
         ctx.fillStyle = "#111";
-        for (const s of lines) { if (yy > u - 2) break; ctx.fillText(s, cx, yy, maxw); yy += 13; ctx.fillStyle = "#444"; }
-        this.boxLabels.push(name);
+        for (const [k, s] of lines.entries()) {
+          if (yy > u - 2) break;
+          const txt = fitText(ctx, s, maxw, k === 0);
+          if (!txt || !this._occ.place(cx, yy - 11, cx + textWidth(ctx, txt), yy + 2)) break;
+          ctx.fillText(txt, cx, yy); yy += 13; ctx.fillStyle = "#444";
+          if (k === 0) this.boxLabels.push(name);
+        }
       }
     }
     _drawNodes(ctx, W, H, on) {
@@ -490,14 +534,21 @@
         if (n.flags[i] & 2) { ctx.strokeStyle = "#e6a100"; ctx.lineWidth = 2; ctx.stroke(); }
         if (labels && drawn.length < MAX_LABELS) drawn.push(i);
       }
-      ctx.textAlign = "center"; ctx.font = "11px system-ui,sans-serif";
-      for (const i of drawn) {
-        const [sx, sy] = this.toScreen(this.x[i], this.y[i]), lab = T.label[n.label[i]];
-        ctx.fillStyle = "#111"; ctx.fillText(lab, sx, sy - r - 3, colPx - 4);
-        if (shapes && T.shape[n.shape[i]]) { ctx.fillStyle = "#777"; ctx.fillText(T.shape[n.shape[i]], sx, sy + r + 11, colPx - 4); }
+      // level of detail: op labels once rows and columns are far enough apart on screen, shapes
+      // once there is room for a second line; a label that would overlap drawn text is skipped
+      ctx.textAlign = "center"; ctx.font = FONT;
+      const occ = this._occ, rowPx = this.k * this.ay, shown = [];
+      const withShapes = shapes && rowPx >= 28;
+      if (rowPx >= 14) for (const i of drawn) {
+        const [sx, sy] = this.toScreen(this.x[i], this.y[i]), lab = fitText(ctx, T.label[n.label[i]], colPx - 6);
+        const w = textWidth(ctx, lab) / 2;
+        if (!lab || !occ.place(sx - w, sy - r - 13, sx + w, sy - r - 1)) continue;
+        ctx.fillStyle = "#111"; ctx.fillText(lab, sx, sy - r - 3); shown.push(i);
+        const sh = withShapes ? fitText(ctx, T.shape[n.shape[i]], colPx - 6) : "", ws = sh ? textWidth(ctx, sh) / 2 : 0;
+        if (sh && occ.place(sx - ws, sy + r + 1, sx + ws, sy + r + 13)) { ctx.fillStyle = "#777"; ctx.fillText(sh, sx, sy + r + 11); }
       }
       ctx.textAlign = "start";
-      this.drawnLabels = drawn.map(i => T.label[n.label[i]]);
+      this.drawnLabels = shown.map(i => T.label[n.label[i]]);
       // rings: search hits, the selected node and its twins
       const ring = (i, colr, w) => { const it = this.itemOf[i]; if (it !== i) return; const [sx, sy] = this.toScreen(this.x[i], this.y[i]); if (!on(sx, sy, 20)) return; ctx.strokeStyle = colr; ctx.lineWidth = w; ctx.beginPath(); ctx.arc(sx, sy, r + 4, 0, 6.2832); ctx.stroke(); };
       this.hitBoxes = new Set();
