@@ -455,11 +455,12 @@
         if (z < 0 || a > W || u < 0 || t > H || z - a < 24) continue;
         const gid = key >> 1;
         ctx.strokeStyle = this.groupColor(gid); ctx.globalAlpha = 0.5; ctx.strokeRect(a, t, z - a, u - t); ctx.globalAlpha = 1;
-        const name = (this.P.groups.name[gid] || "") + (key & 1 ? " (bwd)" : "") + " ▾";
+        const sfx = (key & 1 ? " (bwd)" : "") + " ▾";
         // the title sits at the outline's top left (kept on screen), one line lower if an
         // outer group's title is there already
-        const ax = Math.max(a, 0) + 2, txt = fitText(ctx, name, z - ax - 2, true), w = textWidth(ctx, txt);
-        if (!txt) continue;
+        const ax = Math.max(a, 0) + 2, cut = fitText(ctx, this.P.groups.name[gid] || "", z - ax - 2 - textWidth(ctx, sfx), true);
+        if (!cut) continue;  // the module name is cut (tail kept), never the suffix
+        const txt = cut + sfx, w = textWidth(ctx, txt);
         for (const ty of [Math.max(t, 0), Math.max(t, 0) + 13]) {
           if (ty + 13 > u || !this._occ.place(ax, ty, ax + w, ty + 13)) continue;
           ctx.fillStyle = "#333"; ctx.fillText(txt, ax, ty + 11);
