@@ -5,8 +5,9 @@ Rows (one run, ratios):
 - full uncollapsed ``plot_dag`` of the 12-layer GPT-2 as a share of ``jl.trace`` time;
 - build time per node at ~5k and ~50k nodes (real joint traces of ``make_gpt2`` with
   more layers and d=32), and their ratio;
-- headless Chromium: time to first render of the 50k-node page and whether a hover
-  label appears (skipped when chromium or playwright is missing);
+- headless Chromium: time to first render of the 50k-node plotly page and whether a hover
+  label appears (skipped when chromium or playwright is missing); ``bench_dagview.py`` has
+  the rows of ``dag_view``, the bundled canvas renderer;
 - torch's ``FxGraphDrawer`` (graphviz ``dot``) on the same 12-layer graph vs ``plot_dag``.
 
 ``python bench/bench_dag.py --engines`` instead times layout engines (graphviz dot,
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 
+from bench_dagview import deep_joint  # cached on disk: traced once
 from run import row, timeit
 
 CHROMIUM = "/usr/bin/chromium"
@@ -30,15 +32,6 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SMALL_LAYERS, BIG_LAYERS = 38, 385  # ~5k and ~50k joint-graph nodes at d=32
 DOT_TIMEOUT_S = 300
-
-
-def deep_joint(n_layer: int):
-    """A real joint trace of a deep, narrow GPT-2 (d=32, 2 heads, seq 8)."""
-    import jointlab as jl
-    from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
-
-    m = make_gpt2(n_layer=n_layer, d=32, n_head=2, vocab=128, seq=16)
-    return jl.trace(m, lm_train_fn, lm_inputs(1, 128, 8))
 
 
 def browser_first_render(html_path: str) -> tuple[float, bool]:
@@ -123,7 +116,6 @@ def rows(ctx):
     out.append(row("plot_dag per-node time 50k / 5k", ratio, "x", "<= 1.5", ratio <= 1.5))
 
     big, nbig = figs["50k"]
-    out.extend(view_rows(big, nbig))
     if os.path.exists(CHROMIUM) and _has_playwright():
         with tempfile.TemporaryDirectory() as d:
             path = str(pathlib.Path(d) / "dag50k.html")
@@ -227,111 +219,7 @@ def compare_engines(timeout: float = 120) -> None:
                   flush=True)
 
 
-# -- dag_view (the bundled canvas renderer) ----------------------------------------------
-FIRST_FIGURE_CODE = """
-import sys, time
-sys.path.insert(0, {root!r})
-import jointlab as jl
-from tests.fixtures import zoo
-f = zoo.FIXTURES["tiny_lm"]
-j = jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
-t = time.perf_counter()
-if {which!r} == "plot_dag":
-    from jointlab.viz.dag import plot_dag
-    plot_dag(j)._repr_mimebundle_()
-else:
-    from jointlab.viz.dagview import dag_view
-    dag_view(j)._repr_html_()
-print(time.perf_counter() - t)
-"""
-
-
-def first_figure_s(which: str, runs: int = 3) -> float:
-    """Median over fresh processes of the time from a traced graph to a displayable figure."""
-    import statistics
-
-    root = str(pathlib.Path(__file__).resolve().parent.parent)
-    times = []
-    for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", FIRST_FIGURE_CODE.format(root=root,
-                              which=which)], check=True, capture_output=True, text=True)
-        times.append(float(out.stdout.strip().splitlines()[-1]))
-    return statistics.median(times)
-
-
-def view_timings(html_path: str) -> dict[str, float]:
-    """Headless Chromium on a dag_view page: first paint, one group opened, one search, a frame."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            tempfile.mkdtemp(), executable_path=CHROMIUM, args=FLAGS, headless=True,
-            viewport={"width": 1400, "height": 760})
-        page = ctx.new_page()
-        t0 = time.perf_counter()
-        page.goto("file://" + html_path, timeout=300_000)
-        page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
-                               " return d && d.jlView && d.jlView.lastFrameMs !== undefined }",
-                               timeout=300_000)
-        first = time.perf_counter() - t0
-        js = page.evaluate("""() => new Promise(done => {
-            const v = document.querySelector('.jl-dag').jlView;
-            const closed = v.visBoxes.map(b => b >> 1).filter(g => !v.expanded[g]);
-            const g = closed[Math.floor(closed.length / 2)];
-            const before = v.visNodes.length;
-            v.toggle(g, true);
-            requestAnimationFrame(() => {
-                const opened = v.visNodes.length - before, toggle = v.lastToggleMs;
-                const t = performance.now(); v.find('addmm');
-                requestAnimationFrame(() => {
-                    const search = performance.now() - t;
-                    const f = performance.now(); v.zoomAt(300, 200, 0.2); v.render();
-                    const frameOut = performance.now() - f;
-                    done({toggle, opened, search, hits: v.hits.size, frameOut,
-                          frame: v.lastFrameMs, visible: v.visNodes.length + v.visBoxes.length});
-                });
-            });
-        })""")
-        ctx.close()
-    return {"first": first, **js}
-
-
-def view_rows(big, nbig: int) -> list:
-    """Rows for dag_view: payload, browser timings at ~50k nodes, and the first figure."""
-    from jointlab.viz.dagview import dag_view
-
-    out = []
-    t = time.perf_counter()
-    view = dag_view(big)
-    build = time.perf_counter() - t
-    with tempfile.TemporaryDirectory() as d:
-        path = view.write_html(pathlib.Path(d) / "view50k.html")
-        mb = os.path.getsize(path) / 2**20
-        out.append(row(f"dag_view {nbig} nodes: page size", mb, "MB", "<= 5", mb <= 5,
-                       detail=f"build {build:.2f} s"))
-        if os.path.exists(CHROMIUM) and _has_playwright():
-            v = view_timings(str(path))
-            out.append(row("dag_view 50k: first paint (collapsed)", v["first"], "s", "<= 3",
-                           v["first"] <= 3, detail=f"{v['visible']} items drawn"))
-            out.append(row("dag_view 50k: open one group", v["toggle"], "ms", "<= 300",
-                           v["toggle"] <= 300, detail=f"{v['opened']} nodes appeared"))
-            out.append(row("dag_view 50k: search to highlighted+zoomed", v["search"], "ms",
-                           "<= 1000", v["search"] <= 1000, detail=f"{v['hits']} hits"))
-            out.append(row("dag_view 50k: frame (zoomed out)", v["frameOut"], "ms", "<= 100",
-                           v["frameOut"] <= 100))
-    for which in ("dag_view", "plot_dag"):
-        s = first_figure_s(which)
-        out.append(row(f"first {which} in a fresh process (median of 3)", s, "s", "<= 2",
-                       s <= 2))
-    return out
-
-
 if __name__ == "__main__":
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
     if "--engines" in sys.argv:
         compare_engines()
-    elif "--view" in sys.argv:  # dag_view rows only: python bench/bench_dag.py --view [layers]
-        layers = int(sys.argv[-1]) if sys.argv[-1].isdigit() else BIG_LAYERS
-        j = deep_joint(layers)
-        for r in view_rows(j, len(j.graph.nodes)):
-            print(r)

@@ -192,6 +192,44 @@ def test_bad_arguments(joint):
             dag.plot_dag(joint, depth=bad)
 
 
+FIRST_FIGURE = """
+import json, sys
+import jointlab as jl
+from IPython.core.interactiveshell import InteractiveShell
+from tests.fixtures import zoo
+shell = InteractiveShell.instance()
+sent = []
+shell.display_pub.publish = lambda data, metadata=None, **kw: sent.append(data)
+f = zoo.FIXTURES["tiny_lm"]
+fig = jl.plot_dag(jl.trace(f.make_model(), f.train_fn, f.make_inputs(2)))
+shell.displayhook(fig)  # what a notebook cell ending in `fig` does
+fig._repr_mimebundle_()
+heavy = sorted(m for m in ("jsonschema", "rfc3987_syntax", "nbformat", "plotly.io._renderers")
+               if m in sys.modules)
+import plotly.io as pio
+want = json.loads(pio.to_json(fig))["data"]
+print("\\nRESULT " + json.dumps({"heavy": heavy, "sent": sent, "want": want}))
+"""
+
+
+def test_first_plot_dag_displays_without_the_renderer_import_chain():
+    """A fresh kernel's first DAG: the plotly bundle Jupyter renders, no nbformat/jsonschema."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", FIRST_FIGURE], capture_output=True, text=True,
+                       cwd=root, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert got["heavy"] == [], f"the first plot_dag imported {got['heavy']}"
+    assert len(got["sent"]) == 1, got["sent"]
+    spec = got["sent"][0]["application/vnd.plotly.v1+json"]
+    assert spec["data"] == got["want"]  # the same traces as plotly's own serialisation
+    assert spec["config"]["scrollZoom"] is True
+
 
 # -- dag_view: the bundled renderer's payload ------------------------------------------
 from jointlab.viz import _hierarchy, dagview  # noqa: E402

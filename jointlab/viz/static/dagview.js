@@ -39,6 +39,42 @@
     while (n >= 1024 && k < s.length - 1) { n /= 1024; k++; }
     return (k ? n.toFixed(1) : String(n)) + " " + s[k];
   }
+  // Every canvas text uses FONT; widths are cached per string (one font, so one cache).
+  const FONT = "11px system-ui,sans-serif", widths = new Map();
+  function textWidth(ctx, s) {
+    let w = widths.get(s);
+    if (w === undefined) { if (widths.size > 50000) widths.clear(); w = ctx.measureText(s).width; widths.set(s, w); }
+    return w;
+  }
+  // `s` cut with an ellipsis to fit `maxw` pixels (never squeezed), or "" when under 3 characters
+  // fit; `tail` keeps the end (module paths: "…attn.qkv")
+  function fitText(ctx, s, maxw, tail) {
+    const w = textWidth(ctx, s);
+    if (w <= maxw) return s;
+    const cut = n => tail ? "…" + s.slice(s.length - n) : s.slice(0, n) + "…";
+    let n = Math.floor(s.length * maxw / w);
+    while (n >= 3 && textWidth(ctx, cut(n)) > maxw) n--;
+    return n >= 3 ? cut(n) : "";
+  }
+  // Screen rectangles already holding text: a label that would overlap one is skipped.
+  class Occupancy {
+    constructor() { this.cells = new Map(); }
+    _each(x0, y0, x1, y1, f) {
+      for (let gx = Math.floor(x0 / 64); gx <= Math.floor(x1 / 64); gx++)
+        for (let gy = Math.floor(y0 / 64); gy <= Math.floor(y1 / 64); gy++) if (f(gx * 65536 + gy) === false) return false;
+      return true;
+    }
+    free(x0, y0, x1, y1) {
+      return this._each(x0, y0, x1, y1, key => {
+        const l = this.cells.get(key);
+        if (l) for (let k = 0; k < l.length; k += 4) if (x0 < l[k + 2] && x1 > l[k] && y0 < l[k + 3] && y1 > l[k + 1]) return false;
+      });
+    }
+    take(x0, y0, x1, y1) {
+      this._each(x0, y0, x1, y1, key => { let l = this.cells.get(key); if (!l) this.cells.set(key, l = []); l.push(x0, y0, x1, y1); });
+    }
+    place(x0, y0, x1, y1) { if (!this.free(x0, y0, x1, y1)) return false; this.take(x0, y0, x1, y1); return true; }
+  }
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -248,8 +284,9 @@
     }
     zoomTo(x0, y0, x1, y1) {
       const W = this.canvas.clientWidth, H = this.canvas.clientHeight;
-      this.k = Math.min(60, W / (x1 - x0 + 6), H / (y1 - y0 + 3)); this.ay = 1;
-      this.vx = (x0 + x1) / 2 - W / 2 / this.k; this.vy = (y0 + y1) / 2 + H / 2 / this.k;
+      this.k = Math.min(60, W / (x1 - x0 + 6), H / (y1 - y0 + 3));
+      this.ay = Math.max(1, H * 0.85 / ((y1 - y0 + 3) * this.k));  // a flat region fills the height
+      this.vx = (x0 + x1) / 2 - W / 2 / this.k; this.vy = (y0 + y1) / 2 + H / 2 / (this.k * this.ay);
       this.draw();
     }
     // -- events --------------------------------------------------------------
@@ -398,27 +435,39 @@
       // band divider
       const [, zy] = this.toScreen(0, 0); ctx.strokeStyle = "rgba(0,0,0,.15)"; ctx.setLineDash([4, 4]);
       ctx.beginPath(); ctx.moveTo(0, zy); ctx.lineTo(W, zy); ctx.stroke(); ctx.setLineDash([]);
+      this._occ = new Occupancy();  // text drawn so far this frame
       this._drawTitles(ctx, W, H);
       this._drawEdges(ctx, W, H);
       this._drawBoxes(ctx, W, H, on);
       this._drawNodes(ctx, W, H, on);
       this._drawMiniView();
-      this.lastFrameMs = performance.now() - t0;
+      const t1 = performance.now();
+      this.lastFrameMs = t1 - t0; this.lastFrameEnd = t1;  // frame timing, read by bench/
+      if (this.firstFrameEnd === undefined) { this.firstFrameEnd = t1; performance.mark("jl-dag-first-frame"); }
     }
     _drawTitles(ctx, W, H) {  // outlines and titles of open groups (click a title to close)
       this.titles = [];
-      ctx.font = "11px system-ui,sans-serif";
+      ctx.font = FONT;
       const seen = new Set();
       for (const i of this.visNodes) { for (let gid = this.g[i]; gid > 0; gid = this.parent[gid]) { const key = gid * 2 + this.band[i]; if (seen.has(key)) break; seen.add(key); } }
-      for (const key of seen) {
+      const outerFirst = [...seen].sort((p, q) => this.level[p >> 1] - this.level[q >> 1]);
+      for (const key of outerFirst) {
         const [x0, y0, x1, y1] = this.boxRect(key), [a, t] = this.toScreen(x0, y1 + 0.3), [z, u] = this.toScreen(x1, y0 - 0.1);
         if (z < 0 || a > W || u < 0 || t > H || z - a < 24) continue;
         const gid = key >> 1;
         ctx.strokeStyle = this.groupColor(gid); ctx.globalAlpha = 0.5; ctx.strokeRect(a, t, z - a, u - t); ctx.globalAlpha = 1;
-        const name = (this.P.groups.name[gid] || "") + (key & 1 ? " (bwd)" : "") + " ▾";
-        ctx.fillStyle = "#333"; const w = Math.min(ctx.measureText(name).width, z - a);
-        ctx.fillText(name, a + 2, t + 11, z - a - 4);
-        this.titles.push([gid, a, t, a + w + 4, t + 13]);
+        const sfx = (key & 1 ? " (bwd)" : "") + " ▾";
+        // the title sits at the outline's top left (kept on screen), one line lower if an
+        // outer group's title is there already
+        const ax = Math.max(a, 0) + 2, cut = fitText(ctx, this.P.groups.name[gid] || "", z - ax - 2 - textWidth(ctx, sfx), true);
+        if (!cut) continue;  // the module name is cut (tail kept), never the suffix
+        const txt = cut + sfx, w = textWidth(ctx, txt);
+        for (const ty of [Math.max(t, 0), Math.max(t, 0) + 13]) {
+          if (ty + 13 > u || !this._occ.place(ax, ty, ax + w, ty + 13)) continue;
+          ctx.fillStyle = "#333"; ctx.fillText(txt, ax, ty + 11);
+          this.titles.push([gid, ax - 2, ty, ax + w + 2, ty + 13]);
+          break;
+        }
       }
     }
     _clip(it, sx, sy, tx, ty) {  // end the edge at the target's outline
@@ -432,11 +481,19 @@
       const es = this.visEdges, arrows = this.k > 4, out = this.outputItem();
       ctx.strokeStyle = "rgba(90,90,90,.35)"; ctx.lineWidth = 1; ctx.beginPath();
       const heads = [], faint = [];
+      // level of detail: many edges zoomed out land on the same pixels; each pixel-exact line
+      // (both ends on screen) is stroked once, and one inside a single pixel not at all
+      const dense = !arrows && es.length > 4000, drawnPx = dense ? new Set() : null;
       for (let k = 0; k < es.length; k += 2) {
         if (es[k + 1] === out && es[k] !== this.selected) { faint.push(es[k], es[k + 1]); continue; }
         const [ax, ay] = this.itemXY(es[k]), [bx, by] = this.itemXY(es[k + 1]);
         let [sx, sy] = this.toScreen(ax, ay), [tx, ty] = this.toScreen(bx, by);
         if ((sx < 0 && tx < 0) || (sx > W && tx > W) || (sy < 0 && ty < 0) || (sy > H && ty > H)) continue;
+        if (dense && sx >= 0 && sy >= 0 && tx >= 0 && ty >= 0 && sx < 4096 && sy < 4096 && tx < 4096 && ty < 4096) {
+          const a = Math.floor(sx) * 4096 + Math.floor(sy), b = Math.floor(tx) * 4096 + Math.floor(ty);
+          if (a === b || drawnPx.has(a * 16777216 + b)) continue;
+          drawnPx.add(a * 16777216 + b);
+        }
         if (arrows) [tx, ty] = this._clip(es[k + 1], sx, sy, tx, ty);
         ctx.moveTo(sx, sy); ctx.lineTo(tx, ty);
         if (arrows && Math.hypot(tx - sx, ty - sy) > 14) heads.push(sx, sy, tx, ty);
@@ -458,7 +515,7 @@
     }
     _drawBoxes(ctx, W, H) {
       const G = this.P.groups;
-      ctx.font = "11px system-ui,sans-serif"; ctx.textBaseline = "alphabetic";
+      ctx.font = FONT; ctx.textBaseline = "alphabetic";
       this.boxLabels = [];
       for (const b of this.visBoxes) {
         const [x0, y0, x1, y1] = this.boxRect(b), [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
@@ -474,31 +531,60 @@
         const cx = Math.max(a, 0) + 3, maxw = z - Math.max(a, 0) - 6;
         let yy = Math.max(t, 0) + 13;
         ctx.fillStyle = "#111";
-        for (const s of lines) { if (yy > u - 2) break; ctx.fillText(s, cx, yy, maxw); yy += 13; ctx.fillStyle = "#444"; }
-        this.boxLabels.push(name);
+        for (const [k, s] of lines.entries()) {
+          if (yy > u - 2) break;
+          const txt = fitText(ctx, s, maxw, k === 0);
+          if (!txt || !this._occ.place(cx, yy - 11, cx + textWidth(ctx, txt), yy + 2)) break;
+          ctx.fillText(txt, cx, yy); yy += 13; ctx.fillStyle = "#444";
+          if (k === 0) this.boxLabels.push(name);
+        }
       }
     }
     _drawNodes(ctx, W, H, on) {
       const r = this._radius(), n = this.P.nodes, T = this.P.tables, colPx = this.k * XS;
       const labels = colPx >= LABEL_MIN_PX, shapes = colPx >= LABEL_MIN_PX * 1.6;
       const drawn = [];
+      // level of detail: small squares are batched per colour, one per screen pixel
+      const tiny = r < 2.5, byColor = new Map(), px = tiny ? new Uint8Array(W * H) : null;
       for (const i of this.visNodes) {
         const [sx, sy] = this.toScreen(this.x[i], this.y[i]);
         if (!on(sx, sy, 40)) continue;
+        if (tiny) {
+          const c = Math.floor(sy) * W + Math.floor(sx);
+          if (sx >= 0 && sy >= 0 && sx < W && sy < H) { if (px[c]) continue; px[c] = 1; }
+          const col = this.nodeColor(i); let l = byColor.get(col);
+          if (!l) byColor.set(col, l = []);
+          l.push(sx - r, sy - r); continue;
+        }
         ctx.fillStyle = this.nodeColor(i);
-        if (r < 2.5) { ctx.fillRect(sx - r, sy - r, 2 * r, 2 * r); continue; }
         ctx.beginPath(); ctx.arc(sx, sy, r, 0, 6.2832); ctx.fill();
         if (n.flags[i] & 2) { ctx.strokeStyle = "#e6a100"; ctx.lineWidth = 2; ctx.stroke(); }
         if (labels && drawn.length < MAX_LABELS) drawn.push(i);
       }
-      ctx.textAlign = "center"; ctx.font = "11px system-ui,sans-serif";
-      for (const i of drawn) {
-        const [sx, sy] = this.toScreen(this.x[i], this.y[i]), lab = T.label[n.label[i]];
-        ctx.fillStyle = "#111"; ctx.fillText(lab, sx, sy - r - 3, colPx - 4);
-        if (shapes && T.shape[n.shape[i]]) { ctx.fillStyle = "#777"; ctx.fillText(T.shape[n.shape[i]], sx, sy + r + 11, colPx - 4); }
+      for (const [col, l] of byColor) {
+        ctx.fillStyle = col; ctx.beginPath();
+        for (let k = 0; k < l.length; k += 2) ctx.rect(l[k], l[k + 1], 2 * r, 2 * r);
+        ctx.fill();
+      }
+      // level of detail: op labels once rows and columns are far enough apart on screen, shapes
+      // once there is room for a second line; a label that would overlap drawn text is skipped
+      ctx.textAlign = "center"; ctx.font = FONT;
+      const occ = this._occ, rowPx = this.k * this.ay, shown = [];
+      const withShapes = shapes && rowPx >= 28;
+      if (rowPx >= 14) for (const i of drawn) {
+        const [sx, sy] = this.toScreen(this.x[i], this.y[i]), full = T.label[n.label[i]];
+        let lab = "";  // the whole label where there is room (up to two columns), else cut to one
+        for (const cand of [fitText(ctx, full, 2 * colPx - 6), fitText(ctx, full, colPx - 6)]) {
+          const w = textWidth(ctx, cand) / 2;
+          if (cand && occ.place(sx - w, sy - r - 13, sx + w, sy - r - 1)) { lab = cand; break; }
+        }
+        if (!lab) continue;
+        ctx.fillStyle = "#111"; ctx.fillText(lab, sx, sy - r - 3); shown.push(i);
+        const sh = withShapes ? fitText(ctx, T.shape[n.shape[i]], colPx - 6) : "", ws = sh ? textWidth(ctx, sh) / 2 : 0;
+        if (sh && occ.place(sx - ws, sy + r + 1, sx + ws, sy + r + 13)) { ctx.fillStyle = "#777"; ctx.fillText(sh, sx, sy + r + 11); }
       }
       ctx.textAlign = "start";
-      this.drawnLabels = drawn.map(i => T.label[n.label[i]]);
+      this.drawnLabels = shown.map(i => T.label[n.label[i]]);
       // rings: search hits, the selected node and its twins
       const ring = (i, colr, w) => { const it = this.itemOf[i]; if (it !== i) return; const [sx, sy] = this.toScreen(this.x[i], this.y[i]); if (!on(sx, sy, 20)) return; ctx.strokeStyle = colr; ctx.lineWidth = w; ctx.beginPath(); ctx.arc(sx, sy, r + 4, 0, 6.2832); ctx.stroke(); };
       this.hitBoxes = new Set();
