@@ -495,7 +495,7 @@ def inductor_buffer_origins() -> Iterator[dict[str, tuple[str, str, tuple[int, .
                 continue
             try:
                 shape = tuple(int(s) for s in buf.get_size())
-            except (TypeError, ValueError):  # symbolic sizes: no static shape
+            except (TypeError, ValueError, NotImplementedError):  # symbolic or multi-output
                 continue
             record[name] = (origin.name, str(origin.target), shape)
         return out
