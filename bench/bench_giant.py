@@ -12,6 +12,11 @@ linearly in layers and extrapolated to the real model's 80 layers;
 ``JOINTLAB_BENCH_GIANT_FULL=1`` also traces all 80 (about 45 CPU seconds, 0.33 GiB),
 which shows what a fit over small depths hides (a super-linear pass).
 
+The "8-rank TP" rows trace the same shape with DTensor tensor parallelism
+(``parallelize_module``: q/k/v/gate/up column-wise, o/down row-wise) on
+``jl.fake_world(8)``, at 2 and 4 layers (``--layers N --tp``): rank 0's graph
+of local shards, its trace RSS, its collectives, and the CPU time of every view.
+
 On meta, attention takes the math path (S x S scores), so the predicted peak is
 the math-path one (``MetaAttentionWarning``); ``jl.fake_cpu()`` gives the fused one.
 """
@@ -42,6 +47,18 @@ def _model(layers: int):
     with torch.device("meta"):
         model = tr.AutoModelForCausalLM.from_config(cfg)
     return model.to(torch.bfloat16).train()
+
+
+def _tp_plan(layers: int) -> dict:
+    """Megatron-style TP of HF Llama: attention and MLP inputs column-, outputs row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    styles = {"self_attn.q_proj": ColwiseParallel, "self_attn.k_proj": ColwiseParallel,
+              "self_attn.v_proj": ColwiseParallel, "self_attn.o_proj": RowwiseParallel,
+              "mlp.gate_proj": ColwiseParallel, "mlp.up_proj": ColwiseParallel,
+              "mlp.down_proj": RowwiseParallel}
+    return {f"model.layers.{i}.{name}": style() for i in range(layers)
+            for name, style in styles.items()}
 
 
 def _ce(model, input_ids, labels):
@@ -93,19 +110,38 @@ def _clock(fn):
     return time.process_time() - t0
 
 
-def measure(layers: int) -> dict:
-    """Trace the model at ``layers`` depth and time its views (run in a fresh process)."""
-    import torch
+def measure(layers: int, tp: int = 0) -> dict:
+    """Trace the model at ``layers`` depth and time its views (run in a fresh process).
 
+    Args:
+        layers: Decoder layers.
+        tp: Tensor-parallel ranks on a ``jl.fake_world`` (0: the unsharded model).
+
+    Returns:
+        The JSON record of one depth.
+    """
     import jointlab as jl
-    from jointlab.analysis.distributed import collectives
     from jointlab.graph import JointGraph
-    from jointlab.viz.dagview import build_payload
 
     spent = _timed_passes()
     from_parts = JointGraph.from_parts.__func__
     JointGraph.from_parts = classmethod(lambda cls, p: _add(spent, from_parts, cls, p))
-    model = _model(layers)
+    if not tp:
+        return _trace_and_views(_model(layers), layers, spent)
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    with jl.fake_world(tp, mesh={"tp": tp}) as world:
+        model = parallelize_module(_model(layers), world.mesh, _tp_plan(layers))
+        return _trace_and_views(model, layers, spent)
+
+
+def _trace_and_views(model, layers: int, spent: dict[str, float]) -> dict:
+    import torch
+
+    import jointlab as jl
+    from jointlab.analysis.distributed import collectives
+    from jointlab.viz.dagview import build_payload
+
     ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
     inputs = {"input_ids": ids, "labels": ids.clone()}
     rss0 = _rss()
@@ -119,10 +155,12 @@ def measure(layers: int) -> dict:
              "collectives": _clock(lambda: collectives(joint)),
              "memory": _clock(lambda: joint.memory()),
              "dag": _clock(lambda: build_payload(joint))}
+    coll = collectives(joint)
     return {"layers": layers, "nodes": len(joint.graph.nodes), "trace_s": trace_s,
             "trace_cpu_s": trace_cpu, "passes_s": sum(spent.values()), "passes": spent,
-            "rss": rss,
-            "peak": joint.memory().peak_bytes, "views_cpu_s": views}
+            "rss": rss, "peak": joint.memory().peak_bytes, "views_cpu_s": views,
+            "collectives": len(coll), "comm_bytes": int(coll.bytes.sum()),
+            "rank_classes": getattr(joint.runtime, "rank_classes", None)}
 
 
 def _add(spent, fn, cls, parts):
@@ -133,8 +171,9 @@ def _add(spent, fn, cls, parts):
         spent["from_parts"] = spent.get("from_parts", 0.0) + time.process_time() - t0
 
 
-def _run_depth(layers: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--layers", str(layers)], cwd=ROOT.parent,
+def _run_depth(layers: int, tp: bool = False) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--layers", str(layers),
+                          *(["--tp"] if tp else [])], cwd=ROOT.parent,
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -178,10 +217,30 @@ def rows(ctx):
                 row(f"llama70b {key}: extrapolated to {FULL_DEPTH} layers", a * FULL_DEPTH + b,
                     unit, "< 1" if key == "rss" else "",
                     (a * FULL_DEPTH + b) < 1 if key == "rss" else None)]
+    return out + _tp_rows()
+
+
+def _tp_rows() -> list:
+    """The "8-rank TP" rows: rank 0's graph of the TP-sharded model at 2 and 4 layers."""
+    out = []
+    for d in (2, 4):
+        r = _run_depth(d, tp=True)
+        slowest = max(r["views_cpu_s"], key=r["views_cpu_s"].get)
+        name = f"llama70b x{d} meta 8-rank TP"
+        out += [
+            row(f"{name}: nodes (rank 0)", r["nodes"], "nodes"),
+            row(f"{name}: jl.trace (CPU)", r["trace_cpu_s"], "s"),
+            row(f"{name}: trace RSS", r["rss"] / 2**30, "GiB", "< 1", r["rss"] < 2**30),
+            row(f"{name}: collectives per rank", r["collectives"], "ops"),
+            row(f"{name}: collective bytes per rank", r["comm_bytes"] / 2**30, "GiB"),
+            row(f"{name}: slowest view ({slowest}), CPU", r["views_cpu_s"][slowest], "s", "< 1",
+                r["views_cpu_s"][slowest] < 1),
+            row(f"{name}: predicted per-rank peak (math attention)", r["peak"] / 2**30, "GiB"),
+        ]
     return out
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--layers":
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--layers":
         sys.path.insert(0, str(ROOT.parent))
-        print(json.dumps(measure(int(sys.argv[2]))))
+        print(json.dumps(measure(int(sys.argv[2]), tp=8 if sys.argv[3:] == ["--tp"] else 0)))

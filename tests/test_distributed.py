@@ -76,6 +76,8 @@ def test_fsdp2_fully_shard_is_refused_and_model_unchanged(fake_world, mode):
     with pytest.raises(UnsupportedWrapperError, match="module 'fc1'.*FSDP2 fully_shard") as info:
         jl.trace(model, _step, {"x": x, "y": y}, mode=mode)
     assert "parallelize_module" in str(info.value) and "SimpleFSDP" in str(info.value)
+    # The DTensor route works in make_fx mode only; the message must say so (also for mode='aot').
+    assert "mode='make_fx'" in str(info.value)
     assert_unchanged(before, model)
 
 
@@ -297,6 +299,8 @@ def test_dtensor_state_refusals_leave_the_model_unchanged(mode, dynamic, match):
         with pytest.raises(UnsupportedWrapperError, match="'fc1.weight' is a DTensor") as info:
             jl.trace(model, _step, _inputs(), mode=mode, dynamic=dynamic)
         assert match in str(info.value)
+        if mode == "aot":  # the route that works: make_fx mode on the fake world
+            assert "mode='make_fx' (the default) inside jl.fake_world" in str(info.value)
         assert_unchanged(before, model)
     assert not dist.is_initialized()
 

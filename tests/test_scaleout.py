@@ -177,7 +177,7 @@ def no_dtensor_precheck(monkeypatch):
     import importlib
 
     tracer = importlib.import_module("jointlab.trace.tracer")
-    monkeypatch.setattr(tracer, "refuse_unsupported_wrappers", lambda model: None)
+    monkeypatch.setattr(tracer, "refuse_unsupported_wrappers", lambda model, *args: None)
 
 
 def test_aot_with_dtensor_parameters_is_refused_naming_make_fx(no_dtensor_precheck):
@@ -209,3 +209,5 @@ def test_aot_subclass_input_descriptor_is_named_not_blamed_on_aliasing():
     msg = str(info.value)
     assert "input that is one part ('_local_tensor') of tensor input 0" in msg
     assert "mode='make_fx'" in msg and "alias" not in msg
+    # make_fx traces DTensor state, not DTensor inputs: the message must not send inputs there.
+    assert "Pass inputs as plain (local) tensors" in msg

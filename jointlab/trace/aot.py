@@ -210,8 +210,9 @@ _SUBCLASS_ROUTE = (
     "mode='aot' flattens each such tensor into its inner parts (a DTensor into its local "
     "shard and its device mesh: two graph inputs and two gradient outputs), which jointlab "
     "cannot yet feed, annotate or map back to the tensor they came from, so it refuses instead of "
-    "guessing. The supported route is mode='make_fx' (the default) inside "
-    "jl.fake_world(...).")
+    "guessing. For DTensor parameters and buffers (parallelize_module, a SimpleFSDP-style "
+    "parametrisation), trace with mode='make_fx' (the default) inside jl.fake_world(...): it "
+    "traces each one as this rank's local shard. Pass inputs as plain (local) tensors.")
 
 
 def is_wrapper_subclass(t: Any) -> bool:

@@ -61,10 +61,11 @@ def refuse_unsupported_wrappers(model: nn.Module, mode: str = "make_fx",
                     f"module '{name or '<root>'}' ({type(mod).__name__}) is wrapped by {what}, "
                     "which reshards parameters in hooks outside autograd, so its joint graph "
                     "would miss most of the backward. Trace the model before sharding it, or "
-                    "shard with DTensor parameters instead: tensor parallelism with "
+                    "shard with DTensor parameters instead (tensor parallelism with "
                     "torch.distributed.tensor.parallel.parallelize_module, or a "
-                    "SimpleFSDP-style parametrisation (all-gathers as ops in the forward), "
-                    "inside jl.fake_world(...).")
+                    "SimpleFSDP-style parametrisation: all-gathers as ops in the forward) "
+                    "inside jl.fake_world(...), and trace in mode='make_fx' (the default), "
+                    "which traces each DTensor parameter as this rank's local shard.")
     refuse_dtensor_state(model, mode, dynamic)
 
 
@@ -92,8 +93,9 @@ def refuse_dtensor_state(model: nn.Module, mode: str = "make_fx", dynamic: bool 
         if mode != "make_fx":
             raise UnsupportedWrapperError(
                 f"{where}; mode={mode!r} cannot trace DTensor state yet (its subclass inputs "
-                "are not mapped to local shards). Use mode='make_fx', which traces each "
-                "DTensor as its local shard, or trace the unsharded model.")
+                "are not mapped to local shards). Trace it with mode='make_fx' (the default) "
+                "inside jl.fake_world(...), which traces each DTensor parameter or buffer as "
+                "this rank's local shard, or trace the unsharded model.")
         if dynamic:
             raise UnsupportedWrapperError(
                 f"{where}; dynamic shapes with DTensor state are not supported. Trace with "
