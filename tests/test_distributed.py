@@ -351,3 +351,31 @@ def test_meta_dtensor_model_traces_like_the_cpu_one_and_run_refuses():
         with pytest.raises(MetaDeviceError, match="'fc1.weight' is on the meta device"):
             meta.run(model, _inputs())
         assert_unchanged(before, model)
+
+
+def test_one_dim_sharded_over_two_mesh_dims_is_refused():
+    # (Shard(0), Shard(0)) slices by the rank's mesh coordinate when redistributed: a graph
+    # traced on rank 0 would bake rank 0's slice index, so it is refused, not traced
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        model = _reference()
+        w = distribute_tensor(model.fc1.weight.data, world.mesh, [Shard(0), Shard(0)])
+        model.fc1.weight = nn.Parameter(w)
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError, match="several mesh dimensions"):
+            jl.trace(model, _step, _inputs())
+        assert_unchanged(before, model)
+
+
+def test_dtensor_input_is_refused_not_baked():
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    with jl.fake_world(4) as world:
+        model = _reference()
+        inputs = _inputs()
+        inputs["x"] = distribute_tensor(inputs["x"], world.mesh, [Replicate()])
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError, match=r"inputs\['x'\] is a DTensor"):
+            jl.trace(model, _step, inputs)
+        assert_unchanged(before, model)

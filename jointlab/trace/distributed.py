@@ -104,6 +104,47 @@ def refuse_dtensor_state(model: nn.Module, mode: str = "make_fx", dynamic: bool 
             raise UnsupportedWrapperError(
                 f"{where}; a Partial parameter or buffer holds a partial sum, not a shard of "
                 "its value, so jointlab does not trace it. Place it Shard or Replicate.")
+        if shards_one_dim_twice(t.placements):
+            raise UnsupportedWrapperError(
+                f"{where}; one tensor dimension is sharded over several mesh dimensions. "
+                "Redistributing it slices by this rank's mesh coordinate, so the graph "
+                "traced on one rank would bake that rank's slice index and compute wrong "
+                "values on the others. Shard different tensor dimensions per mesh "
+                "dimension (e.g. (Shard(1), Shard(0)) for dp x tp).")
+
+
+def shards_one_dim_twice(placements: Any) -> bool:
+    """True when two mesh dimensions shard the same tensor dimension (nested sharding)."""
+    dims = [getattr(p, "dim", None) for p in placements if p.is_shard()]
+    return len(dims) != len(set(dims)) or any(
+        type(p).__name__ == "_StridedShard" for p in placements)
+
+
+def refuse_dtensor_inputs(inputs: Any) -> None:
+    """Raise :class:`UnsupportedWrapperError` for a DTensor among the step's inputs.
+
+    Only parameters and buffers are traced as local shards; a DTensor input
+    would be baked into the graph as a fake constant.
+
+    Args:
+        inputs: The keyword inputs of the training step (any nesting of lists,
+            tuples and dicts).
+
+    Raises:
+        UnsupportedWrapperError: An input is a DTensor.
+    """
+    stack = [("inputs", inputs)]
+    while stack:
+        path, value = stack.pop()
+        if is_dtensor(value):
+            raise UnsupportedWrapperError(
+                f"{path} is a DTensor ({value.placements}); jointlab traces DTensor "
+                "parameters and buffers as local shards, but not DTensor inputs. Pass "
+                "inputs as plain (local) tensors: x.to_local() on each rank.")
+        if isinstance(value, dict):
+            stack += [(f"{path}[{k!r}]", v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
 
 
 class FakeWorld:

@@ -19,7 +19,7 @@ from jointlab.errors import TraceError
 from jointlab.graph import JointGraph
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.repair import repair_views
-from jointlab.trace.distributed import refuse_unsupported_wrappers
+from jointlab.trace.distributed import refuse_dtensor_inputs, refuse_unsupported_wrappers
 from jointlab.trace.hf_compat import hf_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
@@ -69,6 +69,7 @@ def trace(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
     refuse_unsupported_wrappers(model, mode, dynamic or bool(dynamic_arg_dims))
+    refuse_dtensor_inputs(inputs)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
             hf_refusals(model), random_op_refusals(), no_kernel_warnings() as no_kernel, \
             meta_attention_calls() as sdpa_calls:
