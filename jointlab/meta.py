@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import torch
 import torch.fx as fx
 
 from jointlab.errors import NodeExecutionError
@@ -197,6 +198,34 @@ def op_name(node: fx.Node) -> str:
     if node.op in ("placeholder", "output"):
         return node.op
     return getattr(node.target, "__name__", str(node.target))
+
+
+def _dropout_p(node: fx.Node) -> Any:
+    """The ``dropout_p`` argument of ``node``'s op (None when it has none)."""
+    names = [a.name for a in op_schema(node.target).arguments]
+    if "dropout_p" not in names:
+        return None
+    i = names.index("dropout_p")
+    return node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else 0.0)
+
+
+def draws_random(node: fx.Node) -> bool:
+    """True for an op that draws random numbers when it runs.
+
+    That is an op tagged ``nondeterministic_seeded``, except attention called
+    with ``dropout_p=0``: its CPU kernels carry the tag but draw nothing.
+
+    Args:
+        node: A graph node.
+
+    Returns:
+        Whether running the node consumes random numbers.
+    """
+    if node.op != "call_function" or not is_op_overload(node.target):
+        return False
+    if torch.Tag.nondeterministic_seeded not in node.target.tags:
+        return False
+    return _dropout_p(node) not in (0, 0.0)
 
 
 def op_aliases(node: fx.Node) -> set[str]:

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
-from jointlab.analysis.step.breakpoints import draws_random
 from jointlab.errors import UnsupportedRandomOpError
+from jointlab.meta import draws_random
 from tests.util import assert_unchanged, deep_state, eager_step
 
 MODES = ["make_fx", "aot"]
@@ -223,3 +223,20 @@ def test_saved_and_loaded_graph_draws_what_eager_draws(name, mode, tmp_path):
     ref = eager_step(model, train_fn, _inputs(), SEED)
     torch.manual_seed(SEED)
     _assert_same(loaded.run(model, _inputs()), ref, f"{name} loaded joint.run")
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_attention_without_dropout_draws_nothing(p):
+    # the CPU attention kernel is tagged nondeterministic_seeded either way; only a
+    # dropout_p > 0 draws, as the global RNG state after an eager call shows
+    model, x = torch.nn.Linear(8, 8), torch.randn(1, 2, 4, 8)
+
+    def step(model, x):
+        q = model(x)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=p).sum()
+
+    joint = jl.trace(model, step, {"x": x})
+    before = torch.get_rng_state()
+    step(model, x)
+    eager_draws = not torch.equal(before, torch.get_rng_state())
+    assert any(draws_random(n) for n in joint.graph.nodes) == eager_draws == (p > 0)

@@ -184,8 +184,7 @@ def run_all_ranks(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any]
 
 
 def _draws_random(joint: TracedGraph) -> bool:
-    tag = torch.Tag.nondeterministic_seeded
-    return any(tag in getattr(n.target, "tags", ()) for n in joint.graph.nodes)
+    return any(_meta.draws_random(n) for n in joint.graph.nodes)
 
 
 def _matches_eager(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], res: Any,

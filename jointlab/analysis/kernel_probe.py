@@ -36,7 +36,7 @@ from torch import fx, nn
 from jointlab import meta as _meta
 from jointlab.analysis.compare.compare import Tolerance, close, errors
 from jointlab.analysis.kernels import kernel_map, kernel_table
-from jointlab.torch_compat import is_op_overload, op_schema
+from jointlab.meta import draws_random
 
 __all__ = ["KernelCheck", "KernelDivergence", "first_diverging_kernel", "kernel_calls"]
 
@@ -191,24 +191,6 @@ def instrumented_call(source_code: str, calls: list[KernelCall], probe: Any) -> 
 
 def _clones(args: list[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def _dropout_p(node: fx.Node) -> Any:
-    """The ``dropout_p`` argument of ``node``'s op (None when it has none)."""
-    names = [a.name for a in op_schema(node.target).arguments]
-    if "dropout_p" not in names:
-        return None
-    i = names.index("dropout_p")
-    return node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else 0.0)
-
-
-def draws_random(node: fx.Node) -> bool:
-    """True for a random op; attention with ``dropout_p=0`` draws nothing despite its tag."""
-    if node.op != "call_function" or not is_op_overload(node.target):
-        return False
-    if torch.Tag.nondeterministic_seeded not in node.target.tags:
-        return False
-    return _dropout_p(node) not in (0, 0.0)
 
 
 def _has_random(gm: fx.GraphModule) -> bool:

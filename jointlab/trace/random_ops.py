@@ -9,7 +9,7 @@ order and with the same kernels as eager, so every op tagged
 ``torch.Tag.nondeterministic_seeded`` draws bit for bit the same numbers from
 the same seed (checked op by op in ``tests/test_random_ops.py``), and the
 Stepper runs exactly those nodes in its own stream
-(:func:`jointlab.analysis.step.breakpoints.draws_random`).
+(:func:`jointlab.meta.draws_random`).
 
 Two things cannot be made exact, and are refused while tracing:
 

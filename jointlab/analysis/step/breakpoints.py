@@ -18,12 +18,6 @@ from jointlab.passes.annotate import is_compute
 
 
 # -- small predicates ----------------------------------------------------------
-def draws_random(node: fx.Node) -> bool:
-    """True when the op is tagged as consuming the global RNG."""
-    tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
-
-
 def non_finite(value: Any) -> bool:
     """True when a floating tensor in ``value`` holds a NaN or an infinity."""
     return any(t.is_floating_point() and not bool(torch.isfinite(t).all())

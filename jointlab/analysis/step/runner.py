@@ -27,11 +27,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from jointlab.analysis.step.breakpoints import draws_random
 from jointlab.analysis.step.rng import StepRng, retarget
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import NodeExecutionError, ValueNotAvailableError
-from jointlab.meta import node_error
+from jointlab.meta import draws_random, node_error
 from jointlab.passes.analyze import written_in_place
 
 __all__ = ["NodeRunner", "check_call", "resolve_device"]
