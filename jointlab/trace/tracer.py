@@ -69,7 +69,8 @@ def trace(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
     refuse_unsupported_wrappers(model, mode, dynamic or bool(dynamic_arg_dims))
-    refuse_dtensor_inputs(inputs)
+    if mode == "make_fx":  # AOT mode names subclass inputs itself (trace/aot.py)
+        refuse_dtensor_inputs(inputs)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
             hf_refusals(model), random_op_refusals(), no_kernel_warnings() as no_kernel, \
             meta_attention_calls() as sdpa_calls:
