@@ -6,7 +6,8 @@ which gradient) comes in as :class:`ModeRules` from
 :mod:`jointlab.passes.classify`. It runs once, inside :func:`jointlab.trace`,
 and writes the trace-time keys of ``node.meta["jointlab"]`` listed in
 :func:`annotate` (see also :mod:`jointlab.meta`). Node kinds are told apart by
-the small predicates below; everything is one or two linear passes.
+the small predicates below; everything is one or two linear passes (gradient-
+accumulation adds are placed by :mod:`jointlab.passes.accumulate`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from jointlab.meta import KEY, RECOMPUTE_TAG, TRAIN_FN
+from jointlab.passes.accumulate import CandidateIndex, attribute_accumulation, is_gradient_acc
 from jointlab.units import source_location
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -56,11 +58,6 @@ def is_engine_backward(node: fx.Node) -> bool:
 def is_checkpoint_recompute(node: fx.Node) -> bool:
     """True when the tracer tagged the node as created by a checkpoint recompute."""
     return bool(node.meta.get(RECOMPUTE_TAG))
-
-
-def is_gradient_acc(node: fx.Node) -> bool:
-    """True for the engine's gradient-accumulation add (its ``seq_nr`` is stale)."""
-    return bool(node.meta.get("is_gradient_acc"))
 
 
 def has_module_stack(node: fx.Node) -> bool:
@@ -251,10 +248,9 @@ def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None
     # Nodes without a forward twin (gradient seeds, accumulation, zeros for
     # unused parameters) take the module of their nearest attributed neighbour:
     # first a producer, then (walking back) a consumer.
-    order: dict[fx.Node, int] = {}  # graph positions, built once (not per accumulation)
-    sigs: dict[fx.Node, Any] = {}
+    index = CandidateIndex(nodes[0].graph) if nodes else None  # shared by all accumulations
     for node in unresolved:
-        if is_gradient_acc(node) and _attribute_accumulation(node, twins, order, sigs):
+        if is_gradient_acc(node) and attribute_accumulation(node, twins, index):
             continue
         _inherit(node, node_inputs(node))
     for node in reversed(unresolved):
@@ -276,139 +272,6 @@ def _own_module(node: fx.Node, by_seq: dict[int, fx.Node]) -> None:
         source = twin.meta[KEY]["source"] if twin is not None else ""
     node.meta[KEY] = {"phase": "backward", "module": mod, "module_type": mtype,
                       "source": source}
-
-
-# Forward ops whose backward passes the incoming gradient through unchanged, so
-# no backward node of theirs appears between two accumulated contributions.
-_PASSTHROUGH = ("add.Tensor", "sub.Tensor", "add_.Tensor")
-
-
-def _contributions(acc: fx.Node) -> list[fx.Node]:
-    """The gradient terms an accumulation add sums (through chains of accumulations)."""
-    out, todo = [], list(node_inputs(acc))
-    while todo:
-        n = todo.pop()
-        (todo.extend(node_inputs(n)) if is_gradient_acc(n) else out.append(n))
-    return out
-
-
-def _facts(node: fx.Node, sigs: dict[fx.Node, Any]) -> tuple[Any, bool]:
-    """``((shape, dtype) or None, is a pass-through add)`` of a node, memoised in ``sigs``.
-
-    Reading a fake tensor's shape is slow while a torch function mode is active
-    (the tracer's), and the walks below visit the residual stream once per term.
-    """
-    if node not in sigs:
-        v = node.meta.get("val")
-        sigs[node] = ((v.shape, v.dtype) if isinstance(v, torch.Tensor) else None,
-                      node.op == "call_function" and str(node.target).endswith(_PASSTHROUGH))
-    return sigs[node]
-
-
-def _candidates(twin: fx.Node, like: Any, sigs: dict[fx.Node, Any] | None = None
-                ) -> dict[fx.Node, fx.Node]:
-    """Forward inputs of ``twin`` shaped like the gradient, through pass-through adds.
-
-    Returns each candidate with the forward node that reads it directly (``twin``,
-    or the pass-through add it flows through).
-    """
-    sigs = {} if sigs is None else sigs
-    want = (like.shape, like.dtype) if isinstance(like, torch.Tensor) else None
-    found: dict[fx.Node, fx.Node] = {}
-    if want is None:
-        return found
-    todo = [(a, twin) for a in node_inputs(twin) if _facts(a, sigs)[0] == want]
-    while todo:
-        n, reader = todo.pop()
-        if n in found:
-            continue
-        found[n] = reader
-        if _facts(n, sigs)[1]:
-            todo.extend((a, n) for a in node_inputs(n) if _facts(a, sigs)[0] == want)
-    return found
-
-
-def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node],
-                      order: dict[fx.Node, int] | None = None,
-                      sigs: dict[fx.Node, Any] | None = None
-                      ) -> tuple[fx.Node | None, list[fx.Node]]:
-    """The forward value whose gradient a gradient-accumulation add sums, and its consumers.
-
-    Each summed term comes from the backward of one consumer of that value (its
-    forward twin); the value is the forward input, shaped like the gradient,
-    that all those consumers share (looking through pass-through adds, whose
-    backward adds no node of its own).
-
-    Args:
-        acc: A node with ``meta["is_gradient_acc"]``.
-        twins: The forward twin of each backward node that has one.
-        order: Graph position of every node; filled here when empty (pass one
-            dict for all accumulations of a graph).
-        sigs: Memo of node value signatures shared across calls.
-
-    Returns:
-        ``(value, consumers)``; value is None when no consumer shares one.
-    """
-    like = acc.meta.get("val")
-    sigs = {} if sigs is None else sigs
-    per_term = [_candidates(t, like, sigs) for t in (twins.get(c) for c in _contributions(acc))
-                if t is not None]
-    common = set.intersection(*(set(c) for c in per_term)) if per_term else set()
-    if not common:
-        return None, []
-    # Pass-through expansion also admits the inputs of the value's own producing
-    # add; the value itself is the latest common candidate in graph order.
-    order = {} if order is None else order
-    if not order:
-        order.update((n, i) for i, n in enumerate(acc.graph.nodes))
-    value = max(common, key=order.__getitem__)
-    return value, [c[value] for c in per_term]
-
-
-def _common_module(consumers: list[fx.Node]) -> tuple[str, str, str] | None:
-    """Deepest module holding every consumer: ``(fqn, type, source)``, or None."""
-    paths = [c.meta[KEY]["module"] for c in consumers]
-    if TRAIN_FN in paths:
-        return (TRAIN_FN, "", consumers[paths.index(TRAIN_FN)].meta[KEY]["source"]) \
-            if set(paths) == {TRAIN_FN} else None
-    parts = [p.split(".") if p else [] for p in paths]
-    prefix = []
-    for level in zip(*parts):
-        if len(set(level)) != 1:
-            break
-        prefix.append(level[0])
-    fqn = ".".join(prefix)
-    for c in consumers:
-        for path, mtype in (c.meta.get("nn_module_stack") or {}).values():
-            if str(path) == fqn:
-                name = mtype if isinstance(mtype, str) else getattr(mtype, "__qualname__", "")
-                src = next((d.meta[KEY]["source"] for d in consumers
-                            if d.meta[KEY]["module"] == fqn), c.meta[KEY]["source"])
-                return fqn, name.rsplit(".", 1)[-1], src
-    return None
-
-
-def _attribute_accumulation(acc: fx.Node, twins: dict[fx.Node, fx.Node],
-                            order: dict[fx.Node, int], sigs: dict[fx.Node, Any]) -> bool:
-    """Give an accumulation add the module where its value is used; False if unknown.
-
-    A parameter or buffer's accumulation belongs to the module owning it (a
-    tied weight is used in two modules); a computed value's to the deepest
-    module holding all of its consumers (e.g. a block for its residual input).
-    """
-    value, consumers = accumulated_value(acc, twins, order, sigs)
-    if value is None:
-        return False
-    vmeta = value.meta[KEY]
-    if vmeta["phase"] in ("param", "buffer"):
-        where = (vmeta["module"], vmeta["module_type"], "")
-    else:
-        where = _common_module(consumers)
-    if where is None:
-        return False
-    acc.meta[KEY].update(module=where[0], module_type=where[1], source=where[2],
-                         grad_acc_of=value.name)
-    return True
 
 
 def _inherit(node: fx.Node, neighbours: Iterable[fx.Node]) -> None:

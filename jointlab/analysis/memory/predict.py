@@ -81,7 +81,12 @@ def reduces_into_full_buffer(node: fx.Node) -> bool:
             and reduction_arg(node) != 0)
 
 
-def alloc_bytes(node: fx.Node, sizes: Sizes | None = None) -> int:
+def may_reduce_into_full_buffer(m: NodeInfo) -> bool:
+    """Cheap necessary condition for :func:`reduces_into_full_buffer` (``aten.<op>`` target)."""
+    return m.target.rsplit(".", 1)[-1] in _REDUCES_INTO_FULL_BUFFER
+
+
+def alloc_bytes(node: fx.Node, sizes: Sizes | None = None, m: NodeInfo | None = None) -> int:
     """Bytes the node's fresh storage really takes.
 
     That is ``bytes`` from the analysis, widened for kernels known to over-allocate.
@@ -89,15 +94,17 @@ def alloc_bytes(node: fx.Node, sizes: Sizes | None = None) -> int:
     Args:
         node: A node of an analyzed graph.
         sizes: Evaluate symbolic sizes at these input sizes (default: trace-time hints).
+        m: The node's :func:`~jointlab.meta.node_info`, when the caller has it.
 
     Returns:
         Bytes; 0 for a node that allocates nothing (an alias).
     """
-    nbytes = int(node_info(node).bytes)
+    m = node_info(node) if m is None else m
+    nbytes = int(m.bytes)
     if nbytes and sizes is not None:
         nbytes = sizes.out_bytes(node)
     size_of = tensor_bytes if sizes is None else sizes.tensor_bytes
-    if nbytes and reduces_into_full_buffer(node):
+    if nbytes and may_reduce_into_full_buffer(m) and reduces_into_full_buffer(node):
         src = node.args[0].meta.get("val")
         nbytes = max(nbytes, size_of(src) // src.element_size()
                      * node.meta["val"].element_size())
@@ -162,7 +169,22 @@ def _is_wait_tensor(node: fx.Node) -> bool:
             and bool(node.args) and isinstance(node.args[0], fx.Node))
 
 
-def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
+def node_infos(joint_or_gm: Any) -> dict[fx.Node, NodeInfo]:
+    """Every node's :class:`~jointlab.meta.NodeInfo`, in graph order (read once per node).
+
+    Args:
+        joint_or_gm: A traced joint graph or an analyzed GraphModule.
+
+    Returns:
+        Node -> its annotations.
+    """
+    gm = getattr(joint_or_gm, "graph_module", joint_or_gm)
+    require_analyzed(gm)
+    return {n: node_info(n) for n in gm.graph.nodes}
+
+
+def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None,
+             infos: dict[fx.Node, NodeInfo] | None = None
              ) -> tuple[list[fx.Node], dict[str, _Storage]]:
     """Every storage of one run with its birth step, death step and size.
 
@@ -170,13 +192,13 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
         joint_or_gm: A traced joint graph or a GraphModule with fake ``meta["val"]``.
         device: Device whose allocator rounding to apply (``cuda`` rounds to 512 B).
         sizes: Sizes of a dynamic graph at a call's inputs (default: as traced).
+        infos: :func:`node_infos` of the graph, when the caller has them.
 
     Returns:
         ``(nodes, {owner name: storage})``.
     """
-    gm = getattr(joint_or_gm, "graph_module", joint_or_gm)
-    require_analyzed(gm)
-    nodes = list(gm.graph.nodes)
+    infos = node_infos(joint_or_gm) if infos is None else infos
+    nodes = list(infos)
     death = variable_deaths(nodes)
     index = {n: i for i, n in enumerate(nodes)}
     out_node = nodes[-1]
@@ -184,7 +206,7 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
     st: dict[str, _Storage] = {}
     waited: dict[str, str] = {}  # a wait_tensor's storage -> the collective's
     for i, node in enumerate(nodes):
-        m = node_info(node)
+        m = infos[node]
         if is_multi_output(node):
             for k, nb in _unread_outputs(node, sizes):
                 st[f"{node.name}[{k}]"] = _Storage(f"{node.name}[{k}]", i, death[node],
@@ -194,14 +216,14 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
             continue
         owner = m.storage or node.name
         if _is_wait_tensor(node):  # returns the collective's own buffer: an alias
-            src = node_info(node.args[0]).storage or node.args[0].name
+            src = infos[node.args[0]].storage or node.args[0].name
             waited[owner] = waited.get(src, src)
         owner = waited.get(owner, owner)
         s = st.get(owner)
         if s is None:
             birth = 0 if lives_whole_run(node) else born_at(node, index)
             s = st[owner] = _Storage(owner, birth, death[node],
-                                     round_alloc(alloc_bytes(node, sizes), device))
+                                     round_alloc(alloc_bytes(node, sizes, m), device))
         d = death[node]
         if is_getitem(node):
             d = max(d, death[node.args[0]])
@@ -215,9 +237,9 @@ def storages(joint_or_gm: Any, device: str = "cpu", sizes: Sizes | None = None
     return nodes, st
 
 
-def storage_category(s: _Storage, owner: fx.Node | None) -> str:
-    """One of :data:`CATEGORIES` for a storage."""
-    ph = node_info(owner).phase if owner is not None else ""
+def storage_category(s: _Storage, owner: fx.Node | None, m: NodeInfo | None = None) -> str:
+    """One of :data:`CATEGORIES` for a storage (``m``: the owner's node_info, if known)."""
+    ph = (node_info(owner) if m is None else m).phase if owner is not None else ""
     if owner is not None and owner.op == "get_attr":
         return "buffer"
     if ph in ("param", "buffer", "input"):
@@ -232,25 +254,28 @@ def storage_category(s: _Storage, owner: fx.Node | None) -> str:
 
 
 # -- the tables -------------------------------------------------------------------
-def _shape(node: fx.Node, sizes: Sizes | None) -> Any:
+def _shape(node: fx.Node, sizes: Sizes | None, m: NodeInfo) -> Any:
     if sizes is None:
-        return node_info(node).shape
+        return m.shape
     return sizes.shape(node)
 
 
 def lifetimes_table(nodes: list[fx.Node], st: dict[str, _Storage],
-                    sizes: Sizes | None = None) -> pd.DataFrame:
+                    sizes: Sizes | None = None,
+                    infos: dict[fx.Node, NodeInfo] | None = None) -> pd.DataFrame:
     """One row per storage (see :attr:`MemoryProfile.lifetimes`)."""
+    infos = {n: node_info(n) for n in nodes} if infos is None else infos
     by_name = {n.name: n for n in nodes}
-    filled = filled_by(nodes)
+    filled = filled_by(nodes, infos)
     rows = []
+    blank = NodeInfo()
     for s in st.values():
         base = s.owner.split("[", 1)[0]
         node = by_name.get(base)
-        m = node_info(node) if node is not None else NodeInfo()
-        rows.append((s.owner, m.target, m.module, storage_category(s, node), m.phase,
+        m = infos[node] if node is not None else blank
+        rows.append((s.owner, m.target, m.module, storage_category(s, node, m), m.phase,
                      s.birth, s.death, s.nbytes,
-                     str(_shape(node, sizes)) if s.owner == base else "", m.dtype, s.aliases,
+                     str(_shape(node, sizes, m)) if s.owner == base else "", m.dtype, s.aliases,
                      filled.get(s.owner, "")))
     cols = ["storage", "op", "module", "category", "phase", "first_step", "last_step",
             "bytes", "shape", "dtype", "aliases", "filled_by"]
@@ -261,36 +286,43 @@ _UNINITIALISED = {"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.n
                   "aten.new_empty_strided"}
 
 
-def filled_by(nodes: list[fx.Node]) -> dict[str, str]:
+def filled_by(nodes: list[fx.Node], infos: dict[fx.Node, NodeInfo] | None = None
+              ) -> dict[str, str]:
     """The op that first writes each storage allocated uninitialised (``empty_like``).
 
     Args:
         nodes: The graph's nodes in order.
+        infos: Their :func:`~jointlab.meta.node_info` (read here when None).
 
     Returns:
         Owner name -> target of its first in-place writer (``aten.bernoulli_``
         for the dropout mask CPU eager draws into an ``empty_like``).
     """
-    owners = {n.name for n in nodes if node_info(n).target in _UNINITIALISED}
+    infos = {n: node_info(n) for n in nodes} if infos is None else infos
+    owners = {n.name for n in nodes if infos[n].target in _UNINITIALISED}
     out: dict[str, str] = {}
+    if not owners:
+        return out
     for n in nodes:
-        m = node_info(n)
+        m = infos[n]
         if m.inplace and m.storage in owners:
             out.setdefault(m.storage, m.target)
     return out
 
 
 def timeline_table(nodes: list[fx.Node], life: pd.DataFrame,
-                   sizes: Sizes | None = None) -> pd.DataFrame:
+                   sizes: Sizes | None = None,
+                   infos: dict[fx.Node, NodeInfo] | None = None) -> pd.DataFrame:
     """Live bytes per category at every step (see :attr:`MemoryProfile.timeline`)."""
     n = len(nodes)
-    infos = [node_info(x) for x in nodes]
+    by_node = {x: node_info(x) for x in nodes} if infos is None else infos
+    infos = [by_node[x] for x in nodes]
     data: dict[str, Any] = {
         "node": [x.name for x in nodes],
         "op": [m.target or x.op for x, m in zip(nodes, infos)],
         "module": [m.module for m in infos],
         "phase": [m.phase for m in infos],
-        "shape": [str(_shape(x, sizes) or "") for x in nodes],
+        "shape": [str(_shape(x, sizes, m) or "") for x, m in zip(nodes, infos)],
     }
     births = life["first_step"].to_numpy()
     deaths = life["last_step"].to_numpy()
@@ -324,9 +356,10 @@ def predict(joint_or_gm: Any, device: str = "cpu", name: str = "",
         A :class:`MemoryProfile` without measured columns (and without the
         what-if hand-off, which ``joint.memory()`` binds).
     """
-    nodes, st = storages(joint_or_gm, device, sizes)
-    life = lifetimes_table(nodes, st, sizes)
-    tl = timeline_table(nodes, life, sizes)
+    infos = node_infos(joint_or_gm)
+    nodes, st = storages(joint_or_gm, device, sizes, infos)
+    life = lifetimes_table(nodes, st, sizes, infos)
+    tl = timeline_table(nodes, life, sizes, infos)
     total = tl["total"].to_numpy()
     phases = tl["phase"].to_numpy()
     bwd = np.flatnonzero(phases == "backward")
