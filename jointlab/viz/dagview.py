@@ -36,13 +36,21 @@ PHASE_COLORS = {"param": "#2ca02c", "buffer": "#8c564b", "input": "#7f7f7f",
                 "forward": "#1f77b4", "backward": "#d62728", "output": "#9467bd"}
 
 
-def node_label(node: Any, m: dict[str, Any]) -> str:
-    """Short label: parameter/buffer FQN, input path, else the op name (``mm``)."""
+def node_label(node: Any, m: dict[str, Any], ops: dict[Any, str] | None = None) -> str:
+    """Short label: parameter/buffer FQN, input path, else the op name (``mm``).
+
+    ``ops`` memoises op names by ``(op, target)`` across the nodes of one graph.
+    """
     if m.get("fqn"):
         return str(m["fqn"])
     if m.get("input_path"):
         return str(m["input_path"])
-    return _meta.op_name(node)
+    if ops is None:
+        return _meta.op_name(node)
+    key = (node.op, node.target)
+    if key not in ops:
+        ops[key] = _meta.op_name(node)
+    return ops[key]
 
 
 def title_text(joint: Any) -> str:
@@ -89,10 +97,11 @@ def _node_arrays(nodes: list[Any], infos: list[dict[str, Any]], t: dict[str, _Ta
         "name", "label", "target", "ph", "shape", "dtype", "cat", "src", "twin", "flops",
         "bytes", "flags")}
     extra: dict[str, dict[str, str]] = {}
+    ops: dict[Any, str] = {}
     for i, (n, m) in enumerate(zip(nodes, infos)):
         shape = m.get("shape")
         cols["name"].append(n.name)
-        cols["label"].append(t["label"](node_label(n, m)))
+        cols["label"].append(t["label"](node_label(n, m, ops)))
         cols["target"].append(t["target"](m.get("target", n.op)))
         cols["ph"].append(t["phase"](m.get("phase", "")))
         cols["shape"].append(t["shape"]("×".join(map(str, shape)) if shape is not None else ""))
