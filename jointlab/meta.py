@@ -16,6 +16,10 @@ only read it. Keys written at trace time:
 - ``probe_out`` / ``probe_grad``: ``[fqn, call, leaf]`` triples: the node is
   that module call's output leaf, or the gradient reaching it (written by
   :mod:`jointlab.trace.probes` while tracing).
+- ``fwd_twin``: on a backward node, the forward node whose gradient it computes
+  (its module and source are the twin's).
+- ``grad_acc_of``: on a gradient-accumulation add, the forward value whose
+  gradient terms it sums.
 - ``recompute``: True on a backward-phase node that gradient checkpointing
   (``torch.utils.checkpoint``) runs again to recompute the forward of a
   checkpointed region, including the generator-state reads and writes that
@@ -75,6 +79,8 @@ class NodeInfo(NamedTuple):
     grad_of: str | None = None
     zero_grad: bool = False
     recompute: bool = False
+    fwd_twin: str | None = None
+    grad_acc_of: str | None = None
     probe_out: tuple[Any, ...] = ()
     probe_grad: tuple[Any, ...] = ()
     target: str = ""
