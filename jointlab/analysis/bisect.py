@@ -32,6 +32,7 @@ from jointlab import meta as _meta
 from jointlab import torch_compat
 from jointlab.analysis.compare.compare import Tolerance, close, compute_dtype, errors
 from jointlab.analysis.kernels import kernel_map
+from jointlab.analysis.step.runner import ValueRecorder
 from jointlab.errors import CompiledGraphError
 
 __all__ = ["Bisection", "Region", "RegionCheck", "bisect", "compile_region", "split_regions"]
@@ -192,16 +193,9 @@ def compile_region(backend: str, gm: fx.GraphModule, args: list[Any],
 
 def uncompiled_values(source: Any, model: nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
     """Every node's value from one run of the uncompiled graph (FX interpreter)."""
-    values: dict[str, Any] = {}
-
-    class Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            out = super().run_node(n)
-            values[n.name] = out.clone() if isinstance(out, torch.Tensor) else out
-            return out
-
-    source.run_with(Recorder(source.graph_module).run, model, inputs)
-    return values
+    recorder = ValueRecorder(source.graph_module)
+    source.run_with(recorder.run, model, inputs)
+    return recorder.values
 
 
 def _refuse_random(gm: fx.GraphModule) -> None:

@@ -36,6 +36,7 @@ from torch import fx, nn
 from jointlab import meta as _meta
 from jointlab.analysis.compare.compare import Tolerance, close, errors
 from jointlab.analysis.kernels import kernel_map, kernel_table
+from jointlab.analysis.step.runner import ValueRecorder
 from jointlab.meta import draws_random
 
 __all__ = ["KernelCheck", "KernelDivergence", "first_diverging_kernel", "kernel_calls"]
@@ -199,17 +200,10 @@ def _has_random(gm: fx.GraphModule) -> bool:
 
 def _reference(gm: fx.GraphModule, args: list[Any]) -> dict[str, Any]:
     """Every post-grad node's value, ATen op by ATen op (an FX interpreter)."""
-    values: dict[str, Any] = {}
-
-    class Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            out = super().run_node(n)
-            values[n.name] = out.clone() if isinstance(out, torch.Tensor) else out
-            return out
-
+    recorder = ValueRecorder(gm)
     with torch.no_grad():
-        Recorder(gm).run(*_clones(args))
-    return values
+        recorder.run(*_clones(args))
+    return recorder.values
 
 
 def _probed(compiled: Any, args: list[Any]) -> list[tuple[str, dict[str, torch.Tensor]]]:

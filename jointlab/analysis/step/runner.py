@@ -74,6 +74,26 @@ def _clone_tensor(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
+class ValueRecorder(fx.Interpreter):
+    """An FX interpreter that keeps a copy of every node's value, by node name.
+
+    Attributes:
+        values: ``{node name: value}`` (tensors cloned as produced, so a later
+            in-place op does not change them), filled by :meth:`run`.
+    """
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        """Interpret ``gm``; nothing runs until :meth:`run`."""
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        """Run one node as :class:`torch.fx.Interpreter` does, and record its value."""
+        out = super().run_node(n)
+        self.values[n.name] = _clone_tensor(out)
+        return out
+
+
 class NodeRunner(fx.Interpreter):
     """Run a joint graph's nodes in order on a private copy of the model's buffers.
 
