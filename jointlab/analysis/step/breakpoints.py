@@ -120,3 +120,17 @@ def check_breakpoint(bp: Breakpoint, nodes: list[fx.Node]) -> None:
     if not any(bp.selects(n) for n in nodes):
         raise StepperError(f"no node of the graph matches {bp!r} (each part must hold for the "
                            f"same node), so this breakpoint would never stop.")
+
+
+class BreakpointList:
+    """Removal of a stepper's breakpoints, kept in its ``breakpoints`` list."""
+
+    breakpoints: list[Breakpoint]
+
+    def remove_breakpoint(self, bp: Breakpoint) -> None:
+        """Remove one breakpoint."""
+        self.breakpoints.remove(bp)
+
+    def clear_breakpoints(self) -> None:
+        """Remove every breakpoint."""
+        self.breakpoints.clear()

@@ -33,7 +33,7 @@ from jointlab import torch_compat
 from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.boundary import boundary_table, node_of
-from jointlab.analysis.step.breakpoints import Breakpoint, check_breakpoint
+from jointlab.analysis.step.breakpoints import Breakpoint, BreakpointList, check_breakpoint
 from jointlab.analysis.step.kernel_code import OUTPUTS, KernelPiece, kernel_pieces
 from jointlab.analysis.step.kernel_timing import kernel_timings, module_timings
 from jointlab.analysis.step.rng import StepRng
@@ -73,7 +73,7 @@ def _check_device(source: Any, device: str | torch.device | None) -> None:
             "there.")
 
 
-class CompiledStepper:
+class CompiledStepper(BreakpointList):
     """Run a compiled joint graph's generated code one kernel call at a time.
 
     Attributes:
@@ -283,14 +283,6 @@ class CompiledStepper:
                 "left no provenance), so it would never stop. Pick a compute node or module.")
         self.breakpoints.append(bp)
         return bp
-
-    def remove_breakpoint(self, bp: Breakpoint) -> None:
-        """Remove one breakpoint."""
-        self.breakpoints.remove(bp)
-
-    def clear_breakpoints(self) -> None:
-        """Remove every breakpoint."""
-        self.breakpoints.clear()
 
     # -- values at the boundary ---------------------------------------------------
     def buffer(self, name: str) -> torch.Tensor:

@@ -26,7 +26,12 @@ from torch import nn
 
 from jointlab import meta as _meta
 from jointlab.analysis.compare.compare import Comparison, compare
-from jointlab.analysis.step.breakpoints import Breakpoint, _predicate, check_breakpoint
+from jointlab.analysis.step.breakpoints import (
+    Breakpoint,
+    BreakpointList,
+    _predicate,
+    check_breakpoint,
+)
 from jointlab.analysis.step.compiled import CompiledStepper, is_compiled_joint
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
@@ -39,7 +44,7 @@ __all__ = ["Breakpoint", "Stepper"]
 
 
 # -- the stepper ---------------------------------------------------------------
-class Stepper:
+class Stepper(BreakpointList):
     """Execute a joint graph one node at a time, with breakpoints and inspection.
 
     Attributes:
@@ -167,14 +172,6 @@ class Stepper:
         check_breakpoint(bp, self.nodes)
         self.breakpoints.append(bp)
         return bp
-
-    def remove_breakpoint(self, bp: Breakpoint) -> None:
-        """Remove one breakpoint."""
-        self.breakpoints.remove(bp)
-
-    def clear_breakpoints(self) -> None:
-        """Remove every breakpoint."""
-        self.breakpoints.clear()
 
     def _next_static_stop(self, start: int) -> tuple[int, Breakpoint | None]:
         static = [b for b in self.breakpoints if b.when is None]
