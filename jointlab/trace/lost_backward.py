@@ -126,7 +126,7 @@ def lost_gradients(joint: TracedGraph) -> tuple[list[str], list[str]]:
     from_loss = _from_seeds(seeds)
     feeding = _feeding_placeholders(loss)
     lost, kept = [], []
-    placeholders = {name: ph for name, (ph, _) in joint.params_and_grads().items()}
+    placeholders = joint.params()
     for name, terms in joint.grad_terms().items():
         if placeholders[name] in feeding:
             (kept if any(g in from_loss for g in terms) else lost).append(name)

@@ -336,7 +336,7 @@ def relation_edges(joint: Any, data: DagData) -> dict[str, tuple[np.ndarray, np.
     phase = np.asarray([m.get("phase", "") for m in data.info], dtype=object)
     saved = (phase[data.src] == "forward") & (phase[data.dst] == "backward")
     index = {n: i for i, n in enumerate(data.names)}
-    ph = {name: p for name, (p, _) in joint.params_and_grads().items()}
+    ph = joint.params()
     pairs = [(index[ph[name].name], index[g.name]) for name, terms in joint.grad_terms().items()
              for g in terms if ph[name].name in index and g.name in index]
     gs = np.asarray([p for p, _ in pairs], dtype=np.int64)
