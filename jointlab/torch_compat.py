@@ -464,49 +464,6 @@ def inductor_provenance(compiled: Callable[..., Any]) -> tuple[dict[str, Any], s
     return json.loads(text), source
 
 
-@contextlib.contextmanager
-def inductor_buffer_origins() -> Iterator[dict[str, tuple[str, str, tuple[int, ...]]]]:
-    """Record, while Inductor lowers a graph, which post-grad node each buffer holds.
-
-    Inductor names the buffers of its generated code (``buf3``) after its IR
-    buffers; each IR buffer that is the value of one post-grad FX node keeps
-    that node as ``origin_node``. The record is filled when
-    ``GraphLowering.codegen`` returns (nothing is recorded on a cache hit).
-
-    Yields:
-        ``{buffer name: (post-grad node name, its target as text, static shape)}``,
-        filled once Inductor generates code inside the block.
-
-    Raises:
-        UnsupportedTorchError: This torch's ``GraphLowering`` has no ``codegen``.
-    """
-    lowering = torch_attr("torch._inductor.graph", "GraphLowering",
-                          "step the kernels of a compiled joint graph")
-    original = _required(lowering, "codegen", "GraphLowering.codegen",
-                         "step the kernels of a compiled joint graph")
-    record: dict[str, tuple[str, str, tuple[int, ...]]] = {}
-
-    def codegen(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = original(self, *args, **kwargs)
-        for buf in getattr(self, "buffers", ()):
-            origin = getattr(buf, "origin_node", None)
-            name = getattr(buf, "get_name", lambda: None)()
-            if origin is None or name is None:
-                continue
-            try:
-                shape = tuple(int(s) for s in buf.get_size())
-            except (TypeError, ValueError, NotImplementedError):  # symbolic or multi-output
-                continue
-            record[name] = (origin.name, str(origin.target), shape)
-        return out
-
-    lowering.codegen = codegen
-    try:
-        yield record
-    finally:
-        lowering.codegen = original
-
-
 def inductor_wrapper_globals(compiled: Callable[..., Any]) -> dict[str, Any]:
     """The module namespace of a ``torch._inductor.compile`` result's generated wrapper code.
 

@@ -72,15 +72,46 @@ class InductorGraph:
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
         if self.fn is None:
-            with torch.no_grad(), torch_compat.inductor_buffer_origins() as buffers, \
-                    torch_compat.complete_inductor_provenance() as record:
+            with torch.no_grad(), torch_compat.complete_inductor_provenance() as record:
                 fn = torch_compat.inductor_compile(self.gm, list(args),
                                                    options={**_MAPPED, **record["options"]})
-            self.buffers = buffers
             self.provenance, self.source_code = inductor_provenance(fn)
             self.lowered = record["lowered"]
+            self.buffers = buffer_origins(self.lowered)
             self.fn = fn
         return self.fn(*args)
+
+
+def _static_shape(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, torch.Tensor):
+        return None  # a multi-output node: no one buffer shape
+    try:
+        return tuple(int(d) for d in value.shape)
+    except (TypeError, ValueError):  # symbolic sizes
+        return None
+
+
+def buffer_origins(lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]]
+                   ) -> dict[str, tuple[str, str, tuple[int, ...]]]:
+    """Per generated-code buffer: its post-grad node's name, target (as text) and shape.
+
+    Args:
+        lowered: What :func:`jointlab.torch_compat.complete_inductor_provenance`
+            recorded: per lowered graph, which node each buffer holds.
+
+    Returns:
+        ``{buffer: (node name, str(target), static shape)}``; buffers of nodes
+        without one static tensor shape are left out.
+    """
+    out = {}
+    for gm, names in lowered:
+        nodes = {n.name: n for n in gm.graph.nodes}
+        for buf, name in names.items():
+            node = nodes.get(name)
+            shape = _static_shape(node.meta.get("val")) if node is not None else None
+            if shape is not None:
+                out[buf] = (name, str(node.target), shape)
+    return out
 
 
 def is_static(source: TracedGraph) -> bool:
