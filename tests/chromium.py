@@ -74,3 +74,17 @@ def save_screenshot(page: Any, tmp_dir: pathlib.Path, name: str) -> pathlib.Path
         pathlib.Path(dest).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, pathlib.Path(dest) / path.name)
     return path
+
+
+# -- the bundled DAG view (jointlab/viz/static/dagview.js) on a page ----------------------
+def dag_state(page: Any) -> dict[str, Any]:
+    """The first ``.jl-dag`` view's ``state()``, read after the next animation frame."""
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+    return page.evaluate("() => document.querySelector('.jl-dag').jlView.state()")
+
+
+def dag_screen_of(page: Any, js_world: str) -> list[float]:
+    """Page coordinates of a world point given as JS over ``v`` (the view)."""
+    return page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
+        const r = v.canvas.getBoundingClientRect(); const [x, y] = {js_world};
+        const [sx, sy] = v.toScreen(x, y); return [r.left + sx, r.top + sy]; }}""")

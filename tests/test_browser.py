@@ -25,7 +25,14 @@ import urllib.request
 
 import pytest
 
-from tests.chromium import PageErrors, browser, chromium_path, save_screenshot
+from tests.chromium import (
+    PageErrors,
+    browser,
+    chromium_path,
+    dag_screen_of,
+    dag_state,
+    save_screenshot,
+)
 
 pytestmark = pytest.mark.browser
 NOTEBOOKS = pathlib.Path(__file__).parent.parent / "notebooks"
@@ -217,18 +224,6 @@ def _view_page(b, path):
     return page, errors
 
 
-def _state(page):
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
-    return page.evaluate("() => document.querySelector('.jl-dag').jlView.state()")
-
-
-def _screen_of(page, js_world):
-    """Page coordinates of a world point given as JS over ``v`` (the view)."""
-    return page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
-        const r = v.canvas.getBoundingClientRect(); const [x, y] = {js_world};
-        const [sx, sy] = v.toScreen(x, y); return [r.left + sx, r.top + sy]; }}""")
-
-
 @pytest.fixture(scope="module")
 def lm_joint():
     import jointlab as jl
@@ -248,7 +243,7 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     with browser() as b:
         page, errors = _view_page(b, path)
-        s = _state(page)
+        s = dag_state(page)
         assert s["visibleNodes"] == len(nodes) and s["visibleBoxes"] == 0  # fits the budget
         assert s["labelCount"] > 20
         assert {"wte.weight", "embedding"} <= set(s["labels"]), s["labels"]
@@ -258,13 +253,13 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
         assert len(s["moduleColors"]) == len(set(s["moduleColors"])) <= 20
         # collapse everything, then open h.0 by clicking its forward box
         page.get_by_role("button", name="collapse all").click()
-        closed = _state(page)
+        closed = dag_state(page)
         assert closed["visibleNodes"] < len(nodes) and closed["visibleBoxes"] > 2
         for group in ("h", "h.0"):  # h holds only the blocks; h.0 has nodes of its own
-            xy = _screen_of(page, f"""(() => {{ const g = v.P.groups.name.indexOf('{group}');
+            xy = dag_screen_of(page, f"""(() => {{ const g = v.P.groups.name.indexOf('{group}');
                 const r = v.boxRect(g * 2); return [(r[0] + r[2]) / 2, (r[1] + r[3]) / 2]; }})()""")
             page.mouse.click(*xy)
-        opened = _state(page)
+        opened = dag_state(page)
         own = sum(jl.meta.module(n) == "h.0" for n in nodes)  # h.0's own nodes, both bands
         assert own > 0 and opened["visibleNodes"] == closed["visibleNodes"] + own
         assert opened["visibleBoxes"] > closed["visibleBoxes"]  # h.0's submodules, h.1, ...
@@ -276,7 +271,7 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
         want = [n.name for n in nodes if jl.meta.op_name(n) == "embedding_dense_backward"]
         page.fill(".jl-search", "embedding_dense_backward")
         page.press(".jl-search", "Enter")
-        s = _state(page)
+        s = dag_state(page)
         assert s["hits"] == len(want) >= 1
         for name in want:
             inside = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
@@ -290,18 +285,18 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
         node = next(n for n in nodes if jl.meta.info(n).get("fwd_twin")
                     and jl.meta.op_name(n) == "embedding_dense_backward")
         twin = jl.meta.info(node)["fwd_twin"]
-        page.mouse.click(*_screen_of(page, f"(() => {{ const i = v.P.nodes.name.indexOf("
+        page.mouse.click(*dag_screen_of(page, f"(() => {{ const i = v.P.nodes.name.indexOf("
                                            f"{node.name!r}); return [v.x[i], v.y[i]]; }})()"))
         panel = page.locator(".jl-detail")
         assert panel.locator(".jl-detail-name").text_content() == node.name
         assert panel.locator(".jl-twin .jl-link").first.text_content() == twin
         page.screenshot(path=str(SHOTS / "detail_panel.png"))
         # the wheel zooms
-        k0 = _state(page)["k"]
+        k0 = dag_state(page)["k"]
         box = page.locator(".jl-canvas").bounding_box()
         page.mouse.move(box["x"] + 300, box["y"] + 200)
         page.mouse.wheel(0, -400)
-        assert _state(page)["k"] > k0 * 1.3
+        assert dag_state(page)["k"] > k0 * 1.3
         assert errors.errors == [], errors.errors
 
 

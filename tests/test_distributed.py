@@ -305,15 +305,23 @@ def test_dtensor_state_refusals_leave_the_model_unchanged(mode, dynamic, match):
     assert not dist.is_initialized()
 
 
-def test_partial_dtensor_parameter_is_refused():
-    from torch.distributed.tensor import Partial, distribute_tensor
+@pytest.mark.parametrize("mesh, placements, match", [
+    # a Partial parameter holds a partial sum, not a shard of its value
+    (None, "P", "Partial parameter"),
+    # (Shard(0), Shard(0)) slices by the rank's mesh coordinate when redistributed: a graph
+    # traced on rank 0 would bake rank 0's slice index, so it is refused, not traced
+    ({"dp": 2, "tp": 2}, "S0S0", "several mesh dimensions"),
+], ids=["partial", "one_dim_over_two_mesh_dims"])
+def test_dtensor_parameter_placement_is_refused(mesh, placements, match):
+    from torch.distributed.tensor import Partial, Shard, distribute_tensor
 
-    with jl.fake_world(4) as world:
+    place = [Partial()] if placements == "P" else [Shard(int(d)) for d in placements[1::2]]
+    with jl.fake_world(4, mesh=mesh) as world:
         model = _reference()
-        p = distribute_tensor(model.fc1.weight.data, world.mesh, [Partial()])
+        p = distribute_tensor(model.fc1.weight.data, world.mesh, place)
         model.fc1.weight = nn.Parameter(p)
         before = deep_state(model)
-        with pytest.raises(UnsupportedWrapperError, match="Partial parameter"):
+        with pytest.raises(UnsupportedWrapperError, match=match):
             jl.trace(model, _step, _inputs())
         assert_unchanged(before, model)
 
@@ -350,21 +358,6 @@ def test_meta_dtensor_model_traces_like_the_cpu_one_and_run_refuses():
         before = deep_state(model)
         with pytest.raises(MetaDeviceError, match="'fc1.weight' is on the meta device"):
             meta.run(model, _inputs())
-        assert_unchanged(before, model)
-
-
-def test_one_dim_sharded_over_two_mesh_dims_is_refused():
-    # (Shard(0), Shard(0)) slices by the rank's mesh coordinate when redistributed: a graph
-    # traced on rank 0 would bake rank 0's slice index, so it is refused, not traced
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
-        model = _reference()
-        w = distribute_tensor(model.fc1.weight.data, world.mesh, [Shard(0), Shard(0)])
-        model.fc1.weight = nn.Parameter(w)
-        before = deep_state(model)
-        with pytest.raises(UnsupportedWrapperError, match="several mesh dimensions"):
-            jl.trace(model, _step, _inputs())
         assert_unchanged(before, model)
 
 

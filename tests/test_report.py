@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
-from tests.chromium import PageErrors, browser, save_screenshot
+from tests.chromium import PageErrors, browser, dag_screen_of, dag_state, save_screenshot
 
 EVIL = "</script><script>alert(1)</script>"
 REMOTE = re.compile(r"""<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=\s*["']?\s*(https?:)?//""",
@@ -228,18 +228,6 @@ def test_demo_report_every_row_reachable_compute_first_sorted_with_units(demo_re
 
 
 # -- the navigable DAG in the report, and the root module's own ops ------------------------
-def _dag_state(page):
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
-    return page.evaluate("() => document.querySelector('.jl-dag').jlView.state()")
-
-
-def _dag_screen(page, js_world):
-    """Page coordinates of a world point given as JS over ``v`` (the view)."""
-    return page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
-        const r = v.canvas.getBoundingClientRect(); const [x, y] = {js_world};
-        const [sx, sy] = v.toScreen(x, y); return [r.left + sx, r.top + sy]; }}""")
-
-
 def _dag_shot(page, name: str) -> None:
     """A picture of the report's DAG section, for a person to look at."""
     import os
@@ -279,20 +267,20 @@ def test_report_dag_labels_expand_search_and_twin(lm_report, tmp_path):
         page.wait_for_function("() => document.querySelector('.jl-dag')?.jlView?.lastFrameMs"
                                " !== undefined", timeout=60_000)
         page.locator(".jl-dag").scroll_into_view_if_needed()
-        s = _dag_state(page)
+        s = dag_state(page)
         assert s["visibleNodes"] == len(nodes)  # the whole graph fits the default budget
         params = {jl.meta.info(n)["fqn"] for n in nodes if jl.meta.phase(n) == "param"}
         assert s["labelCount"] > 20 and set(s["labels"]) & params, s["labels"]
         # collapse, then open the first block by clicking its forward box
         page.locator(".jl-dag").get_by_role("button", name="collapse all").click()
-        closed = _dag_state(page)
+        closed = dag_state(page)
         assert closed["visibleNodes"] < len(nodes) and closed["visibleBoxes"] >= 2
         block = "h.0"
         for name in ("h", "h.0"):  # h holds only the blocks; h.0 has nodes of its own
-            page.mouse.click(*_dag_screen(page, f"""(() => {{
+            page.mouse.click(*dag_screen_of(page, f"""(() => {{
                 const g = v.P.groups.name.indexOf({name!r}), r = v.boxRect(g * 2);
                 return [(r[0] + r[2]) / 2, (r[1] + r[3]) / 2]; }})()"""))
-        after = _dag_state(page)
+        after = dag_state(page)
         own = sum(jl.meta.module(n) == block for n in nodes)  # the block's own nodes
         shown = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
             return v.visNodes.filter(i => v.P.groups.name[v.g[i]] === {block!r}).length; }}""")
@@ -303,7 +291,7 @@ def test_report_dag_labels_expand_search_and_twin(lm_report, tmp_path):
         want = [n.name for n in nodes if jl.meta.op_name(n) == "gelu_backward"]
         page.fill(".jl-dag .jl-search", "gelu_backward")
         page.press(".jl-dag .jl-search", "Enter")
-        assert _dag_state(page)["hits"] == len(want) >= 1
+        assert dag_state(page)["hits"] == len(want) >= 1
         inside = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
             const c = v.canvas; return {want!r}.map(name => {{
                 const i = v.P.nodes.name.indexOf(name); const [sx, sy] = v.toScreen(v.x[i], v.y[i]);
@@ -313,7 +301,7 @@ def test_report_dag_labels_expand_search_and_twin(lm_report, tmp_path):
         # the detail panel of a gelu_backward names its forward twin
         node = next(n for n in nodes if n.name == want[0])
         twin = jl.meta.info(node)["fwd_twin"]
-        page.mouse.click(*_dag_screen(page, f"(() => {{ const i = v.P.nodes.name.indexOf("
+        page.mouse.click(*dag_screen_of(page, f"(() => {{ const i = v.P.nodes.name.indexOf("
                                             f"{node.name!r}); return [v.x[i], v.y[i]]; }})()"))
         panel = page.locator(".jl-dag .jl-detail")
         assert panel.locator(".jl-detail-name").text_content() == node.name

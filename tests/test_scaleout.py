@@ -180,16 +180,20 @@ def no_dtensor_precheck(monkeypatch):
     monkeypatch.setattr(tracer, "refuse_unsupported_wrappers", lambda model, *args: None)
 
 
+def _aot_refusal(model, x, y) -> str:
+    """The message of the refusal of an AOT trace; the model must stay unchanged."""
+    before = deep_state(model)
+    with pytest.raises(jl.errors.UnsupportedWrapperError) as info:
+        jl.trace(model, mse, {"x": x, "y": y}, mode="aot")
+    assert_unchanged(before, model)
+    return str(info.value)
+
+
 def test_aot_with_dtensor_parameters_is_refused_naming_make_fx(no_dtensor_precheck):
     with jl.fake_world(2) as world:
         torch.manual_seed(0)
         model = tensor_parallel(TinyMLP(), world.mesh)
-        x, y = torch.randn(8, 16), torch.randn(8, 16)
-        before = deep_state(model)
-        with pytest.raises(jl.errors.UnsupportedWrapperError) as info:
-            jl.trace(model, mse, {"x": x, "y": y}, mode="aot")
-        assert_unchanged(before, model)
-    msg = str(info.value)
+        msg = _aot_refusal(model, torch.randn(8, 16), torch.randn(8, 16))
     assert "'fc1.weight' is a DTensor (flattened into _local_tensor, device_mesh)" in msg
     assert "mode='make_fx'" in msg and "alias" not in msg
 
@@ -199,14 +203,8 @@ def test_aot_subclass_input_descriptor_is_named_not_blamed_on_aliasing():
 
     with jl.fake_world(2) as world:
         torch.manual_seed(0)
-        model = LocalInputMLP()
         x = DTensor.from_local(torch.randn(8, 16), world.mesh, [Replicate()])
-        y = torch.randn(8, 16)
-        before = deep_state(model)
-        with pytest.raises(jl.errors.UnsupportedWrapperError) as info:
-            jl.trace(model, mse, {"x": x, "y": y}, mode="aot")
-        assert_unchanged(before, model)
-    msg = str(info.value)
+        msg = _aot_refusal(LocalInputMLP(), x, torch.randn(8, 16))
     assert "input that is one part ('_local_tensor') of tensor input 0" in msg
     assert "mode='make_fx'" in msg and "alias" not in msg
     # make_fx traces DTensor state, not DTensor inputs: the message must not send inputs there.
