@@ -30,7 +30,7 @@ from torch import fx, nn
 
 from jointlab import meta as _meta
 from jointlab import torch_compat
-from jointlab.analysis.compare.compare import Tolerance, close, compute_dtype, errors
+from jointlab.analysis.compare.judge import Tolerance, close, compute_dtype, errors
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.runner import ValueRecorder
 from jointlab.errors import CompiledGraphError

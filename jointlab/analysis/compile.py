@@ -29,7 +29,8 @@ from torch import nn
 
 from jointlab import torch_compat
 from jointlab.analysis.bisect import Bisection, bisect
-from jointlab.analysis.compare.compare import Comparison, Tolerance, compare
+from jointlab.analysis.compare.compare import Comparison, compare
+from jointlab.analysis.compare.judge import Tolerance
 from jointlab.analysis.kernel_probe import KernelCheck, first_diverging_kernel
 from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_layer, kernel_table
 from jointlab.core import RunResult, TracedGraph

@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 import torch.fx as fx
 
-from jointlab.analysis.compare.compare import errors as value_errors
+from jointlab.analysis.compare.judge import errors as value_errors
 from jointlab.analysis.record import record
 from jointlab.errors import DiffError
 from jointlab.meta import node_info, op_name

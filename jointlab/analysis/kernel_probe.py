@@ -34,7 +34,7 @@ import torch
 from torch import fx, nn
 
 from jointlab import meta as _meta
-from jointlab.analysis.compare.compare import Tolerance, close, errors
+from jointlab.analysis.compare.judge import Tolerance, close, errors
 from jointlab.analysis.kernels import kernel_map, kernel_table
 from jointlab.analysis.step.runner import ValueRecorder
 from jointlab.meta import draws_random
@@ -241,7 +241,7 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
         compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
         model: The live model (not changed: a deep copy feeds both runs).
         inputs: Keyword inputs for the training step.
-        tol: How values are judged (:class:`jointlab.analysis.compare.compare.Tolerance`).
+        tol: How values are judged (:class:`jointlab.analysis.compare.judge.Tolerance`).
         seed: RNG seed for both runs.
 
     Returns:

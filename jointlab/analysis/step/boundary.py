@@ -28,7 +28,7 @@ import torch
 
 from jointlab import meta as _meta
 from jointlab.analysis.compare.capture import capture_eager, probe_pairs
-from jointlab.analysis.compare.compare import Tolerance, close, compute_dtype, errors
+from jointlab.analysis.compare.judge import Tolerance, close, compute_dtype, errors
 from jointlab.analysis.step.runner import NodeRunner
 from jointlab.errors import StepperError
 
