@@ -19,7 +19,6 @@ NaN/Inf counts as :func:`jointlab.dag_view` colourings.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,9 +29,9 @@ import pandas as pd
 import torch
 import torch.fx as fx
 
+from jointlab.analysis.value_stats import NAN_ROW, STAT_COLUMNS, ValueObserver, instrument
 from jointlab.errors import RecordError, ValueNotAvailableError
-from jointlab.meta import in_module, is_aten_op, node_error, node_info, op_name
-from jointlab.torch_compat import graph_codegen, op_schema
+from jointlab.meta import in_module, node_error, node_info
 from jointlab.units import human_bytes
 
 if TYPE_CHECKING:
@@ -43,190 +42,6 @@ if TYPE_CHECKING:
     from jointlab.core import TracedGraph
 
 __all__ = ["STAT_COLUMNS", "Record", "record"]
-
-#: Columns of :attr:`Record.table`; none collides with a ``joint.nodes`` column.
-STAT_COLUMNS = ("value_shape", "value_dtype", "mean", "std", "min", "max", "norm", "nan", "inf",
-                "time_s", "kept", "note")
-#: Ops whose output holds no defined values until something writes into it.
-_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
-                            "new_empty_strided", "empty_permuted"})
-#: Below this variance / mean**2 the one-pass variance loses digits; use two passes.
-_CANCELLATION = 0.1
-_NAN_ROW = (math.nan,) * 5
-#: Ops whose output holds exactly the values of their first argument, rearranged:
-#: its statistics are the argument's, unless something wrote in place in between.
-_SAME_VALUES = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose",
-                          "permute", "unsqueeze", "squeeze", "alias", "detach", "clone",
-                          "contiguous", "view_as", "flatten", "unflatten", "movedim"})
-
-
-def _is_dense(x: torch.Tensor) -> bool:
-    """True when ``x`` covers its memory exactly once, in some dimension order."""
-    expected = 1
-    for size, stride in sorted((d for d in zip(x.shape, x.stride()) if d[0] != 1),
-                               key=lambda d: d[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    """``x``'s elements as one contiguous 1-D tensor (a view when its memory is dense).
-
-    Full reductions do not depend on element order, and a transposed tensor
-    reduces several times slower than its contiguous memory.
-    """
-    if x.is_contiguous():
-        return x.view(-1)
-    if _is_dense(x):
-        return x.as_strided((x.numel(),), (1,), x.storage_offset())
-    return x.reshape(-1)
-
-
-def _describe(x: torch.Tensor) -> tuple[tuple[float, ...], int, int]:
-    """``(mean, std, min, max, norm)``, #NaN and #Inf of a strided real tensor."""
-    if not x.is_contiguous():
-        x = _flat(x)
-    if x.dtype is not torch.float32 and x.dtype is not torch.float64:
-        x = x.float() if x.dtype.is_floating_point else x.double()
-    lo, hi = torch.aminmax(x)
-    lo_f, hi_f = lo.item(), hi.item()
-    if not (math.isfinite(lo_f) and math.isfinite(hi_f)):  # aminmax propagates NaN
-        nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-        finite = x[torch.isfinite(x)]
-        if finite.numel() == 0:
-            return _NAN_ROW, nan, inf
-        return _describe(finite)[0], nan, inf
-    n = x.numel()
-    mean, nrm = x.sum().item() / n, torch.linalg.vector_norm(x).item()
-    var = nrm * nrm / n - mean * mean
-    if var < _CANCELLATION * mean * mean:  # mean-dominated: exact two-pass variance
-        std = torch.linalg.vector_norm(x - mean).item() / math.sqrt(n)
-    else:
-        std = math.sqrt(var)
-    return (mean, std, lo_f, hi_f, nrm), 0, 0
-
-
-def _expanded(row: tuple[Any, ...], times: float) -> tuple[tuple[float, ...], Any, Any]:
-    """Statistics of a value repeated ``times`` times: same moments, scaled norm and counts."""
-    mean, std, lo, hi, nrm = row[2:7]
-    return (mean, std, lo, hi, nrm * math.sqrt(times)), row[7] * int(times), row[8] * int(times)
-
-
-def _why_not(value: torch.Tensor, uninitialized: bool) -> str:
-    """Why the tensor ``value`` gets no statistics, or ``""`` when it does."""
-    if uninitialized:
-        return "uninitialized"
-    if value.layout != torch.strided:
-        return "sparse"
-    if value.is_quantized:
-        return "quantized"
-    if value.is_complex():
-        return "complex"
-    if value.numel() == 0:
-        return "empty"
-    return ""
-
-
-class _Recorder:
-    """The observer the instrumented graph calls after each node."""
-
-    def __init__(self, nodes: list[fx.Node]) -> None:
-        self.nodes = nodes
-        index = {n: i for i, n in enumerate(nodes)}
-        #: Per node: whether it writes into an input (its schema says so).
-        self.mutates = [_is_mutating(n) for n in nodes]
-        #: Per node: the index of the node whose values it rearranges, or -1.
-        self.same_as = [index.get(n.args[0], -1) if op_name(n) in _SAME_VALUES | {"expand"}
-                        and n.args and isinstance(n.args[0], fx.Node) else -1 for n in nodes]
-        self.uninitialized = [op_name(n) in _UNINITIALIZED for n in nodes]
-        self.reset(0)
-
-    def reset(self, keep_bytes: int) -> None:
-        self.rows: dict[int, tuple[Any, ...]] = {}
-        self.times: dict[int, float] = {}
-        self.values: dict[str, torch.Tensor] = {}
-        self.budget = keep_bytes
-        #: Per storage (its data pointer): how many in-place ops wrote into it so far.
-        self.writes: dict[int, int] = {}
-        #: Per node: its value's storage and that storage's write count when it ran.
-        self.stamp: dict[int, tuple[int, int]] = {}
-        self.numel: dict[int, int] = {}
-        self.last_done = -1
-        self.clock = time.perf_counter()
-
-    def _unchanged(self, src: int) -> bool:
-        """Whether node ``src``'s storage saw no in-place write since ``src`` ran."""
-        stamp = self.stamp.get(src)
-        return stamp is not None and self.writes.get(stamp[0], 0) == stamp[1] and not (
-            self.rows[src][-1])
-
-    def _tensor_row(self, i: int, value: torch.Tensor) -> tuple[Any, ...]:
-        note = _why_not(value, self.uninitialized[i])
-        src = self.same_as[i]
-        if note:
-            stats, nan, inf = _NAN_ROW, None, None
-        elif src >= 0 and self._unchanged(src):
-            # same values (or repeated, for expand) as a node whose value is unchanged since
-            stats, nan, inf = _expanded(self.rows[src], value.numel() / self.numel[src])
-        else:
-            stats, nan, inf = _describe(value)
-        kept = 0 < value.nbytes <= self.budget
-        if kept:
-            self.values[self.nodes[i].name] = value.detach().clone()
-            self.budget -= value.nbytes
-        self.numel[i] = value.numel()
-        ptr = value.untyped_storage().data_ptr()
-        self.stamp[i] = (ptr, self.writes.get(ptr, 0))
-        return (tuple(value.shape), str(value.dtype).removeprefix("torch."), *stats, nan, inf,
-                kept, note)
-
-    def observe(self, i: int, value: Any, *written: Any) -> None:
-        """Record node ``i``'s value; its time runs from the previous node's end.
-
-        ``written`` are the inputs of an op whose schema mutates: their storages
-        count as written (all of them, to be safe).
-        """
-        for t in written:
-            if isinstance(t, torch.Tensor):
-                ptr = t.untyped_storage().data_ptr()
-                self.writes[ptr] = self.writes.get(ptr, 0) + 1
-        if not isinstance(value, torch.Tensor):
-            self.times[i] = time.perf_counter() - self.clock
-            self.rows[i] = (None, type(value).__name__, *_NAN_ROW, None, None, False,
-                            "not a tensor")
-        else:
-            if value.is_cuda:
-                torch.cuda.synchronize(value.device)
-            self.times[i] = time.perf_counter() - self.clock
-            self.rows[i] = self._tensor_row(i, value)
-        self.last_done = i
-        self.clock = time.perf_counter()
-
-
-def _is_mutating(node: fx.Node) -> bool:
-    return is_aten_op(node) and bool(op_schema(node.target).is_mutable)
-
-
-def _instrument(joint: TracedGraph) -> tuple[fx.GraphModule, _Recorder]:
-    """A copy of the joint graph calling a recorder after every node (placeholders last)."""
-    src = joint.graph_module.graph
-    nodes = list(src.nodes)
-    rec = _Recorder(nodes)
-    g = fx.Graph()
-    g.set_codegen(copy.copy(graph_codegen(src)))
-    env: dict[fx.Node, fx.Node] = {}
-    placeholders = [i for i, n in enumerate(nodes) if n.op == "placeholder"]
-    for i, n in enumerate(nodes):
-        env[n] = g.node_copy(n, lambda a: env[a])
-        if n.op == "placeholder" and i == placeholders[-1]:
-            for j in placeholders:
-                g.call_function(rec.observe, (j, env[nodes[j]]))
-        elif n.op not in ("placeholder", "output"):
-            written = [env[a] for a in n.all_input_nodes] if rec.mutates[i] else []
-            g.call_function(rec.observe, (i, env[n], *written))
-    return fx.GraphModule(joint.graph_module, g), rec
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -356,8 +171,8 @@ class Record:
                 f"({human_bytes(self._kept_bytes())}))")
 
 
-def _table(names: list[str], rec: _Recorder) -> pd.DataFrame:
-    empty = (None, "", *_NAN_ROW, None, None, False, "not run")
+def _table(names: list[str], rec: ValueObserver) -> pd.DataFrame:
+    empty = (None, "", *NAN_ROW, None, None, False, "not run")
     rows = [rec.rows.get(i, empty) for i in range(len(names))]
     df = pd.DataFrame(rows, columns=[c for c in STAT_COLUMNS if c != "time_s"],
                       index=pd.Index(names, name="node"))
@@ -392,7 +207,7 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
     """
     if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
         raise RecordError(f"keep_bytes must be a non-negative int, got {keep_bytes!r}")
-    gm, rec = joint.cached("record.instrumented", _instrument)
+    gm, rec = joint.cached("record.instrumented", instrument)
     rec.reset(keep_bytes)
 
     def run(*args: Any) -> Any:
@@ -437,7 +252,7 @@ def _gradient_nodes(nodes: list[fx.Node]) -> dict[str, str]:
     return out
 
 
-def _next_compute(rec: _Recorder) -> fx.Node | None:
+def _next_compute(rec: ValueObserver) -> fx.Node | None:
     """The first compute node after the last one observed: the one that raised."""
     for node in rec.nodes[rec.last_done + 1:]:
         if node.op not in ("placeholder", "output"):
