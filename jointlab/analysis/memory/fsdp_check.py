@@ -15,8 +15,9 @@ What agrees and what cannot (measured on torch 2.13, CPU, fake world):
 - sharded parameters and gradients, buffers and inputs agree to the byte on
   rank 0. Both shard dim 0 like ``torch.chunk``, but FSDP2 pads each shard's
   *storage* to ``ceil(dim0 / world)`` rows, so on a rank whose chunk is short
-  (the last ranks of an uneven split) FSDP2 holds more: the row
-  ``sharded param (logical)`` compares the shards' own sizes instead;
+  (the last ranks of an uneven split) FSDP2 holds more (jointlab counts a DTensor
+  input shard's own bytes, though eager ``distribute_tensor`` pads it too): the row
+  ``sharded param (shards)`` compares the shards' own sizes instead;
 - the forward values alive at the forward/backward boundary, all-gathered
   weights left out, agree when the traced code path is eager's (a 2-layer
   MLP); HF attention takes another path while traced (k/v repeated, the mask
