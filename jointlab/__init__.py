@@ -52,6 +52,8 @@ _LAZY = {
     "fake_cpu": "jointlab.trace.fake_cpu",
     "fake_world": "jointlab.trace.distributed",
     "run_all_ranks": "jointlab.analysis.distributed",
+    "track_fsdp_step": "jointlab.analysis.memory.fsdp_check",
+    "fsdp_memory_check": "jointlab.analysis.memory.fsdp_check",
     "diff": "jointlab.analysis.diff",
     "GraphDiff": "jointlab.analysis.diff",
 }

@@ -569,3 +569,19 @@ def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
     finally:
         match_cls.erase_nodes = erase
         lowering.codegen = codegen
+
+
+# -- FSDP2's memory tracker -------------------------------------------------------
+def fsdp_mem_tracker() -> type:
+    """``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``, the FSDP2 memory tracker.
+
+    A ``TorchDispatchMode`` that sizes the storages of one eager FSDP2 step by
+    category (sharded/unsharded parameters and gradients, activations,
+    temporaries, all-gather and reduce-scatter buffers, optimizer state,
+    inputs); its snapshot keys are a ``str`` enum plus ``"Total"``.
+
+    Raises:
+        UnsupportedTorchError: This torch has no such module or class.
+    """
+    return torch_attr("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker",
+                      "cross-check per-rank memory against FSDP2's own memory tracker")
