@@ -52,6 +52,8 @@ _LAZY = {
     "fake_cpu": "jointlab.trace.fake_cpu",
     "fake_world": "jointlab.trace.distributed",
     "run_all_ranks": "jointlab.analysis.distributed",
+    "trace_ranks": "jointlab.trace.rank_classes",
+    "RankGraphs": "jointlab.trace.rank_view",
     "diff": "jointlab.analysis.diff",
     "GraphDiff": "jointlab.analysis.diff",
 }
