@@ -434,12 +434,14 @@ def test_trace_ranks_traces_each_uneven_class_as_its_own_rank_and_matches_eager(
         torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
 
 
-def test_trace_ranks_bakes_each_class_representatives_rank():
+@pytest.mark.parametrize("source", ["mesh", "dist"])
+def test_trace_ranks_bakes_each_class_representatives_rank(source):
     import copy
 
     def rank_scaled(model, x, y):
-        # A Python int of the traced rank is baked; get_local_rank must report that rank.
-        return _seq_step(model, x, y) * (1 + world.mesh.get_local_rank())
+        # A Python int of the traced rank is baked; the world must report that rank.
+        rank = world.mesh.get_local_rank() if source == "mesh" else dist.get_rank()
+        return _seq_step(model, x, y) * (1 + rank)
 
     ref, inputs = _uneven_reference(), _inputs()
     with jl.fake_world(4) as world:
