@@ -518,3 +518,50 @@ def test_tp_x_dp_run_all_ranks_matches_single_device_eager():
     names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
     for fqn, (_, p) in names.items():
         torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+
+
+def test_trace_ranks_puts_the_world_back_when_a_rank_fails_and_refuses_one_rank_models():
+    import copy
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    def fails_on_rank_3(model, x, y):
+        if world.mesh.get_local_rank() == 3:
+            raise ValueError("rank 3 says no")
+        return _seq_step(model, x, y)
+
+    ref, inputs = _uneven_reference(), _inputs()
+    methods = {n: getattr(DeviceMesh, n) for n in ("get_coordinate", "get_local_rank", "get_rank")}
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
+        before = deep_state(every_rank)
+        with pytest.raises(ValueError, match="rank 3 says no"):
+            jl.trace_ranks(every_rank, fails_on_rank_3, inputs)
+        assert_unchanged(before, every_rank)
+        assert {n: getattr(DeviceMesh, n) for n in methods} == methods
+        assert dist.get_rank() == 0 and world.mesh.get_coordinate() == (0,)
+        one_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
+        before = deep_state(one_rank)
+        with pytest.raises(StateMismatchError, match="inside `with world.all_ranks"):
+            jl.trace_ranks(one_rank, _seq_step, inputs)
+        assert_unchanged(before, one_rank)
+
+
+def test_run_all_ranks_refuses_classes_that_issue_different_collectives():
+    import copy
+
+    def extra_on_rank_3(model, x, y):
+        if world.mesh.get_local_rank() == 3:  # only rank 3's graph all-reduces its input
+            x = funcol.all_reduce(x, "avg", world.mesh)
+        return _seq_step(model, x, y)
+
+    ref, inputs = _uneven_reference(), _inputs()
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
+        graphs = jl.trace_ranks(every_rank, extra_on_rank_3, inputs)
+        before = deep_state(every_rank)
+        with pytest.raises(UnsupportedWrapperError, match="issue different collectives"):
+            jl.run_all_ranks(graphs, every_rank, inputs)
+        assert_unchanged(before, every_rank)

@@ -7,8 +7,10 @@ dimension when a ``DeviceMesh`` is given), the bytes they produce on this
 rank, and the ``wait_tensor`` that completes them.
 
 :func:`run_all_ranks` runs a graph traced from DTensor state (on one rank of
-``jl.fake_world``) for every rank at once under torch's ``LocalTensorMode``,
-and gathers the gradients, so they can be checked against a single-device step.
+``jl.fake_world``), or the per-class graphs of ``jl.trace_ranks``
+(:mod:`jointlab.analysis.lockstep`), for every rank at once under torch's
+``LocalTensorMode``, and gathers the gradients, so they can be checked
+against a single-device step.
 """
 
 from __future__ import annotations
@@ -121,8 +123,10 @@ class AllRanksResult:
             bitwise those of that rank's own eager step under the same
             ``LocalTensorMode``: False where the graph holds something of the
             traced rank that this rank computes differently, so it does not
-            share the graph. None when that cannot be checked (no ``train_fn``,
-            as for a loaded graph, or the graph draws random numbers).
+            share the graph. Through a collective such a difference can reach
+            other ranks too (a reduce-scatter averages every rank's gradient).
+            None when that cannot be checked (no ``train_fn``, as for a loaded
+            graph, or the graph draws random numbers).
         rank_classes: The ranks that ran each graph (one class per graph run).
     """
 

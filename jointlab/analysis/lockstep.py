@@ -34,7 +34,8 @@ __all__ = ["per_rank", "run_rank_classes"]
 
 Stop = tuple[fx.Node, tuple[Any, ...], dict[str, Any]]
 _HINT = ("torch rejected a node while jointlab ran the rank classes' graphs side by side; "
-         "run each class's graph on its own ranks with jl.run_all_ranks to narrow it down")
+         "compare the classes' collectives (collectives(graphs[rank]) for one rank of each): "
+         "they must take tensors of the same shapes on every rank")
 
 
 def _steps(gm: fx.GraphModule, args: list[Any], stops_at: Callable[[fx.Node], bool]
