@@ -471,9 +471,10 @@ class _GatherDP(nn.Module):
     def forward(self, p):
         from torch.distributed.tensor import DTensor, Partial, Replicate
 
-        local = p.redistribute(self.mesh, [Replicate(), self.tp]).to_local(
-            grad_placements=[Partial("avg"), self.tp])
-        return DTensor.from_local(local, self.mesh["tp"], [self.tp], run_check=False)
+        full = p.redistribute(self.mesh, [Replicate(), self.tp])
+        local = full.to_local(grad_placements=[Partial("avg"), self.tp])
+        return DTensor.from_local(local, self.mesh["tp"], [self.tp], run_check=False,
+                                  shape=full.shape, stride=full.stride())
 
 
 def _tp_dp(model, mesh):
@@ -565,3 +566,47 @@ def test_run_all_ranks_refuses_classes_that_issue_different_collectives():
         with pytest.raises(UnsupportedWrapperError, match="issue different collectives"):
             jl.run_all_ranks(graphs, every_rank, inputs)
         assert_unchanged(before, every_rank)
+
+
+class _OddOut(nn.Module):
+    """15 outputs: fc2's rows split 8, 7 over dp (its columns split evenly over tp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 15)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_uneven_tp_x_dp_classes_run_side_by_side_like_single_device_eager():
+    import copy
+
+    torch.manual_seed(0)
+    ref, inputs = _OddOut(), _inputs()
+    inputs["y"] = inputs["y"][:, :15].contiguous()
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        with world.all_ranks():
+            every_rank = _tp_dp(copy.deepcopy(ref), world.mesh)
+        graphs = jl.trace_ranks(every_rank, _step, inputs)
+        # Reference: the dp coordinate is rank // 2 on a (dp=2, tp=2) mesh; 15 rows are 8, 7.
+        assert graphs.classes == ((0, 1), (2, 3))
+        for rank in (0, 2):
+            joint, want = graphs[rank], _local_shapes(every_rank, rank)
+            assert {fqn: tuple(node.meta["val"].shape) for node, fqn in
+                    zip(joint.placeholders, joint.state_fqns)} == want
+            outs = joint.graph.find_nodes(op="output")[0].args[0][1:1 + len(joint.param_names)]
+            assert [tuple(o.meta["val"].shape) for o in outs] == [
+                want[n] for n in joint.param_names]
+        assert {"dp", "tp"} <= set(collectives(graphs[2]).mesh_dim)
+        before = deep_state(every_rank)
+        result = jl.run_all_ranks(graphs, every_rank, inputs)
+        assert_unchanged(before, every_rank)
+    loss = _step(ref, **inputs)
+    loss.backward()
+    assert result.matches_eager == dict.fromkeys(range(4), True)
+    for rank in range(4):
+        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
+    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
+    for fqn, (_, p) in names.items():
+        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)

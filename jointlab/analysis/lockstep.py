@@ -123,6 +123,8 @@ def _collective(stops: list[Stop], runs: list[_ClassRun], ranks: tuple[int, ...]
     kwargs = {k: _join([s[2][k] for s in stops], runs) for k in stops[0][2]}
     with compat.LocalTensorMode(frozenset(ranks)):
         out = node.target(*args, **kwargs)
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            torch.ops._c10d_functional.wait_tensor(t)  # each class then waits on its part
     return [_part(out, run.ranks) for run in runs]
 
 
