@@ -121,10 +121,12 @@ def _collective(stops: list[Stop], runs: list[_ClassRun], ranks: tuple[int, ...]
     n_args = len(stops[0][1])
     args = [_join([s[1][i] for s in stops], runs) for i in range(n_args)]
     kwargs = {k: _join([s[2][k] for s in stops], runs) for k in stops[0][2]}
+    waits = {u.target for u in node.users if _meta.op_name(u) == "wait_tensor"}
     with compat.LocalTensorMode(frozenset(ranks)):
         out = node.target(*args, **kwargs)
-        for t in out if isinstance(out, (list, tuple)) else [out]:
-            torch.ops._c10d_functional.wait_tensor(t)  # each class then waits on its part
+        for wait in waits:  # the graph's own wait op; each class then waits on its part
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                wait(t)
     return [_part(out, run.ranks) for run in runs]
 
 
