@@ -54,6 +54,8 @@ _LAZY = {
     "run_all_ranks": "jointlab.analysis.distributed",
     "track_fsdp_step": "jointlab.analysis.memory.fsdp_check",
     "fsdp_memory_check": "jointlab.analysis.memory.fsdp_check",
+    "trace_ranks": "jointlab.trace.rank_classes",
+    "RankGraphs": "jointlab.trace.rank_view",
     "diff": "jointlab.analysis.diff",
     "GraphDiff": "jointlab.analysis.diff",
 }

@@ -206,6 +206,9 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                         "run every rank of a simulated world in one process"),
     "LocalTensor": ("torch.distributed._local_tensor", "LocalTensor",
                     "run every rank of a simulated world in one process"),
+    "LOCAL_TENSOR_MESH_METHODS": ("torch.distributed._local_tensor",
+                                  "_PATCHED_DEVICE_MESH_METHODS",
+                                  "make the device mesh report the rank being traced"),
     "inductor_compile": ("torch._inductor", "compile",
                          "compile the joint graph itself and map its kernels onto it"),
     "build_memory_profile": ("torch._inductor.fx_passes.memory_estimator",
@@ -319,6 +322,77 @@ def per_rank_values(t: torch.Tensor) -> dict[int, torch.Tensor]:
     if not isinstance(values, dict):
         raise unsupported("LocalTensor._local_tensors", "read every simulated rank's values")
     return dict(values)
+
+
+def mesh_coordinates(mesh: Any) -> dict[int, tuple[int, ...]]:
+    """Each rank's coordinate on ``mesh`` (a root mesh or a slice of one), in pure Python.
+
+    It follows ``DeviceMesh``'s layout the way ``_MeshLayout.remap_to_tensor``
+    does (one copy of the sub-mesh per complement offset), without tensor ops, so
+    it is safe to call while make_fx is tracing. For ``mesh["tp"]`` of a
+    ``(dp=2, tp=2)`` mesh: ``{0: (0,), 1: (1,), 2: (0,), 3: (1,)}``.
+
+    Raises:
+        UnsupportedTorchError: This torch's ``DeviceMesh`` lacks the layout names.
+    """
+    purpose = "find a rank's coordinate on a device mesh"
+    layout = _required(mesh, "_layout", "DeviceMesh._layout", purpose)
+    rank_map = _required(mesh, "_flatten_rank_map", "DeviceMesh._flatten_rank_map", purpose)
+    try:
+        flat = layout.collapse()
+        offsets = flat.complement(len(rank_map)).all_ranks_from_zero()
+        inner = flat.all_ranks_from_zero()
+        sizes = tuple(layout.top_level_sizes)
+    except AttributeError as exc:
+        raise unsupported("DeviceMesh._layout's collapse/complement/all_ranks_from_zero",
+                          purpose) from exc
+    out: dict[int, tuple[int, ...]] = {}
+    for offset in offsets:
+        for j, pos in enumerate(inner):
+            coord, rest = [], j
+            for size in reversed(sizes):
+                rest, c = divmod(rest, size)
+                coord.append(c)
+            out[int(rank_map[offset + pos])] = tuple(reversed(coord))
+    return out
+
+
+#: The DeviceMesh methods that report the calling rank (``jointlab.trace.rank_view`` sets them).
+_MESH_RANK_METHODS = ("get_coordinate", "get_local_rank", "get_rank",
+                      "_is_current_rank_part_of_mesh", "_sym_get_coordinate")
+
+
+def mesh_rank_methods() -> tuple[str, ...]:
+    """The ``DeviceMesh`` methods that answer for one rank, as jointlab patches them.
+
+    Raises:
+        UnsupportedTorchError: LocalTensorMode patches a method this list lacks
+            (a torch whose meshes report the rank in a way jointlab does not know),
+            or ``DeviceMesh`` lacks one of them.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    purpose = "make the device mesh report the rank being traced"
+    unknown = set(_resolve("LOCAL_TENSOR_MESH_METHODS")) - set(_MESH_RANK_METHODS)
+    if unknown:
+        raise unsupported(f"a DeviceMesh without rank-reporting methods {sorted(unknown)}",
+                          purpose)
+    for name in _MESH_RANK_METHODS:
+        _required(DeviceMesh, name, f"DeviceMesh.{name}", purpose)
+    return _MESH_RANK_METHODS
+
+
+@contextlib.contextmanager
+def patched_attrs(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Set ``obj.name = value`` for each patch; put every original back on exit, even on error."""
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
 
 
 def record_module_stack_of(fn: Callable[..., Any], model: torch.nn.Module) -> None:

@@ -372,3 +372,241 @@ def test_dtensor_input_is_refused_not_baked():
         with pytest.raises(UnsupportedWrapperError, match=r"inputs\['x'\] is a DTensor"):
             jl.trace(model, _step, inputs)
         assert_unchanged(before, model)
+
+
+# -- one graph per rank class (jl.trace_ranks) -------------------------------------------
+def _uneven_reference():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 6), nn.ReLU(), nn.Linear(6, 16))
+
+
+def _seq_step(model, x, y):
+    return F.mse_loss(model(x), y)
+
+
+def _local_shapes(model, rank):
+    """Each DTensor's local shard on ``rank``, read from the all-ranks model itself."""
+    from jointlab.torch_compat import per_rank_values
+
+    return {n: tuple(per_rank_values(p.to_local())[rank].shape)
+            for n, p in model.named_parameters()}
+
+
+def test_trace_ranks_traces_each_uneven_class_as_its_own_rank_and_matches_eager():
+    import copy
+
+    ref, inputs = _uneven_reference(), _inputs()
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
+        before = deep_state(every_rank)
+        graphs = jl.trace_ranks(every_rank, _seq_step, inputs)
+        assert_unchanged(before, every_rank)
+        # Reference: torch.chunk gives 6 rows as 2, 2, 2, 0 over four ranks.
+        assert graphs.classes == ((0, 1, 2), (3,)) and len(graphs) == 2
+        assert graphs[1] is graphs[0] and graphs[3] is not graphs[0]
+        text = repr(graphs)
+        assert "ranks 0, 1, 2 share it (traced as rank 0" in text
+        assert "rank 3 runs it (traced as rank 3" in text
+        for rank in (0, 3):
+            joint, want = graphs[rank], _local_shapes(every_rank, rank)
+            got = {fqn: tuple(node.meta["val"].shape)
+                   for node, fqn in zip(joint.placeholders, joint.state_fqns)}
+            assert got == want, rank
+            # The gradients the graph returns have this rank's local shapes too (rank 3's
+            # come from DTensor's unpadding at rank 3's mesh coordinate, not rank 0's).
+            outs = joint.graph.find_nodes(op="output")[0].args[0][1:1 + len(joint.param_names)]
+            assert [tuple(o.meta["val"].shape) for o in outs] == [
+                want[n] for n in joint.param_names]
+        before = deep_state(every_rank)
+        result = jl.run_all_ranks(graphs, every_rank, inputs)
+        assert_unchanged(before, every_rank)
+    loss = _seq_step(ref, **inputs)
+    loss.backward()
+    assert result.rank_classes == ((0, 1, 2), (3,))
+    assert result.matches_eager == dict.fromkeys(range(4), True)
+    for rank in range(4):
+        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
+        shapes = {n: tuple(g[rank].shape) for n, g in result.local_grads.items()}
+        assert shapes == _local_shapes(every_rank, rank)
+    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
+    for fqn, (_, p) in names.items():
+        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("source", ["mesh", "dist"])
+def test_trace_ranks_bakes_each_class_representatives_rank(source):
+    import copy
+
+    def rank_scaled(model, x, y):
+        # A Python int of the traced rank is baked; the world must report that rank.
+        rank = world.mesh.get_local_rank() if source == "mesh" else dist.get_rank()
+        return _seq_step(model, x, y) * (1 + rank)
+
+    ref, inputs = _uneven_reference(), _inputs()
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
+        graphs = jl.trace_ranks(every_rank, rank_scaled, inputs)
+        result = jl.run_all_ranks(graphs, every_rank, inputs)
+    # Reference: the single-device loss, scaled by 1 + rank in each rank's own step.
+    # Rank 3 was traced as itself (its graph bakes 1 + 3); ranks 1 and 2 run the graph
+    # traced as rank 0, which bakes 1 + 0.
+    loss = _seq_step(ref, **inputs).detach()
+    torch.testing.assert_close(result.loss[3], loss * 4, rtol=0, atol=1e-6)
+    for rank in (0, 1, 2):
+        torch.testing.assert_close(result.loss[rank], loss, rtol=0, atol=1e-7)
+    # The reduce-scatter averages every rank's gradient, so ranks 1 and 2's wrong scale
+    # reaches every rank's gradient: no rank may claim to match its eager step.
+    assert result.matches_eager == dict.fromkeys(range(4), False)
+
+
+class _GatherDP(nn.Module):
+    """SimpleFSDP over dp of a tensor-parallel parameter: all-gather on dp, stay tp-sharded."""
+
+    def __init__(self, mesh, tp_placement) -> None:
+        super().__init__()
+        self.mesh, self.tp = mesh, tp_placement
+
+    def forward(self, p):
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        full = p.redistribute(self.mesh, [Replicate(), self.tp])
+        local = full.to_local(grad_placements=[Partial("avg"), self.tp])
+        return DTensor.from_local(local, self.mesh["tp"], [self.tp], run_check=False,
+                                  shape=full.shape, stride=full.stride())
+
+
+def _tp_dp(model, mesh):
+    """TP on ``tp`` (fc1 colwise, fc2 rowwise), then FSDP-style on ``dp`` over another dim."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.nn.utils import parametrize
+
+    _tp(model, mesh)
+    for mod in (model.fc1, model.fc2):
+        for name, p in list(mod.named_parameters(recurse=False)):
+            (tp,) = p.placements
+            free = [d for d in range(p.ndim) if not (tp.is_shard() and tp.dim == d)]
+            dp = Shard(free[0]) if free else Replicate()
+            full = distribute_tensor(p.full_tensor().detach(), mesh, [dp, tp])
+            mod.register_parameter(name, nn.Parameter(full))
+            parametrize.register_parametrization(mod, name, _GatherDP(mesh, tp), unsafe=True)
+    return model
+
+
+
+def test_tp_x_dp_run_all_ranks_matches_single_device_eager():
+    ref, inputs = _reference(), _inputs()
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        with world.all_ranks():
+            every_rank = _sharded(_tp_dp, world, ref)
+        placements = {n: [str(x) for x in p.placements] for n, p in every_rank.named_parameters()}
+        # Reference: both mesh dims shard, each a different tensor dim.
+        assert placements["fc1.parametrizations.weight.original"] == ["S(1)", "S(0)"]
+        assert placements["fc2.parametrizations.weight.original"] == ["S(0)", "S(1)"]
+        before = deep_state(every_rank)
+        graphs = jl.trace_ranks(every_rank, _step, inputs)
+        assert_unchanged(before, every_rank)
+        assert graphs.classes == ((0, 1, 2, 3),)
+        dims = set(collectives(graphs[0]).mesh_dim)
+        assert {"dp", "tp"} <= dims, dims
+        result = jl.run_all_ranks(graphs, every_rank, inputs)
+    loss = _step(ref, **inputs)
+    loss.backward()
+    assert result.matches_eager == dict.fromkeys(range(4), True)
+    for rank in range(4):
+        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
+    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
+    for fqn, (_, p) in names.items():
+        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+
+
+def test_trace_ranks_puts_the_world_back_when_a_rank_fails_and_refuses_one_rank_models():
+    import copy
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    def fails_on_rank_3(model, x, y):
+        if world.mesh.get_local_rank() == 3:
+            raise ValueError("rank 3 says no")
+        return _seq_step(model, x, y)
+
+    ref, inputs = _uneven_reference(), _inputs()
+    methods = {n: getattr(DeviceMesh, n) for n in ("get_coordinate", "get_local_rank", "get_rank")}
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
+        before = deep_state(every_rank)
+        with pytest.raises(ValueError, match="rank 3 says no"):
+            jl.trace_ranks(every_rank, fails_on_rank_3, inputs)
+        assert_unchanged(before, every_rank)
+        assert {n: getattr(DeviceMesh, n) for n in methods} == methods
+        assert dist.get_rank() == 0 and world.mesh.get_coordinate() == (0,)
+        one_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
+        before = deep_state(one_rank)
+        with pytest.raises(StateMismatchError, match="inside `with world.all_ranks"):
+            jl.trace_ranks(one_rank, _seq_step, inputs)
+        assert_unchanged(before, one_rank)
+
+
+def test_run_all_ranks_refuses_classes_that_issue_different_collectives():
+    import copy
+
+    def extra_on_rank_3(model, x, y):
+        if world.mesh.get_local_rank() == 3:  # only rank 3's graph all-reduces its input
+            x = funcol.all_reduce(x, "avg", world.mesh)
+        return _seq_step(model, x, y)
+
+    ref, inputs = _uneven_reference(), _inputs()
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
+        graphs = jl.trace_ranks(every_rank, extra_on_rank_3, inputs)
+        before = deep_state(every_rank)
+        with pytest.raises(UnsupportedWrapperError, match="issue different collectives"):
+            jl.run_all_ranks(graphs, every_rank, inputs)
+        assert_unchanged(before, every_rank)
+
+
+class _OddOut(nn.Module):
+    """15 outputs: fc2's rows split 8, 7 over dp (its columns split evenly over tp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 15)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_uneven_tp_x_dp_classes_run_side_by_side_like_single_device_eager():
+    import copy
+
+    torch.manual_seed(0)
+    ref, inputs = _OddOut(), _inputs()
+    inputs["y"] = inputs["y"][:, :15].contiguous()
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        with world.all_ranks():
+            every_rank = _tp_dp(copy.deepcopy(ref), world.mesh)
+        graphs = jl.trace_ranks(every_rank, _step, inputs)
+        # Reference: the dp coordinate is rank // 2 on a (dp=2, tp=2) mesh; 15 rows are 8, 7.
+        assert graphs.classes == ((0, 1), (2, 3))
+        for rank in (0, 2):
+            joint, want = graphs[rank], _local_shapes(every_rank, rank)
+            assert {fqn: tuple(node.meta["val"].shape) for node, fqn in
+                    zip(joint.placeholders, joint.state_fqns)} == want
+            outs = joint.graph.find_nodes(op="output")[0].args[0][1:1 + len(joint.param_names)]
+            assert [tuple(o.meta["val"].shape) for o in outs] == [
+                want[n] for n in joint.param_names]
+        assert {"dp", "tp"} <= set(collectives(graphs[2]).mesh_dim)
+        before = deep_state(every_rank)
+        result = jl.run_all_ranks(graphs, every_rank, inputs)
+        assert_unchanged(before, every_rank)
+    loss = _step(ref, **inputs)
+    loss.backward()
+    assert result.matches_eager == dict.fromkeys(range(4), True)
+    for rank in range(4):
+        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
+    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
+    for fqn, (_, p) in names.items():
+        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)

@@ -7,8 +7,10 @@ dimension when a ``DeviceMesh`` is given), the bytes they produce on this
 rank, and the ``wait_tensor`` that completes them.
 
 :func:`run_all_ranks` runs a graph traced from DTensor state (on one rank of
-``jl.fake_world``) for every rank at once under torch's ``LocalTensorMode``,
-and gathers the gradients, so they can be checked against a single-device step.
+``jl.fake_world``), or the per-class graphs of ``jl.trace_ranks``
+(:mod:`jointlab.analysis.lockstep`), for every rank at once under torch's
+``LocalTensorMode``, and gathers the gradients, so they can be checked
+against a single-device step.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from torch import nn
 
 from jointlab import meta as _meta
 from jointlab import torch_compat as compat  # LocalTensor names resolve on first use
+from jointlab.analysis.lockstep import per_rank, run_rank_classes
 from jointlab.errors import StateMismatchError
 from jointlab.trace.dtensor import DTensorRuntime, is_dtensor
+from jointlab.trace.rank_view import RankGraphs, model_ranks
 from jointlab.trace.request import split_loss
 
 if TYPE_CHECKING:
@@ -119,8 +123,11 @@ class AllRanksResult:
             bitwise those of that rank's own eager step under the same
             ``LocalTensorMode``: False where the graph holds something of the
             traced rank that this rank computes differently, so it does not
-            share the graph. None when that cannot be checked (no ``train_fn``,
-            as for a loaded graph, or the graph draws random numbers).
+            share the graph. Through a collective such a difference can reach
+            other ranks too (a reduce-scatter averages every rank's gradient).
+            None when that cannot be checked (no ``train_fn``, as for a loaded
+            graph, or the graph draws random numbers).
+        rank_classes: The ranks that ran each graph (one class per graph run).
     """
 
     ranks: tuple[int, ...]
@@ -128,38 +135,53 @@ class AllRanksResult:
     grads: dict[str, torch.Tensor]
     local_grads: dict[str, dict[int, torch.Tensor]]
     matches_eager: dict[int, bool] | None
+    rank_classes: tuple[tuple[int, ...], ...] = ()
 
 
-def _check_all_ranks(joint: TracedGraph, ranks: tuple[int, ...]) -> None:
-    runtime = joint.runtime
-    if not isinstance(runtime, DTensorRuntime):
+def _check_dtensor_graph(joint: TracedGraph) -> None:
+    if not isinstance(joint.runtime, DTensorRuntime):
         raise StateMismatchError(
             "jl.run_all_ranks runs a graph traced from DTensor state (make_fx mode); this "
             "graph has none. Use joint.run(model, inputs).")
-    classes = runtime.rank_classes
+
+
+def _graphs_by_class(joint: TracedGraph | RankGraphs, ranks: tuple[int, ...]
+                     ) -> dict[tuple[int, ...], TracedGraph]:
+    """Each rank class to the graph its ranks run, checked to cover ``ranks`` exactly."""
+    if isinstance(joint, RankGraphs):
+        graphs = dict(joint.graphs)
+        covered = sorted(r for cls in graphs for r in cls)
+        if covered != sorted(ranks):
+            raise StateMismatchError(
+                f"the rank classes {list(graphs)} cover ranks {covered}, but the model holds "
+                f"ranks {list(ranks)}: run it on the model (world) it was traced from.")
+        for g in graphs.values():
+            _check_dtensor_graph(g)
+        return graphs
+    _check_dtensor_graph(joint)
+    classes = joint.runtime.rank_classes
     if classes is None or len(classes) != 1 or set(classes[0]) != set(ranks):
         raise StateMismatchError(
             f"this graph was traced for one rank's local shapes; the ranks that share them are "
             f"{classes} (None: not modelled), but every rank {ranks} must for one graph to run "
-            "them all. Shard evenly (sizes divisible by the mesh), or run each rank's own "
-            "trace with joint.run.")
+            "them all. Trace every rank class with jl.trace_ranks(model, train_fn, inputs) "
+            "(model built inside world.all_ranks()) and pass its result here.")
+    return {tuple(ranks): joint}
 
 
-def _per_rank(t: Any, ranks: tuple[int, ...]) -> dict[int, torch.Tensor]:
-    if is_dtensor(t):
-        t = t.to_local()
-    if not isinstance(t, compat.LocalTensor):  # a plain tensor: the same on every rank
-        return dict.fromkeys(ranks, t)
-    values = compat.per_rank_values(t)
-    return {r: values[r] for r in ranks}
-
-
-def run_all_ranks(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any]
+def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dict[str, Any]
                   ) -> AllRanksResult:
-    """Run the graph for every simulated rank at once (``LocalTensorMode``).
+    """Run the graph(s) for every simulated rank at once (``LocalTensorMode``).
+
+    A single graph runs every rank (it must have been traced for all ranks'
+    local shapes). A :class:`RankGraphs` (``jl.trace_ranks``) runs each rank
+    on its class's graph; the graphs run side by side and meet at each
+    collective, which runs once over all ranks (torch's ``LocalTensorMode``
+    collectives). There, buffer updates go to per-rank copies, not to ``model``.
 
     Args:
-        joint: A make_fx graph traced from DTensor state inside ``jl.fake_world``.
+        joint: A make_fx graph traced from DTensor state inside ``jl.fake_world``,
+            or the :class:`RankGraphs` of ``jl.trace_ranks``.
         model: The same model, built and sharded inside ``world.all_ranks()`` so
             its DTensors hold every rank's shard.
         inputs: Keyword inputs (plain tensors are the same on every rank).
@@ -168,54 +190,49 @@ def run_all_ranks(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any]
         An :class:`AllRanksResult`.
 
     Raises:
-        StateMismatchError: The graph has no DTensor state, its ranks do not
-            all share its local shapes, or the model is not one of all ranks.
+        StateMismatchError: A graph has no DTensor state, the ranks do not all
+            share a single graph's local shapes, or the model is not one of all ranks.
+        UnsupportedWrapperError: The graphs of several classes issue different
+            collectives, or draw random numbers.
     """
-    ranks = _model_ranks(model)
-    _check_all_ranks(joint, ranks)
-    with compat.LocalTensorMode(frozenset(ranks)):
-        res = joint.run(model, inputs)
-        full = {n: g.full_tensor() if is_dtensor(g) else g for n, g in res.grads.items()}
-        same = _matches_eager(joint, model, inputs, res, ranks)
-    gathered = {n: _per_rank(g, ranks) for n, g in full.items()}
-    return AllRanksResult(ranks, _per_rank(res.loss, ranks),
-                          {n: g[ranks[0]] for n, g in gathered.items()},
-                          {n: _per_rank(g, ranks) for n, g in res.grads.items()}, same)
+    ranks = model_ranks(model)
+    graphs = _graphs_by_class(joint, ranks)
+    first = next(iter(graphs.values()))
+    if len(graphs) == 1:
+        with compat.LocalTensorMode(frozenset(ranks)):
+            res = first.run(model, inputs)
+            full = {n: g.full_tensor() if is_dtensor(g) else g for n, g in res.grads.items()}
+        loss = per_rank(res.loss, ranks)
+        local = {n: per_rank(g, ranks) for n, g in res.grads.items()}
+    else:
+        loss, local, full = run_rank_classes(graphs, model, inputs, ranks, is_collective)
+    same = _matches_eager(first, model, inputs, loss, local, ranks)
+    gathered = {n: per_rank(g, ranks)[ranks[0]] for n, g in full.items()}
+    return AllRanksResult(ranks, loss, gathered, local, same, tuple(graphs))
 
 
 def _draws_random(joint: TracedGraph) -> bool:
     return any(_meta.draws_random(n) for n in joint.graph.nodes)
 
 
-def _matches_eager(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], res: Any,
+def _matches_eager(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any],
+                   loss: dict[int, torch.Tensor], grads: dict[str, dict[int, torch.Tensor]],
                    ranks: tuple[int, ...]) -> dict[int, bool] | None:
     """Each rank's eager step (autograd.grad, buffers put back) against the graph's."""
     if joint.train_fn is None or _draws_random(joint):
         return None
     params = dict(model.named_parameters())
-    after_graph = {n: b.detach().clone() for n, b in model.named_buffers()}
-    loss, _ = split_loss(joint.train_fn(model, **inputs))
-    grads = torch.autograd.grad(loss, [params[n] for n in joint.param_names], allow_unused=True)
+    before = {n: b.detach().clone() for n, b in model.named_buffers()}
+    with compat.LocalTensorMode(frozenset(ranks)):
+        eager_loss, _ = split_loss(joint.train_fn(model, **inputs))
+        eager = torch.autograd.grad(eager_loss, [params[n] for n in joint.param_names],
+                                    allow_unused=True)
+        eager_loss = per_rank(eager_loss.detach(), ranks)
+        eager_grads = {n: per_rank(g, ranks) for n, g in zip(joint.param_names, eager)
+                       if g is not None}
     with torch.no_grad():
         for n, b in model.named_buffers():
-            b.copy_(after_graph[n])
-    same = dict.fromkeys(ranks, True)
-    pairs = [(res.loss, loss.detach()),
-             *((res.grads[n], g) for n, g in zip(joint.param_names, grads) if g is not None)]
-    for graph_value, eager_value in pairs:
-        a, b = _per_rank(graph_value, ranks), _per_rank(eager_value, ranks)
-        for r in ranks:
-            same[r] = same[r] and tuple(a[r].shape) == tuple(b[r].shape) and torch.equal(a[r], b[r])
-    return same
-
-
-def _model_ranks(model: nn.Module) -> tuple[int, ...]:
-    for p in model.parameters():
-        if is_dtensor(p):
-            if not isinstance(p.to_local(), compat.LocalTensor):
-                raise StateMismatchError(
-                    f"jl.run_all_ranks needs a model whose DTensors hold every rank's shard, "
-                    f"but '{type(p.to_local()).__name__}' holds one rank's: build and shard "
-                    "the model inside `with world.all_ranks():`.")
-            return tuple(sorted(compat.per_rank_values(p.to_local())))
-    raise StateMismatchError("jl.run_all_ranks needs a model with DTensor parameters.")
+            b.copy_(before[n])
+    pairs = [(loss, eager_loss), *((grads[n], g) for n, g in eager_grads.items())]
+    return {r: all(tuple(a[r].shape) == tuple(b[r].shape) and torch.equal(a[r], b[r])
+                   for a, b in pairs) for r in ranks}

@@ -269,7 +269,8 @@ class DTensorRuntime(MakeFxRuntime):
             ranks of one class feed this graph inputs of the same shapes. This
             is necessary for sharing the graph, not proof of it: the graph may
             also hold rank-dependent constants. ``jl.run_all_ranks`` runs it
-            for every rank and checks each rank against eager. None when the
+            for every rank and checks each rank against eager; ``jl.trace_ranks``
+            traces one graph per class. None when the
             placements are not modelled (e.g. ``_StridedShard``, several meshes).
         group_dims: Process-group name to mesh dimension name, for the
             collectives of this graph.

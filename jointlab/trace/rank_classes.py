@@ -1,0 +1,75 @@
+"""``jl.trace_ranks``: one joint graph per rank class of a simulated world.
+
+Ranks whose DTensor inputs have the same local shapes form a class
+(:func:`jointlab.trace.dtensor.rank_classes`). Each class is traced once,
+as its first rank: the model's DTensors hold that rank's shards and the
+world reports that rank (:mod:`jointlab.trace.rank_view`). Uneven sharding
+(6 rows over 4 ranks: 2, 2, 2, 0) gives two classes and two graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from jointlab.errors import UnsupportedWrapperError
+from jointlab.inputs import model_state
+from jointlab.trace.dtensor import ShardSpec, is_dtensor, rank_classes
+from jointlab.trace.rank_view import RankGraphs, as_rank, model_ranks, state_of_ranks
+from jointlab.trace.tracer import trace
+
+__all__ = ["trace_ranks"]
+
+
+def _classes(model: nn.Module, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    specs = [ShardSpec.of(n, t) for n, t in model_state(model).items() if is_dtensor(t)]
+    classes = rank_classes(specs)
+    if classes is None:
+        raise UnsupportedWrapperError(
+            "jl.trace_ranks cannot tell which ranks share local shapes here: every DTensor "
+            "must be placed Shard/Replicate on one fake_world mesh or named slices of it "
+            "(not _StridedShard, not several root meshes). Trace one rank with jl.trace.")
+    covered = sorted(r for cls in classes for r in cls)
+    if covered != sorted(ranks):
+        raise UnsupportedWrapperError(
+            f"the model holds the shards of ranks {list(ranks)}, but its mesh has ranks "
+            f"{covered}: build and shard it inside `with world.all_ranks():` of the same world.")
+    return classes
+
+
+def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any],
+                **trace_kwargs: Any) -> RankGraphs:
+    """Trace every distinct rank class of a simulated world once (make_fx mode).
+
+    Args:
+        model: A model built and sharded inside ``world.all_ranks()`` of
+            ``jl.fake_world``, so its DTensors hold every rank's shard. It is
+            not changed, even on error.
+        train_fn: The training step, as for :func:`jointlab.trace`.
+        inputs: Keyword inputs (plain tensors, the same on every rank).
+        **trace_kwargs: Passed on to :func:`jointlab.trace` (``mode`` must stay
+            ``"make_fx"``).
+
+    Returns:
+        A :class:`RankGraphs`: each rank class (tuple of ranks) to the graph
+        traced as its first rank. Its repr says which ranks share which graph.
+
+    Raises:
+        StateMismatchError: The model's DTensors do not hold every rank's shard.
+        UnsupportedWrapperError: The ranks cannot be grouped (placements not
+            modelled), or anything :func:`jointlab.trace` refuses.
+    """
+    ranks = model_ranks(model)
+    classes = _classes(model, ranks)
+    graphs = {}
+    for cls in classes:
+        with as_rank(cls[0]), state_of_ranks(model, (cls[0],)):
+            graphs[cls] = trace(model, train_fn, inputs, **trace_kwargs)
+        traced = graphs[cls].runtime.rank_classes
+        if traced is None or cls not in traced:  # the trace must agree with the plan
+            raise UnsupportedWrapperError(
+                f"rank {cls[0]} was traced with local shapes that group the ranks as "
+                f"{traced}, not as {classes}; jointlab cannot say which ranks share its graph.")
+    return RankGraphs(graphs, len(ranks))
