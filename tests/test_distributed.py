@@ -610,3 +610,19 @@ def test_uneven_tp_x_dp_classes_run_side_by_side_like_single_device_eager():
     names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
     for fqn, (_, p) in names.items():
         torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+
+
+def test_padded_shard_storage_of_a_short_last_rank_is_counted():
+    # torch keeps the last rank's short chunk of an uneven split in padded storage
+    with jl.fake_world(4, rank=3) as world:
+        torch.manual_seed(0)
+        model = _simple_fsdp(nn.Sequential(nn.Linear(16, 6), nn.ReLU(), nn.Linear(6, 16)),
+                             world.mesh)
+        joint = jl.trace(model, lambda m, x, y: F.mse_loss(m(x), y), _inputs())
+    locals_ = [p.to_local() for p in model.parameters()]
+    assert tuple(locals_[0].shape) == (0, 16)  # rank 3 holds no row of the first weight
+    # Reference: the storages the live DTensors' local shards really hold.
+    held = sum(t.untyped_storage().nbytes() for t in locals_)
+    assert held > sum(t.numel() * t.element_size() for t in locals_)
+    life = joint.memory().lifetimes
+    assert life.loc[life.category == "param", "bytes"].sum() == held

@@ -121,9 +121,10 @@ def test_uneven_last_rank_shows_fsdp2s_padded_shard_storage():
     assert local == (4 * 6 + 4) * 4 == table.loc["sharded param (shards)", "jointlab"]
     assert table.loc["sharded param (shards)", "matches"]
     row = table.loc["sharded param (storage)"]
-    # FSDP2 pads fc1's empty shards to ceil(6 / 4) = 2 rows of storage: 2*16 + 2 floats
-    assert (row.jointlab, row.fsdp2, row.difference) == (112, 248, -(2 * 16 + 2) * 4)
-    assert not row.matches and "padded" in row.note
+    # FSDP2 pads fc1's empty shards to ceil(6 / 4) = 2 rows of storage: 2*16 + 2 floats;
+    # so does distribute_tensor for the SimpleFSDP trace, whose prediction counts it
+    assert (row.jointlab, row.fsdp2) == (112 + (2 * 16 + 2) * 4, 248)
+    assert row.matches
     assert table.loc["sharded grad (storage)", "matches"]
 
 

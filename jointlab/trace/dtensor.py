@@ -58,6 +58,15 @@ def _mesh_dim_names(mesh: Any) -> tuple[str, ...]:
     return tuple(mesh.mesh_dim_names or (str(i) for i in range(mesh.ndim)))
 
 
+def _storage_bytes(local: torch.Tensor) -> int:
+    """Bytes of the storage under ``local`` (at least the shard's own bytes)."""
+    own = local.numel() * local.element_size()
+    try:
+        return max(own, local.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):  # a tensor without a plain storage
+        return own
+
+
 @dataclass(frozen=True)
 class ShardSpec:
     """How one DTensor parameter, buffer or gradient is split into its local shard.
@@ -72,6 +81,8 @@ class ShardSpec:
         local_shape: Shape of this rank's shard.
         placements: The DTensor's placements, one per mesh dim.
         mesh: Its ``DeviceMesh``.
+        storage_bytes: Bytes of the storage holding the local shard: more than the
+            shard's own where torch pads it (the short last chunks of an uneven split).
     """
 
     fqn: str
@@ -83,6 +94,7 @@ class ShardSpec:
     local_shape: tuple[int, ...]
     placements: tuple[Any, ...]
     mesh: Any
+    storage_bytes: int
 
     @classmethod
     def of(cls, fqn: str, t: torch.Tensor) -> ShardSpec:
@@ -101,7 +113,7 @@ class ShardSpec:
         local = inner[tensors[0]]
         return cls(fqn, tensors[0], {n: v for n, v in inner.items() if n not in tensors}, ctx,
                    tuple(t.shape), tuple(t.stride()), tuple(local.shape),
-                   tuple(t.placements), t.device_mesh)
+                   tuple(t.placements), t.device_mesh, _storage_bytes(local))
 
     def local(self, t: torch.Tensor) -> torch.Tensor:
         """This DTensor's local shard (the same tensor object, no copy)."""
@@ -118,7 +130,8 @@ class ShardSpec:
         sharded = [names[i] for i, p in enumerate(self.placements) if not p.is_replicate()]
         return {"local_shape": list(self.local_shape), "global_shape": list(self.global_shape),
                 "placement": _placement_text(self.placements),
-                "mesh_dim": ",".join(sharded) if sharded else ",".join(names)}
+                "mesh_dim": ",".join(sharded) if sharded else ",".join(names),
+                "storage_bytes": self.storage_bytes}
 
     def matches(self, t: Any) -> str:
         """Why live tensor ``t`` cannot feed this placeholder ("" when it can)."""

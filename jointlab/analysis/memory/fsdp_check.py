@@ -13,11 +13,11 @@ all-gather and reduce-scatter buffers, optimizer state, inputs); with
 What agrees and what cannot (measured on torch 2.13, CPU, fake world):
 
 - sharded parameters and gradients, buffers and inputs agree to the byte on
-  rank 0. Both shard dim 0 like ``torch.chunk``, but FSDP2 pads each shard's
-  *storage* to ``ceil(dim0 / world)`` rows, so on a rank whose chunk is short
-  (the last ranks of an uneven split) FSDP2 holds more (jointlab counts a DTensor
-  input shard's own bytes, though eager ``distribute_tensor`` pads it too): the row
-  ``sharded param (shards)`` compares the shards' own sizes instead;
+  every rank. Both shard dim 0 like ``torch.chunk`` and keep a short chunk (the
+  last ranks of an uneven split) in storage padded to ``ceil(dim0 / world)``
+  rows: FSDP2 in its sharded parameters, ``distribute_tensor`` in the SimpleFSDP
+  trace's inputs, whose padded storage the prediction counts. The row
+  ``sharded param (shards)`` compares the shards' own sizes as well;
 - the forward values alive at the forward/backward boundary, all-gathered
   weights left out, agree when the traced code path is eager's (a 2-layer
   MLP); HF attention takes another path while traced (k/v repeated, the mask
@@ -228,8 +228,8 @@ def _pad_note(storage: tuple[int, int], shards: tuple[int, int]) -> str:
     if storage[0] == storage[1]:
         return "storages holding this rank's shards"
     if shards[0] == shards[1]:
-        return ("FSDP2 keeps each shard in storage padded to ceil(dim0 / world) rows; "
-                "jointlab counts a DTensor input shard's own bytes; the shards agree")
+        return ("the storages differ but the shards agree: one side pads a short shard's "
+                "storage to ceil(dim0 / world) rows and the other does not")
     return "the shards differ too: not the same model, sharding or rank?"
 
 
