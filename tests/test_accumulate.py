@@ -409,3 +409,31 @@ def test_accumulations_match_autograd(case, mode):
             senders = {s.meta[KEY]["module"] for s in reads[value.name]}
             assert acc.meta[KEY]["module"] == _deepest_common(sorted(senders)), (
                 acc.name, value.name, senders)
+
+
+class SubOfTwo(SubOfSum):
+    """``c(a(x) - b(x))``: a sub of two unrelated values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.a(x) - self.b(x))
+
+
+def test_sub_hands_on_its_gradient_to_its_first_input_only():
+    # Autograd's SubBackward gives its first input the incoming gradient itself and
+    # its second the negation (a backward node of its own, whose twin is the sub).
+    torch.manual_seed(0)
+    model, x = SubOfTwo(), torch.randn(4, 8)
+    joint = jl.trace(model, _square_mean, {"x": x})
+    sub = next(n for n in joint.graph.nodes if str(n.target) == "aten.sub.Tensor")
+    neg = [n for n in joint.graph.nodes if n.meta[KEY].get("fwd_twin") == sub.name]
+    assert [str(n.target) for n in neg] == ["aten.neg.default"]
+    reader = next(iter(sub.users))  # the head's addmm: its term is the sub output's gradient
+    index = accumulate.CandidateIndex(joint.graph)
+    want = (x.shape, x.dtype)
+
+    def reached(twin: fx.Node) -> set[str]:
+        bits = index.candidates(twin, want)
+        return {n.name for i, n in enumerate(index.nodes) if (bits >> i) & 1}
+
+    assert reached(reader) == {sub.name, sub.args[0].name}
+    assert reached(sub) == {sub.args[1].name}
