@@ -208,8 +208,8 @@ def test_annotations_match_reference_walk(case, mode, monkeypatch):
 
 # -- the independent reference: autograd's own graph ------------------------------
 def _loss_ancestors(joint: Any) -> list[fx.Node]:
-    """The nodes the loss (the graph's first output) is computed from, in graph order."""
-    loss = joint.graph.output_node().args[0][0]
+    """The nodes the loss is computed from (the loss last), in graph order."""
+    loss = joint.outputs_and_tangents()[0][0]
     seen, todo = {loss}, [loss]
     while todo:
         for a in todo.pop().all_input_nodes:
@@ -221,12 +221,15 @@ def _loss_ancestors(joint: Any) -> list[fx.Node]:
 
 def _rerun_forward(joint: Any, model: nn.Module, inputs: dict[str, Any]
                    ) -> tuple[torch.Tensor, dict[fx.Node, Any]]:
-    """The loss and every forward value, recomputed eagerly with autograd recording.
+    """The loss and, per forward node, its autograd slot, recomputed eagerly.
 
     Each placeholder gets a leaf of its own (a parameter's requires grad), so
     autograd builds the graph the traced forward ops imply, one Function per op.
+    A node's slot is ``(grad_fn, output_nr)`` (a leaf: its id), read when the
+    node runs (an in-place op later moves the tensor to a Function of its own).
     """
     env: dict[fx.Node, Any] = {}
+    slots: dict[fx.Node, Any] = {}
     flat = joint.flat_args(model, inputs)
     args = dict(zip(joint.placeholders, joint.runtime.prepare(joint, flat)))
     for node in _loss_ancestors(joint):
@@ -237,7 +240,11 @@ def _rerun_forward(joint: Any, model: nn.Module, inputs: dict[str, Any]
         else:
             env[node] = node.target(*fx.node.map_arg(node.args, env.__getitem__),
                                     **fx.node.map_arg(node.kwargs, env.__getitem__))
-    return env[joint.graph.output_node().args[0][0]], env
+        value = env[node]
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            slots[node] = ((value.grad_fn, value.output_nr) if value.grad_fn is not None
+                           else id(value))
+    return env[joint.outputs_and_tangents()[0][0]], slots
 
 
 def autograd_reads(joint: Any, model: nn.Module, inputs: dict[str, Any]
@@ -252,17 +259,14 @@ def autograd_reads(joint: Any, model: nn.Module, inputs: dict[str, Any]
         For each value (by node name) with two or more contributions, the node
         sending each one (``k`` contributions are summed by ``k - 1`` adds).
     """
-    loss, env = _rerun_forward(joint, model, inputs)
+    loss, slots = _rerun_forward(joint, model, inputs)
     owner: dict[Any, fx.Node] = {}
     sender: dict[Any, fx.Node] = {}
-    for node, value in env.items():
-        if not isinstance(value, torch.Tensor) or not value.requires_grad:
-            continue
-        key = ((value.grad_fn, value.output_nr) if value.grad_fn is not None
-               else id(value))
+    for node, key in slots.items():
         assert key not in owner, f"{node.name} and {owner[key].name} share one autograd slot"
         owner[key] = node
-        sender.setdefault(value.grad_fn, node)
+        if isinstance(key, tuple):
+            sender.setdefault(key[0], node)
     reads: dict[Any, list[fx.Node]] = {}
     seen, todo = {loss.grad_fn}, [loss.grad_fn]
     while todo:
@@ -381,7 +385,8 @@ def _autograd_cases() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
             ("sub_of_sum", SubOfSum), ("mul_of_sum", MulOfSum), ("self_ops", SelfOps),
             ("three_uses", ThreeUses), ("residual", Residual), ("diamond", Diamond))}
     out["tied"] = (Tied, _ids_loss, {"ids": torch.randint(0, 12, (4, 5))})
-    for name in ("hf_gpt2", "hf_llama"):
+    # resnet: in-place relu_ after batch norm; hf_gpt2_checkpoint: recomputed regions.
+    for name in ("hf_gpt2", "hf_llama", "resnet", "hf_gpt2_checkpoint"):
         f = real.get(name)
         out[name] = (f.make_model, f.train_fn, f.make_inputs(2))
     return out
