@@ -5,20 +5,25 @@ Part of the annotation pass (:func:`jointlab.passes.annotate.annotate` calls
 ``source`` and ``grad_acc_of`` of ``node.meta["jointlab"]`` on the
 accumulation adds it can attribute.
 
-Each summed term comes from the backward of one consumer of the value (the
-term's forward twin). The value is the latest forward node, shaped like the
-gradient, that every twin reads, directly or through pass-through adds (a
-residual stream). Walking those adds anew per term costs the depth of the
-stream per term, so the walk is quadratic in depth (cubic along a residual
-stream, whose accumulations chain). :class:`CandidateIndex` instead keeps
-each node's pass-through closure as a bitset over graph positions, built once
-per node; the value is the highest bit of their intersection.
+Each summed term is the gradient one consumer of the value (the term's forward
+twin) sends to one of its inputs. It reaches the value either directly or
+through pass-through slots: an add's inputs and a sub's first input, shaped
+like its output, get the incoming gradient itself, with no backward node (a
+residual stream). A sub's second input gets ``neg`` (a term of its own, whose
+twin is the sub), so a twin's term goes to its other slots only. The value is
+the latest forward node that every term reaches and that at least two of
+those gradient-carrying reads (edges) feed: a value read once is never
+accumulated. Walking the slots anew per term costs the depth of the stream
+per term, so the walk is quadratic in depth (cubic along a residual stream,
+whose accumulations chain). :class:`CandidateIndex` instead keeps each node's
+pass-through closure as a bitset over graph positions, built once per node.
 """
 
 from __future__ import annotations
 
 import functools
 import operator
+from collections import Counter
 from typing import Any
 
 import torch
@@ -31,6 +36,7 @@ __all__ = ["CandidateIndex", "accumulated_value", "attribute_accumulation", "is_
 # Forward ops whose backward passes the incoming gradient through unchanged, so
 # no backward node of theirs appears between two accumulated contributions.
 _PASSTHROUGH = ("add.Tensor", "sub.Tensor", "add_.Tensor")
+_SUB = "sub.Tensor"
 
 
 def is_gradient_acc(node: fx.Node) -> bool:
@@ -43,13 +49,25 @@ def is_passthrough(node: fx.Node) -> bool:
     return node.op == "call_function" and str(node.target).endswith(_PASSTHROUGH)
 
 
-def _contributions(acc: fx.Node) -> list[fx.Node]:
-    """The gradient terms an accumulation add sums (through chains of accumulations)."""
-    out, todo = [], list(acc.all_input_nodes)
+def _contributions(acc: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
+    """The gradient terms an accumulation add sums, and the accumulations it sums them through."""
+    out, inner, todo = [], [], list(acc.all_input_nodes)
     while todo:
         n = todo.pop()
-        (todo.extend(n.all_input_nodes) if is_gradient_acc(n) else out.append(n))
-    return out
+        if is_gradient_acc(n):
+            inner.append(n)
+            todo.extend(n.all_input_nodes)
+        else:
+            out.append(n)
+    return out, inner
+
+
+def _slots(user: fx.Node, value: fx.Node) -> list[int]:
+    """Where ``user`` reads ``value``: positional indices, -1 for each other read."""
+    direct = [i for i, a in enumerate(user.args) if a is value]
+    reads: list[fx.Node] = []
+    fx.node.map_arg((user.args, user.kwargs), lambda n: reads.append(n) or n)
+    return direct + [-1] * (sum(n is value for n in reads) - len(direct))
 
 
 class CandidateIndex:
@@ -78,6 +96,19 @@ class CandidateIndex:
             self._sigs[node] = (v.shape, v.dtype) if isinstance(v, torch.Tensor) else None
         return self._sigs[node]
 
+    def hands_on(self, node: fx.Node, slot: int) -> bool:
+        """True when ``node``'s backward gives input ``slot`` its own incoming gradient.
+
+        That is an add's inputs (alpha 1) and a sub's first input, when shaped
+        like the output (else the backward reduces or casts: a node of its own).
+        """
+        if not is_passthrough(node) or slot not in (0, 1) or slot >= len(node.args):
+            return False
+        if slot == 1 and (str(node.target).endswith(_SUB) or node.kwargs.get("alpha", 1) != 1):
+            return False
+        arg = node.args[slot]
+        return isinstance(arg, fx.Node) and self.sig(arg) == self.sig(node)
+
     def _memo(self, want: Any) -> tuple[dict[fx.Node, int], dict[fx.Node, int]]:
         for w, reach, cands in self._memos:
             if w == want:
@@ -85,18 +116,20 @@ class CandidateIndex:
         self._memos.append((want, {}, {}))
         return self._memos[-1][1:]
 
-    def _inputs(self, node: fx.Node, want: Any) -> list[fx.Node]:
-        return [a for a in node.all_input_nodes if self.sig(a) == want]
+    def _handed(self, node: fx.Node, want: Any) -> list[fx.Node]:
+        """The inputs shaped ``want`` that ``node``'s incoming gradient reaches unchanged."""
+        return [node.args[i] for i in (0, 1) if self.hands_on(node, i)
+                and self.sig(node.args[i]) == want]
 
     def _reach(self, node: fx.Node, want: Any, reach: dict[fx.Node, int]) -> int:
-        """Bitset of ``node`` and, through pass-through adds, the inputs shaped ``want``."""
+        """Bitset of ``node`` and the nodes its gradient reaches through pass-through slots."""
         stack = [node]
         while stack:  # iterative post-order: a residual stream is deeper than the C stack
             n = stack[-1]
             if n in reach:
                 stack.pop()
                 continue
-            ins = self._inputs(n, want) if is_passthrough(n) else []
+            ins = self._handed(n, want)
             missing = [a for a in ins if a not in reach]
             if missing:
                 stack.extend(missing)
@@ -106,41 +139,37 @@ class CandidateIndex:
         return reach[node]
 
     def candidates(self, twin: fx.Node, want: Any) -> int:
-        """Bitset of the forward inputs of ``twin`` shaped ``want``, through pass-through adds."""
+        """Bitset of the nodes a gradient shaped ``want`` that ``twin`` sends can reach.
+
+        Those are ``twin``'s inputs shaped ``want`` at slots that are not pass-through
+        (its backward computes their terms), and their pass-through closures.
+        """
         reach, cands = self._memo(want)
         if twin not in cands:
             cands[twin] = functools.reduce(
-                operator.or_, (self._reach(a, want, reach) for a in self._inputs(twin, want)), 0)
+                operator.or_, (self._reach(a, want, reach) for a in self._sent(twin, want)), 0)
         return cands[twin]
 
-    def reader(self, twin: fx.Node, bits: int, value: fx.Node, want: Any) -> fx.Node:
-        """The node through which ``twin``'s walk reaches ``value`` (``value`` in ``bits``).
+    def _sent(self, twin: fx.Node, want: Any) -> list[fx.Node]:
+        """The inputs shaped ``want`` that ``twin``'s backward computes a term for."""
+        direct = [a for i, a in enumerate(twin.args) if isinstance(a, fx.Node)
+                  and self.sig(a) == want and not self.hands_on(twin, i)]
+        return direct + [a for a in twin.all_input_nodes
+                         if a not in twin.args and self.sig(a) == want]
 
-        The walk is depth-first from ``twin`` and records the reader of its first
-        visit. When only one node can hand ``value`` to it (``twin`` itself or a
-        pass-through add in ``bits``), that is the reader; otherwise the walk is
-        replayed, skipping everything before ``value`` in graph order (which can
-        never lead back to it).
+    def edges(self, value: fx.Node, flowing: int, twins: set[fx.Node]) -> list[fx.Node]:
+        """The reads of ``value`` that can carry one of the terms (one entry per read).
+
+        A pass-through slot carries a term when its reader is in ``flowing`` (the
+        union of the terms' candidates); any other slot when its reader is a twin.
         """
-        able = [u for u in value.users
-                if u is twin or (is_passthrough(u) and (bits >> self.pos[u]) & 1)]
-        return able[0] if len(able) == 1 else self._replay(twin, value, want)
-
-    def _replay(self, twin: fx.Node, value: fx.Node, want: Any) -> fx.Node:
-        """The reader of ``value`` on the depth-first walk from ``twin``, from ``value`` up."""
-        floor = self.pos[value]
-        todo = [(a, twin) for a in self._inputs(twin, want) if self.pos[a] >= floor]
-        seen: set[fx.Node] = set()
-        while todo:
-            n, by = todo.pop()
-            if n is value:
-                return by
-            if n in seen:
-                continue
-            seen.add(n)
-            if is_passthrough(n):
-                todo.extend((a, n) for a in self._inputs(n, want) if self.pos[a] >= floor)
-        raise AssertionError(f"{value.name} is not reachable from {twin.name}")  # bits lied
+        out = []
+        for user in value.users:
+            for slot in _slots(user, value):
+                if (((flowing >> self.pos[user]) & 1) if self.hands_on(user, slot)
+                        else user in twins):
+                    out.append(user)
+        return out
 
 
 def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node],
@@ -148,12 +177,10 @@ def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node],
                       ) -> tuple[fx.Node | None, list[fx.Node]]:
     """The forward value whose gradient a gradient-accumulation add sums, and its consumers.
 
-    Each summed term comes from the backward of one consumer of that value (its
-    forward twin); the value is the forward input, shaped like the gradient,
-    that all those consumers share (looking through pass-through adds, whose
-    backward adds no node of its own). Pass-through expansion also admits the
-    inputs of the value's own producing add; the value is the latest common
-    candidate in graph order.
+    The value is the latest node that every term can reach (:meth:`CandidateIndex.
+    candidates`) with enough reads carrying terms (:meth:`CandidateIndex.edges`):
+    two, plus one per inner accumulation already attributed to it (the earlier
+    links of a chain summing three or more terms into the same value).
 
     Args:
         acc: A node with ``meta["is_gradient_acc"]``.
@@ -161,21 +188,29 @@ def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node],
         index: Closures shared by all accumulations of the graph (built when None).
 
     Returns:
-        ``(value, consumers)``: one consumer per term (the node that reads the
-        value on that term's walk); value is None when no consumer shares one.
+        ``(value, consumers)``: the nodes whose reads of the value carry its
+        terms, in graph order; value is None when no node fits.
     """
     index = CandidateIndex(acc.graph) if index is None else index
     like = acc.meta.get("val")
     want = (like.shape, like.dtype) if isinstance(like, torch.Tensor) else None
-    terms = [t for t in (twins.get(c) for c in _contributions(acc)) if t is not None]
+    found, inner = _contributions(acc)
+    terms = [t for t in (twins.get(c) for c in found) if t is not None]
     if want is None or not terms:
         return None, []
     per_term = [index.candidates(t, want) for t in terms]
     common = functools.reduce(operator.and_, per_term)
-    if not common:
-        return None, []
-    value = index.nodes[common.bit_length() - 1]
-    return value, [index.reader(t, b, value, want) for t, b in zip(terms, per_term)]
+    flowing = functools.reduce(operator.or_, per_term)
+    earlier = Counter(a.meta.get(KEY, {}).get("grad_acc_of") for a in set(inner))
+    twinned = set(terms)
+    while common:
+        top = common.bit_length() - 1
+        value = index.nodes[top]
+        readers = index.edges(value, flowing, twinned)
+        if len(readers) >= 2 + earlier[value.name]:
+            return value, sorted(set(readers), key=index.pos.__getitem__)
+        common ^= 1 << top
+    return None, []
 
 
 def _common_module(consumers: list[fx.Node]) -> tuple[str, str, str] | None:
@@ -208,6 +243,8 @@ def attribute_accumulation(acc: fx.Node, twins: dict[fx.Node, fx.Node],
     A parameter or buffer's accumulation belongs to the module owning it (a
     tied weight is used in two modules); a computed value's to the deepest
     module holding all of its consumers (e.g. a block for its residual input).
+    When three or more terms are summed by a chain of adds, the last one sees
+    every consumer: the earlier links of the chain get its placement too.
 
     Args:
         acc: The accumulation add (already annotated ``phase="backward"``).
@@ -227,6 +264,8 @@ def attribute_accumulation(acc: fx.Node, twins: dict[fx.Node, fx.Node],
         where = _common_module(consumers)
     if where is None:
         return False
-    acc.meta[KEY].update(module=where[0], module_type=where[1], source=where[2],
-                         grad_acc_of=value.name)
+    chain = [a for a in _contributions(acc)[1] if a.meta[KEY].get("grad_acc_of") == value.name]
+    for node in (*chain, acc):
+        node.meta[KEY].update(module=where[0], module_type=where[1], source=where[2],
+                              grad_acc_of=value.name)
     return True

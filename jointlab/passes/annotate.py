@@ -248,11 +248,15 @@ def attribute_backward(nodes: list[fx.Node], by_seq: dict[int, fx.Node]) -> None
     # Nodes without a forward twin (gradient seeds, accumulation, zeros for
     # unused parameters) take the module of their nearest attributed neighbour:
     # first a producer, then (walking back) a consumer.
+    # An attributed accumulation keeps its module even when that is the root ("").
     index = CandidateIndex(nodes[0].graph) if nodes else None  # shared by all accumulations
+    placed = set()
     for node in unresolved:
         if is_gradient_acc(node) and attribute_accumulation(node, twins, index):
+            placed.add(node)
             continue
         _inherit(node, node_inputs(node))
+    unresolved = [node for node in unresolved if node not in placed]
     for node in reversed(unresolved):
         if not node.meta[KEY]["module"]:
             _inherit(node, node.users)
