@@ -11,6 +11,11 @@ reads those descriptors once at trace time and builds:
   graph's arguments (tied aliases, the loss tangent) and maps its outputs back
   (buffer mutations copied into the live model, alias gradients summed).
 
+DTensor parameters and buffers reach the export as they are; AOT flattens
+each into its parts, and :mod:`jointlab.trace.aot_subclass` keeps one
+local-shard placeholder and one gradient output per DTensor, with an
+:class:`~jointlab.trace.aot_subclass.AotDTensorRuntime` around the plan.
+
 The export runs inside an ``ExitStack`` that holds a fake mode; the graph is
 taken out and the stack closed before anything touches real tensors again.
 """
@@ -28,6 +33,7 @@ from torch import nn
 from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
 
+from jointlab.analysis.descriptors import state_base
 from jointlab.core import GraphParts
 from jointlab.errors import TraceError, UnsupportedWrapperError
 from jointlab.guards import fakeify, symbolic_fake_mode
@@ -39,10 +45,12 @@ from jointlab.passes.probes import write_probes
 from jointlab.runtime import AotRuntime
 from jointlab.torch_compat import pytree, torch_attr, torch_module
 from jointlab.trace import request
+from jointlab.trace.aot_subclass import AotDTensorRuntime, drop_opaque_parts, grad_specs
 from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
 )
+from jointlab.trace.dtensor import DTensorLayout, is_dtensor
 from jointlab.trace.hf_compat import hf_tracing_compat
 from jointlab.trace.probes import module_probes
 from jointlab.trace.refusals import in_train_fn
@@ -89,8 +97,10 @@ class _TrainStep(nn.Module):
             loss, loss_dict = request.split_loss(self._train_fn(self.model, **kwargs))
         request.check_loss(loss)
         self.box.record(loss_dict)
-        vals = [v.detach() for v in loss_dict.values() if isinstance(v, torch.Tensor)]
-        return (loss, *vals)
+        plain = DTensorLayout().plain_output  # a replicated DTensor loss: its local value
+        vals = [plain(f"loss_dict[{k!r}]", v).detach() for k, v in loss_dict.items()
+                if isinstance(v, torch.Tensor)]
+        return (plain("the loss", loss), *vals)
 
 
 class _SourceMode(TorchFunctionMode):
@@ -189,30 +199,33 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
     refuse_subclass_state(model)
     tensors, dyn_dims = req.tensors, req.dyn_dims
     snapshot = ModelSnapshot.take(model)
+    layout = DTensorLayout.of(model)  # DTensor state: one local-shard placeholder each
     try:
         with module_probes(model) as probes:
-            gm, box, fake_user, shape_env = _export(model, train_fn, req.leaves, req.treespec,
-                                                    tensors, dyn_dims)
+            gm, box, fake_user, shape_env = _export(model, train_fn, req, layout)
         guards = req.guards(shape_env, fake_user)
     finally:
         snapshot.restore()
 
     canon = _canonical_names(model)
     sum_alias_grads_like_eager(gm, canon)
-    runtime = _build_runtime(gm, req.state_spec.fqns, req.param_names, canon, box)
-    annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon))
+    fqns = list(req.state_spec.fqns)
+    runtime: Any = _build_runtime(gm, fqns, req.param_names, canon, box)
+    if layout.state:
+        runtime = AotDTensorRuntime(runtime, [layout.state.get(n) for n in fqns],
+                                    dict(layout.grads))
+    annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon, layout))
     write_probes(gm, probes.outputs, probes.grads)
     return req.parts(gm, "aot", box, guards, runtime)
 
 
 # -- tensor subclasses (DTensor): AOT flattens each into several graph inputs ------------
 _SUBCLASS_ROUTE = (
-    "mode='aot' flattens each such tensor into its inner parts (a DTensor into its local "
-    "shard and its device mesh: two graph inputs and two gradient outputs), which jointlab "
-    "cannot yet feed, annotate or map back to the tensor they came from, so it refuses instead of "
-    "guessing. For DTensor parameters and buffers (parallelize_module, a SimpleFSDP-style "
-    "parametrisation), trace with mode='make_fx' (the default) inside jl.fake_world(...): it "
-    "traces each one as this rank's local shard. Pass inputs as plain (local) tensors.")
+    "mode='aot' flattens each such tensor into its inner parts, which jointlab maps back "
+    "only for DTensor parameters and buffers, so it refuses instead of guessing. DTensor "
+    "parameters and buffers (parallelize_module, a SimpleFSDP-style parametrisation) trace "
+    "in both modes (mode='make_fx', the default, or mode='aot') inside jl.fake_world(...), "
+    "each as this rank's local shard. Pass inputs as plain (local) tensors.")
 
 
 def is_wrapper_subclass(t: Any) -> bool:
@@ -229,16 +242,17 @@ def inner_parts(t: torch.Tensor) -> list[str]:
 
 
 def refuse_subclass_state(model: nn.Module) -> None:
-    """Refuse mode='aot' for parameters or buffers that are tensor subclasses (DTensor).
+    """Refuse mode='aot' for parameters or buffers that are tensor subclasses other than DTensor.
 
     Args:
         model: The model about to be traced (not changed).
 
     Raises:
-        UnsupportedWrapperError: A parameter or buffer is a wrapper subclass.
+        UnsupportedWrapperError: A parameter or buffer is a wrapper subclass that
+            is not a DTensor.
     """
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if is_wrapper_subclass(t):
+        if is_wrapper_subclass(t) and not is_dtensor(t):
             parts = inner_parts(t)
             raise UnsupportedWrapperError(
                 f"'{name}' is a {type(t).__name__}"
@@ -260,8 +274,9 @@ def _subclass_part_error(desc: Any, where: str) -> TraceError:
         f"subclass such as a DTensor: {_SUBCLASS_ROUTE}")
 
 
-def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
-    wrapper = _TrainStep(model, train_fn, leaves, treespec)
+def _export(model, train_fn, req, layout):
+    tensors, dyn_dims = req.tensors, req.dyn_dims
+    wrapper = _TrainStep(model, train_fn, req.leaves, req.treespec)
     on_meta = state_on_meta(model)
     args = [t.detach().to("meta") if on_meta else t.detach() for _, t in tensors]
     fake_user: list[tuple[str, torch.Tensor]] = []
@@ -284,6 +299,8 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
     _drop_unrequested_input_grads(gm, [t.requires_grad for _, t in tensors])
     gm.graph.set_codegen(fx.graph.CodeGen())  # public; plain positional codegen
     gm.recompile()
+    if layout.state:  # one local-shard placeholder and one gradient output per DTensor
+        layout.grads.update(grad_specs(joint, gm, layout, drop_opaque_parts(gm)))
     return gm, wrapper.box, fake_user, shape_env
 
 
@@ -340,16 +357,18 @@ def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> Non
     out = gm.graph.output_node()
     values, descs = list(out.args[0]), list(out.meta["desc"])
     step = {n: i for i, n in enumerate(gm.graph.nodes)}
-    inputs = {strip_prefix(n.meta["desc"].target): n for n in gm.graph.find_nodes(op="placeholder")
-              if isinstance(n.meta.get("desc"), D.ParamAOTInput)}
+    inputs = {strip_prefix(state_base(n.meta["desc"]).target): n
+              for n in gm.graph.find_nodes(op="placeholder")
+              if isinstance(state_base(n.meta.get("desc")), D.ParamAOTInput)}
     groups: dict[str, list[int]] = {}
     for j, (v, d) in enumerate(zip(values, descs)):
+        d = state_base(d)
         if (isinstance(v, fx.Node) and isinstance(d, D.GradAOTOutput)
                 and isinstance(d.grad_of, D.ParamAOTInput)):
             groups.setdefault(canon[strip_prefix(d.grad_of.target)], []).append(j)
 
     def first_use(j: int) -> int:
-        ph = inputs.get(strip_prefix(descs[j].grad_of.target))
+        ph = inputs.get(strip_prefix(state_base(descs[j]).grad_of.target))
         return min((step[u] for u in ph.users), default=0) if ph is not None else 0
 
     for slots in (s for s in groups.values() if len(s) > 2):
@@ -364,6 +383,7 @@ def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> Non
 
 def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
                 n_state: int) -> int:
+    desc = state_base(desc)  # a DTensor's local shard feeds as the DTensor's flat entry
     if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
         return state_index[canon[strip_prefix(desc.target)]]
     if isinstance(desc, D.PlainAOTInput):
@@ -413,6 +433,7 @@ def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> 
 
 
 def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
+    desc = state_base(desc)  # a DTensor gradient's local tensor is that gradient
     if isinstance(desc, D.PlainAOTOutput):
         return ("loss", 0) if desc.idx == 0 else ("ld", desc.idx - 1)
     if isinstance(desc, D.GradAOTOutput):
@@ -435,10 +456,14 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
 
 
 # -- annotation ---------------------------------------------------------------
-def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str]) -> dict[str, Any]:
+def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str], layout: DTensorLayout
+                      ) -> dict[str, Any]:
+    desc = state_base(desc)
     if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
         is_param = isinstance(desc, D.ParamAOTInput)
-        return request.state_placeholder_info(model, strip_prefix(desc.target), is_param)
+        fqn = strip_prefix(desc.target)
+        return {**request.state_placeholder_info(model, fqn, is_param),
+                **layout.placeholder_info(fqn)}
     if isinstance(desc, D.PlainAOTInput):
         return {"phase": "input", "input_path": paths[desc.idx]}
     # The loss tangent seeds the backward, like make_fx's ones_like node.
@@ -446,7 +471,8 @@ def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str]) -> dict[str
 
 
 def aot_rules(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
-              param_names: list[str], canon: dict[str, str]) -> AotRules:
+              param_names: list[str], canon: dict[str, str],
+              layout: DTensorLayout | None = None) -> AotRules:
     """Read the export's descriptors into the annotation pass's :class:`AotRules`.
 
     Args:
@@ -455,20 +481,23 @@ def aot_rules(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
         input_paths: Dotted path of each tensor input, in ``PlainAOTInput`` order.
         param_names: Trainable parameter FQNs (only their gradients are marked).
         canon: Alias FQN to the FQN ``named_parameters()`` reports.
+        layout: The model's DTensor state (its placeholders get ``dtensor`` facts).
 
     Returns:
         The AOT mode's classification.
     """
     info, tangents = {}, []
+    layout = layout or DTensorLayout()
     for node in gm.graph.find_nodes(op="placeholder"):
         desc = node.meta.get("desc")
-        info[node] = _placeholder_meta(desc, model, input_paths)
+        info[node] = _placeholder_meta(desc, model, input_paths, layout)
         if isinstance(desc, D.TangentAOTInput):
             tangents.append(node)
     trainable = set(param_names)
     out = gm.graph.output_node()
     grads = []
     for value, desc in zip(out.args[0], out.meta["desc"]):
+        desc = state_base(desc)
         if isinstance(desc, D.GradAOTOutput) and isinstance(value, fx.Node):
             name = canon.get(strip_prefix(getattr(desc.grad_of, "target", "")), "")
             if name in trainable:
