@@ -1,0 +1,178 @@
+"""mode='aot' with DTensor state: AOT's subclass descriptors mapped onto local shards.
+
+The models and shardings are those of tests/test_distributed.py (tensor parallelism with
+parallelize_module Colwise/Rowwise, and a SimpleFSDP-style parametrisation) on a fake
+world. References: eager autograd under the same fake world, the single-device eager step,
+the model's own named_parameters(), and the make_fx mode's trace of the same model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import jointlab as jl
+from jointlab.analysis.distributed import collectives
+from jointlab.errors import UnsupportedWrapperError
+from jointlab.trace.dtensor import DTensorRuntime
+from tests.test_distributed import SHARDINGS, _inputs, _reference, _sharded, _step, _tp
+from tests.util import assert_unchanged, deep_state
+
+pytest.importorskip("torch.distributed.tensor")
+KINDS = list(SHARDINGS)
+DIST = ["local_shape", "global_shape", "placement", "mesh_dim", "comm_bytes"]
+
+
+def _trace_aot(kind, world, ref=None):
+    """A sharded model, its inputs and its AOT joint; the model must stay unchanged."""
+    shard, _ = SHARDINGS[kind]
+    model, inputs = _sharded(shard, world, ref), _inputs()
+    before = deep_state(model)
+    joint = jl.trace(model, _step, inputs, mode="aot")
+    assert_unchanged(before, model)
+    return model, inputs, joint
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_aot_step_equals_eager_under_the_same_fake_world_bit_for_bit(kind):
+    with jl.fake_world(4, mesh=SHARDINGS[kind][1]) as world:
+        model, inputs, joint = _trace_aot(kind, world)
+        assert isinstance(joint.runtime, DTensorRuntime)
+        result = joint.run(model, inputs)
+        loss = _step(model, **inputs)  # eager, same fake world, same local shards
+        loss.backward()
+        params = dict(model.named_parameters())
+    assert torch.equal(result.loss, loss.detach())
+    assert list(result.grads) == list(params)
+    for fqn, p in params.items():
+        g = result.grads[fqn]
+        assert type(g) is type(p.grad) and g.placements == p.grad.placements, fqn
+        assert g.shape == p.grad.shape and g.device_mesh == p.grad.device_mesh, fqn
+        assert torch.equal(g.to_local(), p.grad.to_local()), fqn
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_aot_placeholders_are_local_shards_with_the_node_table_columns(kind):
+    with jl.fake_world(4, mesh=SHARDINGS[kind][1]) as world:
+        model, _, joint = _trace_aot(kind, world)
+        make_fx = jl.trace(model, _step, _inputs())
+        state = dict(model.named_parameters())
+        table = joint.nodes
+    # The same contract as make_fx mode: state names, trainable names, one placeholder
+    # per parameter (its local shard; the mesh is no graph input), one gradient each.
+    assert joint.state_fqns == make_fx.state_fqns and joint.param_names == make_fx.param_names
+    assert list(joint.params()) == list(state)
+    assert all(isinstance(n.meta["val"], torch.Tensor) for n in joint.placeholders)
+    grads = joint.param_grads
+    for fqn, node in joint.params().items():
+        local = state[fqn].to_local()
+        assert tuple(node.meta["val"].shape) == tuple(local.shape), fqn
+        assert tuple(grads[fqn][1].meta["val"].shape) == tuple(local.shape), fqn
+        row = table.loc[node.name]
+        assert row.local_shape == tuple(local.shape)
+        assert row.global_shape == tuple(state[fqn].shape)
+        assert row.placement == ", ".join(str(p) for p in state[fqn].placements)
+        assert row.bytes == local.numel() * local.element_size()
+        assert row[DIST].tolist() == make_fx.nodes.loc[make_fx.params()[fqn].name, DIST].tolist()
+    assert int(table.comm_bytes.sum()) == int(make_fx.nodes.comm_bytes.sum()) > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_aot_descriptors_name_each_parameter_and_its_gradient(kind):
+    with jl.fake_world(4, mesh=SHARDINGS[kind][1]) as world:
+        model, _, joint = _trace_aot(kind, world)
+        fqns = [n for n, _ in model.named_parameters()]
+    out = joint.graph.output_node()
+    desc_of = dict(zip(out.args[0], out.meta["desc"]))
+    pairs = joint.inputs_and_grads()
+    assert len(pairs) == len(fqns) + 2  # every parameter, then the inputs x and y
+    for (ph, grad), fqn in zip(pairs, fqns):
+        # torch's own descriptors: the '_local_tensor' part of this parameter, and of its grad
+        assert ph.meta["desc"].attr == "_local_tensor"
+        assert ph.meta["desc"].base.target == f"model.{fqn}"
+        assert ph.meta["jointlab"]["fqn"] == fqn
+        assert desc_of[grad].attr == "_local_tensor"
+        assert desc_of[grad].base.grad_of.target == f"model.{fqn}"
+    assert [g for _, g in pairs[len(fqns):]] == [None, None]
+    assert [p.meta["jointlab"]["input_path"] for p, _ in pairs[len(fqns):]] == ["x", "y"]
+    ((loss, tangent),) = joint.outputs_and_tangents()
+    assert desc_of[loss].idx == 0 and tangent.meta["desc"].output.idx == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_aot_collectives_equal_make_fx_ones(kind):
+    cols = ["op", "phase", "module", "mesh_dim", "bytes"]
+    with jl.fake_world(4, mesh=SHARDINGS[kind][1]) as world:
+        model, inputs, joint = _trace_aot(kind, world)
+        reference = collectives(jl.trace(model, _step, inputs))
+        table = collectives(joint)
+    assert len(table) > 0
+    assert table[cols].values.tolist() == reference[cols].values.tolist()
+    assert table.attrs["rank_classes"] == reference.attrs["rank_classes"] == ((0, 1, 2, 3),)
+    waits = {n.name for n in joint.graph.nodes if "wait_tensor" in str(n.target)}
+    assert set(table.wait) <= waits and "" not in set(table.wait)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_aot_run_all_ranks_matches_single_device_eager(kind):
+    ref = _reference()
+    with jl.fake_world(4, mesh=SHARDINGS[kind][1]) as world:
+        shard = SHARDINGS[kind][0]
+        _, inputs, joint = _trace_aot(kind, world, ref)
+        with world.all_ranks():
+            every_rank = _sharded(shard, world, ref)
+        result = jl.run_all_ranks(joint, every_rank, inputs)
+    loss = _step(ref, **inputs)
+    loss.backward()
+    assert result.ranks == (0, 1, 2, 3)
+    # Bitwise against each rank's own eager step under LocalTensorMode.
+    assert result.matches_eager == dict.fromkeys(result.ranks, True)
+    # Single-device eager sums in another order (whole matmuls instead of shards plus an
+    # all-reduce), so the gathered values agree to rounding: 1e-7 as in make_fx mode.
+    for rank in result.ranks:
+        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
+    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
+    for fqn, (_, p) in names.items():
+        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+
+
+def test_aot_replicated_dtensor_loss_is_its_value_and_a_partial_one_is_refused():
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def replicated(model, x, y):
+        out = DTensor.from_local(model(x), world.mesh["tp"], [Replicate()])
+        return F.mse_loss(out, DTensor.from_local(y, world.mesh["tp"], [Replicate()]))
+
+    def sharded(model, x, y):  # each rank's rows declared row-sharded: a Partial loss
+        out = DTensor.from_local(model(x), world.mesh["tp"], [Shard(0)])
+        return F.mse_loss(out, DTensor.from_local(y, world.mesh["tp"], [Shard(0)]))
+
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        model, inputs = _sharded(_tp, world), _inputs()
+        result = jl.trace(model, replicated, inputs, mode="aot").run(model, inputs)
+        loss = replicated(model, **inputs)
+        loss.backward()
+        assert torch.equal(result.loss, loss.to_local())
+        for fqn, p in model.named_parameters():
+            assert torch.equal(result.grads[fqn].to_local(), p.grad.to_local()), fqn
+        model.zero_grad(set_to_none=True)
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError, match=r"the loss as a DTensor placed \(P"):
+            jl.trace(model, sharded, inputs, mode="aot")
+        assert_unchanged(before, model)
+
+
+def test_aot_partial_parameter_is_refused_and_model_unchanged():
+    from torch.distributed.tensor import Partial, distribute_tensor
+
+    with jl.fake_world(4) as world:
+        model, inputs = _reference(), _inputs()
+        model.fc1.weight = nn.Parameter(
+            distribute_tensor(model.fc1.weight.data, world.mesh, [Partial()]))
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError,
+                           match="'fc1.weight' is a DTensor.*Partial parameter"):
+            jl.trace(model, _step, inputs, mode="aot")
+        assert_unchanged(before, model)
