@@ -65,7 +65,7 @@ def test_aot_placeholders_are_local_shards_with_the_node_table_columns(kind):
     assert joint.state_fqns == make_fx.state_fqns and joint.param_names == make_fx.param_names
     assert list(joint.params()) == list(state)
     assert all(isinstance(n.meta["val"], torch.Tensor) for n in joint.placeholders)
-    grads = joint.param_grads
+    grads = joint.params_and_grads()
     for fqn, node in joint.params().items():
         local = state[fqn].to_local()
         assert tuple(node.meta["val"].shape) == tuple(local.shape), fqn

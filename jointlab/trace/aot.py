@@ -197,7 +197,7 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
         The annotated graph and its layout, ``mode="aot"`` with an :class:`AotRuntime`.
     """
     refuse_subclass_state(model)
-    tensors, dyn_dims = req.tensors, req.dyn_dims
+    tensors = req.tensors
     snapshot = ModelSnapshot.take(model)
     layout = DTensorLayout.of(model)  # DTensor state: one local-shard placeholder each
     try:
