@@ -625,3 +625,24 @@ def subclass_creation_parts(meta: Any) -> tuple[Any, tuple[int, ...], tuple[int,
     if any(p is None for p in parts):
         raise unsupported("SubclassCreationMeta.meta/outer_size/outer_stride", _AOT_GRAD_META)
     return parts[0], tuple(parts[1]), tuple(parts[2])
+
+
+def opaque_real_object(obj: Any) -> Any:
+    """The Python object a traced opaque constant stands for (a DTensor's ``DeviceMesh``).
+
+    AOT lifts a mesh it meets inside the traced step (``DTensor.from_local`` in the
+    forward) as a ``FakeScriptObject`` attribute of the graph module.
+
+    Args:
+        obj: That attribute's value.
+
+    Returns:
+        The real object (``FakeScriptObject.real_obj``).
+
+    Raises:
+        UnsupportedTorchError: This torch's fake script objects do not keep it.
+    """
+    real = getattr(obj, "real_obj", None)
+    if real is None:
+        raise unsupported("FakeScriptObject.real_obj", _AOT_GRAD_META)
+    return real

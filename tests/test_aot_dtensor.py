@@ -8,6 +8,8 @@ the model's own named_parameters(), and the make_fx mode's trace of the same mod
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,12 +17,13 @@ from torch import nn
 
 import jointlab as jl
 from jointlab.analysis.distributed import collectives
-from jointlab.errors import UnsupportedWrapperError
+from jointlab.errors import BakedConstantWarning, UnsupportedWrapperError
 from jointlab.trace.dtensor import DTensorRuntime
 from tests.test_distributed import SHARDINGS, _inputs, _reference, _sharded, _step, _tp
 from tests.util import assert_unchanged, deep_state
 
-pytest.importorskip("torch.distributed.tensor")
+tensor = pytest.importorskip("torch.distributed.tensor")
+Partial, Replicate = tensor.Partial, tensor.Replicate
 KINDS = list(SHARDINGS)
 DIST = ["local_shape", "global_shape", "placement", "mesh_dim", "comm_bytes"]
 
@@ -30,7 +33,9 @@ def _trace_aot(kind, world, ref=None):
     shard, _ = SHARDINGS[kind]
     model, inputs = _sharded(shard, world, ref), _inputs()
     before = deep_state(model)
-    joint = jl.trace(model, _step, inputs, mode="aot")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BakedConstantWarning)  # no fake shard baked in
+        joint = jl.trace(model, _step, inputs, mode="aot")
     assert_unchanged(before, model)
     return model, inputs, joint
 
@@ -176,3 +181,99 @@ def test_aot_partial_parameter_is_refused_and_model_unchanged():
                            match="'fc1.weight' is a DTensor.*Partial parameter"):
             jl.trace(model, _step, inputs, mode="aot")
         assert_unchanged(before, model)
+
+
+class RowsThenShardedRows(nn.Module):
+    """Two replicated weights; the second multiplies row-sharded activations made with
+    DTensor.from_local in the forward, so eager gives it a Partial(sum) gradient whose
+    mesh AOT lifts as a graph constant (not a placeholder)."""
+
+    def __init__(self, mesh, tied: bool = False) -> None:
+        from torch.distributed.tensor import Replicate, distribute_tensor
+
+        super().__init__()
+        self.mesh = mesh
+        self.a, self.b = nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=False)
+        for lin in (self.a, self.b):
+            lin.weight = nn.Parameter(distribute_tensor(lin.weight.data, mesh, [Replicate()]))
+        if tied:
+            self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        h = DTensor.from_local(x, self.mesh, [Replicate()]) @ self.a.weight.t()
+        h = DTensor.from_local(h.to_local(), self.mesh, [Shard(0)])
+        return (h @ self.b.weight.t()).to_local()
+
+
+def test_aot_gradient_placed_unlike_its_parameter_is_wrapped_as_eager_places_it():
+    import copy
+
+    with jl.fake_world(2) as world:
+        torch.manual_seed(0)
+        model, inputs = RowsThenShardedRows(world.mesh), _inputs()
+        eager = copy.deepcopy(model)
+        before = deep_state(model)
+        joint = jl.trace(model, _step, inputs, mode="aot")
+        assert_unchanged(before, model)
+        assert not joint.graph.find_nodes(op="get_attr")  # the lifted mesh constant is gone
+        result = joint.run(model, inputs)
+        loss = _step(eager, **inputs)
+        loss.backward()
+    assert torch.equal(result.loss, loss.detach())
+    assert [p.grad.placements for p in eager.parameters()] == [
+        (Replicate(),), (Partial("sum"),)]  # the reference really differs from the params
+    for fqn, p in eager.named_parameters():
+        assert result.grads[fqn].placements == p.grad.placements, fqn
+        assert torch.equal(result.grads[fqn].to_local(), p.grad.to_local()), fqn
+
+
+def test_aot_tied_dtensor_with_alias_gradients_placed_differently_is_refused():
+    with jl.fake_world(2) as world:
+        torch.manual_seed(0)
+        model, inputs = RowsThenShardedRows(world.mesh, tied=True), _inputs()
+        assert [n for n, _ in model.named_parameters()] == ["a.weight"]
+        result = jl.trace(model, _step, inputs).run(model, inputs)  # make_fx: autograd sums
+        assert result.grads["a.weight"].placements == (Partial("sum"),)
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError,
+                           match=r"tied DTensor 'a.weight' gets a gradient placed "
+                                 r"\(Partial\(sum\),\) through its alias 'b.weight'.*"
+                                 r"mode='make_fx'"):
+            jl.trace(model, _step, inputs, mode="aot")
+        assert_unchanged(before, model)
+
+
+def test_aot_dtensor_buffers_are_updated_like_eager():
+    import copy
+
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def replicate_input(mod, args, mesh):
+        return (DTensor.from_local(args[0], mesh, [Replicate()]),)
+
+    with jl.fake_world(2) as world:
+        torch.manual_seed(0)
+        model = distribute_module(nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16)),
+                                  world.mesh, input_fn=replicate_input,
+                                  output_fn=lambda mod, out, mesh: out.to_local())
+        inputs = _inputs()
+        eager = copy.deepcopy(model)
+        joint = jl.trace(model, _step, inputs, mode="aot")
+        assert {n for n, _ in model.named_buffers()} <= set(joint.buffers())
+        result = joint.run(model, inputs)
+        loss = _step(eager, **inputs)
+        loss.backward()
+        buffers = dict(eager.named_buffers())
+    assert torch.equal(result.loss, loss.detach())
+    for fqn, p in eager.named_parameters():
+        assert torch.equal(result.grads[fqn].to_local(), p.grad.to_local()), fqn
+    for fqn, b in model.named_buffers():  # running stats: updated once, as eager did
+        assert not torch.equal(b.to_local(), _initial_buffer(fqn)), fqn
+        assert torch.equal(b.to_local(), buffers[fqn].to_local()), fqn
+
+
+def _initial_buffer(fqn: str) -> torch.Tensor:
+    fresh = nn.BatchNorm1d(16)
+    return dict(fresh.named_buffers())[fqn.split(".", 1)[1]]

@@ -300,7 +300,9 @@ def _export(model, train_fn, req, layout):
     gm.graph.set_codegen(fx.graph.CodeGen())  # public; plain positional codegen
     gm.recompile()
     if layout.state:  # one local-shard placeholder and one gradient output per DTensor
-        layout.grads.update(grad_specs(joint, gm, layout, drop_opaque_parts(gm)))
+        canon = _canonical_names(model)
+        meshes = drop_opaque_parts(gm, layout, canon)
+        layout.grads.update(grad_specs(joint, gm, meshes, canon))
     return gm, wrapper.box, fake_user, shape_env
 
 

@@ -27,7 +27,11 @@ import torch.fx as fx
 from jointlab.analysis.descriptors import D, subclass_base
 from jointlab.errors import UnsupportedWrapperError
 from jointlab.runtime import AotRuntime
-from jointlab.torch_compat import aot_grad_subclass_metas, subclass_creation_parts
+from jointlab.torch_compat import (
+    aot_grad_subclass_metas,
+    opaque_real_object,
+    subclass_creation_parts,
+)
 from jointlab.trace.dtensor import DTensorLayout, DTensorRuntime, ShardSpec, dtensor_class
 
 __all__ = ["AotDTensorRuntime", "drop_opaque_parts", "grad_specs"]
@@ -46,18 +50,28 @@ def is_opaque_part(node: fx.Node) -> bool:
     return bool(attrs) and not isinstance(node.meta.get("val"), torch.Tensor)
 
 
-def drop_opaque_parts(gm: fx.GraphModule) -> dict[Any, str]:
-    """Remove the opaque parts of DTensor state: their placeholders and the outputs passing them.
+def _is_opaque_constant(gm: fx.GraphModule, value: Any) -> bool:
+    """True for a get_attr node holding a non-tensor constant (a mesh AOT lifted)."""
+    return (isinstance(value, fx.Node) and value.op == "get_attr"
+            and not isinstance(getattr(gm, value.target, None), torch.Tensor))
+
+
+def drop_opaque_parts(gm: fx.GraphModule, layout: DTensorLayout, canon: dict[str, str]
+                      ) -> dict[Any, Any]:
+    """Remove the opaque parts of DTensor state and gradients from the graph's inputs and outputs.
 
     Args:
         gm: The AOT joint graph with plain positional codegen (edited in place).
+        layout: The traced model's DTensor state.
+        canon: Alias FQN to the FQN ``named_parameters()`` reports.
 
     Returns:
-        For each gradient whose mesh part was returned, the FQN of the DTensor
-        that mesh placeholder came from: ``{GradAOTOutput descriptor: FQN}``.
+        Each gradient's mesh, by its ``GradAOTOutput`` descriptor: the mesh of the
+        DTensor whose mesh placeholder it returned, or the mesh a lifted constant
+        stands for.
 
     Raises:
-        UnsupportedWrapperError: An opaque part is read by an op, not only returned.
+        UnsupportedWrapperError: An opaque input is read by an op, not only returned.
     """
     opaque = [n for n in gm.graph.find_nodes(op="placeholder") if is_opaque_part(n)]
     out = gm.graph.output_node()
@@ -69,39 +83,55 @@ def drop_opaque_parts(gm: fx.GraphModule) -> dict[Any, str]:
                 f"the AOT graph reads {attrs[-1]!r} of '{_fqn(base)}' in {readers[0].name} "
                 f"({readers[0].target}); jointlab feeds only the local tensor of DTensor state. "
                 "Trace with mode='make_fx' (the default), which keeps the mesh a constant.")
-    mesh_of = _gradient_meshes(out, set(opaque))
-    keep = [(v, d) for v, d in zip(out.args[0], out.meta["desc"]) if v not in opaque]
+    mesh_of, dropped = {}, set(opaque)
+    keep = []
+    for value, desc in zip(out.args[0], out.meta["desc"]):
+        base, attrs = subclass_base(desc)
+        if value in dropped:
+            fqn = canon.get(_fqn(subclass_base(value.meta["desc"])[0]), "")
+            mesh_of[base] = layout.state[fqn].mesh if fqn in layout.state else None
+        elif attrs and _is_opaque_constant(gm, value):
+            mesh_of[base] = opaque_real_object(getattr(gm, value.target))
+            dropped.add(value)
+        else:
+            keep.append((value, desc))
     out.args = ([v for v, _ in keep], *out.args[1:])
     out.meta["desc"] = [d for _, d in keep]
-    for node in opaque:
+    _erase_unread(gm, dropped)
+    return mesh_of
+
+
+def _erase_unread(gm: fx.GraphModule, nodes: set[fx.Node]) -> None:
+    """Erase the dropped placeholders and constants nothing reads any more (and their attrs)."""
+    for node in nodes:
+        if node.users:
+            continue
+        target = node.target if node.op == "get_attr" else None
         gm.graph.erase_node(node)
+        if target and not any(n.op == "get_attr" and n.target == target for n in gm.graph.nodes):
+            delattr(gm, target)
     gm.recompile()
-    return mesh_of
 
 
-def _gradient_meshes(out: fx.Node, opaque: set[fx.Node]) -> dict[Any, str]:
-    """Per gradient (its base descriptor), the FQN of the placeholder its mesh part is."""
-    mesh_of = {}
-    for value, desc in zip(out.args[0], out.meta["desc"]):
-        if value in opaque:
-            base, _ = subclass_base(desc)
-            mesh_of[base] = _fqn(subclass_base(value.meta["desc"])[0])
-    return mesh_of
-
-
-def grad_specs(export: Any, gm: fx.GraphModule, layout: DTensorLayout,
-               mesh_of: dict[Any, str]) -> dict[str, ShardSpec]:
+def grad_specs(export: Any, gm: fx.GraphModule, mesh_of: dict[Any, Any],
+               canon: dict[str, str]) -> dict[str, ShardSpec]:
     """How to wrap each local gradient output back into its DTensor, by parameter FQN.
 
     Args:
         export: The ``JointWithDescriptors`` of the export.
         gm: Its graph, opaque parts already dropped.
-        layout: The traced model's DTensor state.
         mesh_of: :func:`drop_opaque_parts`'s gradient-to-mesh map.
+        canon: Alias FQN to the FQN ``named_parameters()`` reports (tied weights).
 
     Returns:
-        A :class:`ShardSpec` per DTensor gradient, built from the export's subclass
-        metadata (placements, global size and stride) and the mesh it returned.
+        A :class:`ShardSpec` per DTensor gradient (by canonical FQN), built from the
+        export's subclass metadata (placements, global size and stride) and the mesh
+        it returned.
+
+    Raises:
+        UnsupportedWrapperError: A gradient cannot be wrapped back, or the aliases of
+            a tied DTensor get gradients of different layouts (their local tensors
+            cannot be added).
     """
     metas = {_fqn(d): m for d, m in aot_grad_subclass_metas(export)
              if isinstance(d, D.ParamAOTInput)}
@@ -113,19 +143,30 @@ def grad_specs(export: Any, gm: fx.GraphModule, layout: DTensorLayout,
             continue
         fqn = _fqn(base.grad_of)
         parts = subclass_creation_parts(metas.get(fqn))
-        mesh_fqn = mesh_of.get(base)
-        if parts is None or mesh_fqn not in layout.state:
+        mesh = mesh_of.get(base)
+        if parts is None or mesh is None:
             raise UnsupportedWrapperError(
                 f"the AOT export returned the gradient of '{fqn}' as a tensor subclass part "
                 "that jointlab cannot wrap back into a DTensor (no subclass metadata or mesh "
                 "for it). Trace with mode='make_fx' (the default).")
         ctx, size, stride = parts
-        mesh = layout.state[mesh_fqn].mesh
         local = torch.empty(tuple(value.meta["val"].shape), device="meta")
         whole = dtensor_class().__tensor_unflatten__(
             {attrs[0]: local, "device_mesh": mesh}, ctx, size, stride)
-        specs[fqn] = ShardSpec.of(fqn, whole)
+        spec = ShardSpec.of(canon.get(fqn, fqn), whole)
+        _check_same_layout(specs.setdefault(spec.fqn, spec), spec, fqn)
     return specs
+
+
+def _check_same_layout(first: ShardSpec, other: ShardSpec, alias: str) -> None:
+    """Refuse alias gradients of one tied DTensor whose local tensors do not add up."""
+    if (first.placements, first.local_shape, first.mesh) != (other.placements,
+                                                              other.local_shape, other.mesh):
+        raise UnsupportedWrapperError(
+            f"the tied DTensor '{first.fqn}' gets a gradient placed {other.placements} "
+            f"through its alias '{alias}' and {first.placements} through another; their "
+            "local tensors cannot simply be added. Trace with mode='make_fx' (the default), "
+            "where autograd sums the DTensor gradients itself.")
 
 
 class AotDTensorRuntime(DTensorRuntime):
