@@ -277,3 +277,23 @@ def test_aot_dtensor_buffers_are_updated_like_eager():
 def _initial_buffer(fqn: str) -> torch.Tensor:
     fresh = nn.BatchNorm1d(16)
     return dict(fresh.named_buffers())[fqn.split(".", 1)[1]]
+
+
+def test_aot_meta_dtensor_model_traces_like_the_cpu_one_and_run_refuses():
+    from jointlab.errors import MetaDeviceError
+    from tests.test_distributed import AllReduceMLP
+
+    cols = ["local_shape", "global_shape", "bytes", "comm_bytes"]
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        _, inputs, cpu = _trace_aot("tp", world)
+        with torch.device("meta"):
+            model = AllReduceMLP(collective=False)
+        _tp(model, world.mesh)
+        meta = jl.trace(model, _step, inputs, mode="aot")
+        # Reference: the same plan traced from real CPU weights.
+        assert meta.nodes[cols].equals(cpu.nodes[cols])
+        assert meta.memory().peak_bytes == cpu.memory().peak_bytes
+        before = deep_state(model)
+        with pytest.raises(MetaDeviceError, match="'fc1.weight' is on the meta device"):
+            meta.run(model, inputs)
+        assert_unchanged(before, model)
