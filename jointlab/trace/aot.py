@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from jointlab.analysis.descriptors import state_base
 from jointlab.core import GraphParts
-from jointlab.errors import TraceError, UnsupportedWrapperError
+from jointlab.errors import TraceError
 from jointlab.guards import fakeify, symbolic_fake_mode
 from jointlab.inputs import state_on_meta
 from jointlab.meta import TRAIN_FN
@@ -45,12 +45,19 @@ from jointlab.passes.probes import write_probes
 from jointlab.runtime import AotRuntime
 from jointlab.torch_compat import pytree, torch_attr, torch_module
 from jointlab.trace import request
-from jointlab.trace.aot_subclass import AotDTensorRuntime, drop_opaque_parts, grad_specs
+from jointlab.trace.aot_subclass import (
+    AotDTensorRuntime,
+    drop_opaque_parts,
+    grad_specs,
+    is_subclass_part,
+    refuse_subclass_state,
+    subclass_part_error,
+)
 from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
 )
-from jointlab.trace.dtensor import DTensorLayout, is_dtensor
+from jointlab.trace.dtensor import DTensorLayout
 from jointlab.trace.hf_compat import hf_tracing_compat
 from jointlab.trace.probes import module_probes
 from jointlab.trace.refusals import in_train_fn
@@ -219,61 +226,6 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
     return req.parts(gm, "aot", box, guards, runtime)
 
 
-# -- tensor subclasses (DTensor): AOT flattens each into several graph inputs ------------
-_SUBCLASS_ROUTE = (
-    "mode='aot' flattens each such tensor into its inner parts, which jointlab maps back "
-    "only for DTensor parameters and buffers, so it refuses instead of guessing. DTensor "
-    "parameters and buffers (parallelize_module, a SimpleFSDP-style parametrisation) trace "
-    "in both modes (mode='make_fx', the default, or mode='aot') inside jl.fake_world(...), "
-    "each as this rank's local shard. Pass inputs as plain (local) tensors.")
-
-
-def is_wrapper_subclass(t: Any) -> bool:
-    """True for a tensor subclass that PT2 tracing flattens (``__tensor_flatten__``)."""
-    return isinstance(t, torch.Tensor) and callable(getattr(type(t), "__tensor_flatten__", None))
-
-
-def inner_parts(t: torch.Tensor) -> list[str]:
-    """The attributes a wrapper subclass flattens into (``_local_tensor``, ``device_mesh``)."""
-    try:
-        return list(t.__tensor_flatten__()[0])
-    except Exception:  # a subclass whose flatten needs tracing state: name it without parts
-        return []
-
-
-def refuse_subclass_state(model: nn.Module) -> None:
-    """Refuse mode='aot' for parameters or buffers that are tensor subclasses other than DTensor.
-
-    Args:
-        model: The model about to be traced (not changed).
-
-    Raises:
-        UnsupportedWrapperError: A parameter or buffer is a wrapper subclass that
-            is not a DTensor.
-    """
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if is_wrapper_subclass(t) and not is_dtensor(t):
-            parts = inner_parts(t)
-            raise UnsupportedWrapperError(
-                f"'{name}' is a {type(t).__name__}"
-                + (f" (flattened into {', '.join(parts)})" if parts else "")
-                + f" and cannot be traced with mode='aot': {_SUBCLASS_ROUTE}")
-
-
-def _subclass_part_error(desc: Any, where: str) -> TraceError:
-    """The error for an AOT input or output that is one part of a tensor subclass."""
-    base, attr = desc, getattr(desc, "attr", None)
-    while hasattr(base, "base"):
-        base = base.base
-    src = getattr(base, "grad_of", base)
-    what = (f"'{strip_prefix(src.target)}'" if hasattr(src, "target") else
-            f"tensor input {src.idx}" if hasattr(src, "idx") else repr(src))
-    part = f" ({attr!r})" if attr else ""
-    return UnsupportedWrapperError(
-        f"the AOT export gave an {where} that is one part{part} of {what}, a tensor "
-        f"subclass such as a DTensor: {_SUBCLASS_ROUTE}")
-
-
 def _export(model, train_fn, req, layout):
     tensors, dyn_dims = req.tensors, req.dyn_dims
     wrapper = _TrainStep(model, train_fn, req.leaves, req.treespec)
@@ -391,7 +343,7 @@ def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
     if isinstance(desc, D.PlainAOTInput):
         return n_state + desc.idx
     if is_subclass_part(desc):
-        raise _subclass_part_error(desc, "input")
+        raise subclass_part_error(desc, "input")
     if isinstance(desc, (D.SyntheticBaseAOTInput, D.ViewBaseAOTInput)):
         raise TraceError(
             f"the AOT export produced an input jointlab cannot feed ({desc!r}). This happens "
@@ -399,15 +351,6 @@ def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
             "tensors or avoid the in-place update, or use mode='make_fx'.")
     raise TraceError(f"the AOT export produced an input jointlab cannot feed ({desc!r}); "
                      "use mode='make_fx' for this model.")
-
-
-def is_subclass_part(desc: Any) -> bool:
-    """True for an AOT descriptor of one inner part of a tensor subclass (DTensor)."""
-    kinds = tuple(getattr(D, k) for k in (
-        "SubclassGetAttrAOTInput", "SubclassSizeAOTInput", "SubclassStrideAOTInput",
-        "SubclassGetAttrAOTOutput", "SubclassSizeAOTOutput", "SubclassStrideAOTOutput")
-        if hasattr(D, k))
-    return isinstance(desc, kinds)
 
 
 def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> AotRuntime:
@@ -450,7 +393,7 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
     if desc is None:
         return ("skip", 0)
     if is_subclass_part(desc):
-        raise _subclass_part_error(desc, "output")
+        raise subclass_part_error(desc, "output")
     raise TraceError(
         f"the AOT export produced an output jointlab cannot return ({desc!r}); "
         "use mode='make_fx' for this model."

@@ -14,7 +14,9 @@ placeholder, one gradient output, both keeping torch's descriptors) and
 removes the opaque parts, which the graph only passes through to its
 outputs. The gradients' placements, global size and stride come from the
 export's own subclass metadata, so :class:`AotDTensorRuntime` wraps each
-local gradient back into the DTensor torch's runtime would build.
+local gradient back into the DTensor torch's runtime would build. Other
+tensor subclasses, and parts of DTensor inputs, are refused with the routes
+that work.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch import nn
 
 from jointlab.analysis.descriptors import D, subclass_base
 from jointlab.errors import UnsupportedWrapperError
@@ -32,9 +35,16 @@ from jointlab.torch_compat import (
     opaque_real_object,
     subclass_creation_parts,
 )
-from jointlab.trace.dtensor import DTensorLayout, DTensorRuntime, ShardSpec, dtensor_class
+from jointlab.trace.dtensor import (
+    DTensorLayout,
+    DTensorRuntime,
+    ShardSpec,
+    dtensor_class,
+    is_dtensor,
+)
 
-__all__ = ["AotDTensorRuntime", "drop_opaque_parts", "grad_specs"]
+__all__ = ["AotDTensorRuntime", "drop_opaque_parts", "grad_specs", "is_subclass_part",
+           "refuse_subclass_state", "subclass_part_error"]
 
 _PREFIX = "model."  # the AOT wrapper holds the model as ``self.model``
 
@@ -209,3 +219,67 @@ class AotDTensorRuntime(DTensorRuntime):
             spec = self.grads.get(name) or state.get(name)  # unused: zeros in the param's layout
             wrapped.append(g if spec is None else spec.wrap(g))
         return loss, wrapped, ld
+
+
+# -- refusals: other subclasses, and parts jointlab does not map ----------------------
+_SUBCLASS_ROUTE = (
+    "mode='aot' flattens each such tensor into its inner parts, which jointlab maps back "
+    "only for DTensor parameters and buffers, so it refuses instead of guessing. DTensor "
+    "parameters and buffers (parallelize_module, a SimpleFSDP-style parametrisation) trace "
+    "in both modes (mode='make_fx', the default, or mode='aot') inside jl.fake_world(...), "
+    "each as this rank's local shard. Pass inputs as plain (local) tensors.")
+
+
+def is_wrapper_subclass(t: Any) -> bool:
+    """True for a tensor subclass that PT2 tracing flattens (``__tensor_flatten__``)."""
+    return isinstance(t, torch.Tensor) and callable(getattr(type(t), "__tensor_flatten__", None))
+
+
+def inner_parts(t: torch.Tensor) -> list[str]:
+    """The attributes a wrapper subclass flattens into (``_local_tensor``, ``device_mesh``)."""
+    try:
+        return list(t.__tensor_flatten__()[0])
+    except Exception:  # a subclass whose flatten needs tracing state: name it without parts
+        return []
+
+
+def refuse_subclass_state(model: nn.Module) -> None:
+    """Refuse mode='aot' for parameters or buffers that are tensor subclasses other than DTensor.
+
+    Args:
+        model: The model about to be traced (not changed).
+
+    Raises:
+        UnsupportedWrapperError: A parameter or buffer is a wrapper subclass that
+            is not a DTensor.
+    """
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if is_wrapper_subclass(t) and not is_dtensor(t):
+            parts = inner_parts(t)
+            raise UnsupportedWrapperError(
+                f"'{name}' is a {type(t).__name__}"
+                + (f" (flattened into {', '.join(parts)})" if parts else "")
+                + f" and cannot be traced with mode='aot': {_SUBCLASS_ROUTE}")
+
+
+def subclass_part_error(desc: Any, where: str) -> UnsupportedWrapperError:
+    """The error for an AOT input or output that is one part of a tensor subclass."""
+    base, attr = desc, getattr(desc, "attr", None)
+    while hasattr(base, "base"):
+        base = base.base
+    src = getattr(base, "grad_of", base)
+    what = (f"'{_fqn(src)}'" if hasattr(src, "target") else
+            f"tensor input {src.idx}" if hasattr(src, "idx") else repr(src))
+    part = f" ({attr!r})" if attr else ""
+    return UnsupportedWrapperError(
+        f"the AOT export gave an {where} that is one part{part} of {what}, a tensor "
+        f"subclass such as a DTensor: {_SUBCLASS_ROUTE}")
+
+
+def is_subclass_part(desc: Any) -> bool:
+    """True for an AOT descriptor of one inner part of a tensor subclass (DTensor)."""
+    kinds = tuple(getattr(D, k) for k in (
+        "SubclassGetAttrAOTInput", "SubclassSizeAOTInput", "SubclassStrideAOTInput",
+        "SubclassGetAttrAOTOutput", "SubclassSizeAOTOutput", "SubclassStrideAOTOutput")
+        if hasattr(D, k))
+    return isinstance(desc, kinds)
