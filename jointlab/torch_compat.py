@@ -659,3 +659,80 @@ def fsdp_mem_tracker() -> type:
     """
     return torch_attr("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker",
                       "cross-check per-rank memory against FSDP2's own memory tracker")
+
+
+# -- mode='aot' with DTensor state: the gradients' subclass metadata ---------------------
+_AOT_GRAD_META = "wrap the AOT graph's local gradients back into DTensors"
+
+
+def aot_grad_subclass_metas(export: Any) -> list[tuple[Any, Any]]:
+    """Each flat input of an AOT joint export with its gradient's subclass metadata.
+
+    ``aot_export_joint_with_descriptors`` flattens a DTensor gradient into its
+    local tensor; how to wrap it back (placements, global size and stride) is
+    in the export's ``SubclassMeta.grad_input_metas``, one per flat input.
+
+    Args:
+        export: The ``JointWithDescriptors`` the export returned.
+
+    Returns:
+        ``(input descriptor, its gradient's creation metadata)`` per flat input
+        (a plain tensor's metadata has no ``meta``); empty without subclass inputs.
+
+    Raises:
+        UnsupportedTorchError: This torch keeps that metadata elsewhere.
+    """
+    capture = _required(export, "_aot_graph_capture", "JointWithDescriptors._aot_graph_capture",
+                        _AOT_GRAD_META)
+    state = _required(export, "_aot_state", "JointWithDescriptors._aot_state", _AOT_GRAD_META)
+    descs = _required(state, "flat_args_descs", "AOTState.flat_args_descs", _AOT_GRAD_META)
+    sub = getattr(capture, "maybe_subclass_meta", None)  # None: no subclass among the inputs
+    if sub is None:
+        return []
+    metas = _required(sub, "grad_input_metas", "SubclassMeta.grad_input_metas", _AOT_GRAD_META)
+    if len(metas) != len(descs):
+        raise unsupported("one SubclassMeta.grad_input_metas entry per flat input",
+                          _AOT_GRAD_META)
+    return list(zip(descs, metas))
+
+
+def subclass_creation_parts(meta: Any) -> tuple[Any, tuple[int, ...], tuple[int, ...]] | None:
+    """``(flatten context, outer size, outer stride)`` of a subclass creation metadata.
+
+    Args:
+        meta: One entry of :func:`aot_grad_subclass_metas`.
+
+    Returns:
+        What ``__tensor_unflatten__`` takes besides the inner tensors; None for
+        a plain tensor's metadata.
+
+    Raises:
+        UnsupportedTorchError: It is a subclass's metadata without those fields.
+    """
+    if not hasattr(meta, "original_subclass_type"):
+        return None
+    parts = [getattr(meta, a, None) for a in ("meta", "outer_size", "outer_stride")]
+    if any(p is None for p in parts):
+        raise unsupported("SubclassCreationMeta.meta/outer_size/outer_stride", _AOT_GRAD_META)
+    return parts[0], tuple(parts[1]), tuple(parts[2])
+
+
+def opaque_real_object(obj: Any) -> Any:
+    """The Python object a traced opaque constant stands for (a DTensor's ``DeviceMesh``).
+
+    AOT lifts a mesh it meets inside the traced step (``DTensor.from_local`` in the
+    forward) as a ``FakeScriptObject`` attribute of the graph module.
+
+    Args:
+        obj: That attribute's value.
+
+    Returns:
+        The real object (``FakeScriptObject.real_obj``).
+
+    Raises:
+        UnsupportedTorchError: This torch's fake script objects do not keep it.
+    """
+    real = getattr(obj, "real_obj", None)
+    if real is None:
+        raise unsupported("FakeScriptObject.real_obj", _AOT_GRAD_META)
+    return real

@@ -170,16 +170,6 @@ def tensor_parallel(model: nn.Module, mesh) -> nn.Module:
     return parallelize_module(model, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
 
 
-@pytest.fixture
-def no_dtensor_precheck(monkeypatch):
-    """Let DTensor state reach the AOT exporter (the mode-independent pre-check refuses it
-    today; the make_fx local-shard route lifts that pre-check for make_fx)."""
-    import importlib
-
-    tracer = importlib.import_module("jointlab.trace.tracer")
-    monkeypatch.setattr(tracer, "refuse_unsupported_wrappers", lambda model, *args: None)
-
-
 def _aot_refusal(model, x, y) -> str:
     """The message of the refusal of an AOT trace; the model must stay unchanged."""
     before = deep_state(model)
@@ -189,13 +179,38 @@ def _aot_refusal(model, x, y) -> str:
     return str(info.value)
 
 
-def test_aot_with_dtensor_parameters_is_refused_naming_make_fx(no_dtensor_precheck):
+def test_aot_with_dtensor_parameters_traces_local_shards_named_by_their_fqn():
+    from torch.distributed.tensor import DTensor
+
     with jl.fake_world(2) as world:
         torch.manual_seed(0)
         model = tensor_parallel(TinyMLP(), world.mesh)
-        msg = _aot_refusal(model, torch.randn(8, 16), torch.randn(8, 16))
-    assert "'fc1.weight' is a DTensor (flattened into _local_tensor, device_mesh)" in msg
-    assert "mode='make_fx'" in msg and "alias" not in msg
+        inputs = {"x": torch.randn(8, 16), "y": torch.randn(8, 16)}
+        before = deep_state(model)
+        joint = jl.trace(model, mse, inputs, mode="aot")
+        assert_unchanged(before, model)
+        state = dict(model.named_parameters())
+    # Reference: each DTensor's own local shard. One placeholder per DTensor (its mesh is
+    # not a graph input), described by torch as the '_local_tensor' part of that parameter.
+    assert list(joint.params()) == list(state)
+    for fqn, node in joint.params().items():
+        assert isinstance(state[fqn], DTensor)
+        assert tuple(node.meta["val"].shape) == tuple(state[fqn].to_local().shape)
+        assert node.meta["desc"].attr == "_local_tensor"
+        assert node.meta["desc"].base.target == f"model.{fqn}"
+    assert not [n for n in joint.placeholders if not isinstance(n.meta["val"], torch.Tensor)]
+
+
+def test_aot_with_other_subclass_parameters_is_refused_naming_dtensor():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    torch.manual_seed(0)
+    model = TinyMLP()
+    w = model.fc1.weight.detach()
+    model.fc1.weight = nn.Parameter(TwoTensor(w.clone(), w.clone()))
+    msg = _aot_refusal(model, torch.randn(8, 16), torch.randn(8, 16))
+    assert "'fc1.weight' is a TwoTensor (flattened into a, b)" in msg
+    assert "maps back only for DTensor parameters and buffers" in msg and "alias" not in msg
 
 
 def test_aot_subclass_input_descriptor_is_named_not_blamed_on_aliasing():
@@ -206,6 +221,7 @@ def test_aot_subclass_input_descriptor_is_named_not_blamed_on_aliasing():
         x = DTensor.from_local(torch.randn(8, 16), world.mesh, [Replicate()])
         msg = _aot_refusal(LocalInputMLP(), x, torch.randn(8, 16))
     assert "input that is one part ('_local_tensor') of tensor input 0" in msg
-    assert "mode='make_fx'" in msg and "alias" not in msg
-    # make_fx traces DTensor state, not DTensor inputs: the message must not send inputs there.
+    assert "alias" not in msg
+    # Both modes trace DTensor state, not DTensor inputs: the message must say so.
+    assert "trace in both modes (mode='make_fx', the default, or mode='aot')" in msg
     assert "Pass inputs as plain (local) tensors" in msg

@@ -10,7 +10,11 @@ four queries on any :class:`~jointlab.JointGraph`:
   (``phase``, ``fqn``, ``grad_of``, ``zero_grad``), since that graph has no
   descriptors.
 
-Both answer with graph nodes, keyed and ordered the same way.
+Both answer with graph nodes, keyed and ordered the same way. With DTensor
+state, AOT describes each placeholder as one part of its DTensor
+(``SubclassGetAttrAOTInput(base=ParamAOTInput(...), attr='_local_tensor')``)
+and each gradient as that part of the gradient; :func:`state_base` reads
+through those, so the queries name the DTensor's FQN.
 """
 
 from __future__ import annotations
@@ -29,6 +33,50 @@ if TYPE_CHECKING:
 
 Pair = tuple[fx.Node, "fx.Node | None"]
 _INPUT_PHASES = ("param", "buffer", "input")
+
+
+def _part_kinds() -> tuple[type, ...]:
+    return tuple(getattr(D, k) for k in ("SubclassGetAttrAOTInput", "SubclassGetAttrAOTOutput")
+                 if hasattr(D, k))
+
+
+def subclass_base(desc: Any) -> tuple[Any, list[str]]:
+    """The descriptor a tensor-subclass part belongs to, and the attributes leading to it.
+
+    Args:
+        desc: A placeholder's or output's ``meta["desc"]``.
+
+    Returns:
+        ``(outermost non-part descriptor, [attr, ...] outer to inner)``; ``(desc, [])``
+        when ``desc`` is not a subclass part.
+    """
+    attrs: list[str] = []
+    kinds = _part_kinds()
+    while kinds and isinstance(desc, kinds):
+        attrs.insert(0, desc.attr)
+        desc = desc.base
+    return desc, attrs
+
+
+def is_state_or_grad(desc: Any) -> bool:
+    """True for a parameter, buffer, gradient or state-mutation descriptor."""
+    return isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput, D.GradAOTOutput,
+                             D.InputMutationAOTOutput))
+
+
+def state_base(desc: Any) -> Any:
+    """``desc``, or for one inner part of DTensor state or gradient, the descriptor of the whole.
+
+    Args:
+        desc: A placeholder's or output's ``meta["desc"]``.
+
+    Returns:
+        The base descriptor (``ParamAOTInput``, ``GradAOTOutput``, ...) of a
+        one-level part of a parameter, buffer or gradient; else ``desc`` itself
+        (a part of a plain input stays a part).
+    """
+    base, attrs = subclass_base(desc)
+    return base if len(attrs) == 1 and is_state_or_grad(base) else desc
 
 
 def has_descriptors(joint: TracedGraph) -> bool:
@@ -95,11 +143,12 @@ def inputs_and_grads(joint: TracedGraph) -> list[Pair]:
         its partial gradient.
     """
     if has_descriptors(joint):
-        grads = {d.grad_of: n for n, d in _outputs(joint)
+        outs = [(n, state_base(d)) for n, d in _outputs(joint)]
+        grads = {d.grad_of: n for n, d in outs
                  if isinstance(d, D.GradAOTOutput) and isinstance(n, fx.Node)}
-        return [(n, grads.get(n.meta["desc"])) for n in joint.placeholders
-                if isinstance(n.meta.get("desc"), (D.ParamAOTInput, D.BufferAOTInput,
-                                                   D.PlainAOTInput))]
+        return [(n, grads.get(state_base(n.meta["desc"]))) for n in joint.placeholders
+                if isinstance(state_base(n.meta.get("desc")),
+                              (D.ParamAOTInput, D.BufferAOTInput, D.PlainAOTInput))]
     if (rt := _aot_plan(joint)) is not None:
         return _plan_inputs_and_grads(joint, rt)
     outs = [n for n, _ in _outputs(joint)]
@@ -138,7 +187,7 @@ def outputs_and_tangents(joint: TracedGraph) -> list[Pair]:
 def _state(joint: TracedGraph, phase: str, desc_type: type) -> dict[str, fx.Node]:
     if has_descriptors(joint):
         return {info(n)["fqn"]: n for n in joint.placeholders
-                if isinstance(n.meta.get("desc"), desc_type)}
+                if isinstance(state_base(n.meta.get("desc")), desc_type)}
     return {info(n)["fqn"]: n for n in joint.placeholders if info(n).get("phase") == phase}
 
 

@@ -11,6 +11,11 @@ reads those descriptors once at trace time and builds:
   graph's arguments (tied aliases, the loss tangent) and maps its outputs back
   (buffer mutations copied into the live model, alias gradients summed).
 
+DTensor parameters and buffers reach the export as they are; AOT flattens
+each into its parts, and :mod:`jointlab.trace.aot_subclass` keeps one
+local-shard placeholder and one gradient output per DTensor, with an
+:class:`~jointlab.trace.aot_subclass.AotDTensorRuntime` around the plan.
+
 The export runs inside an ``ExitStack`` that holds a fake mode; the graph is
 taken out and the stack closed before anything touches real tensors again.
 """
@@ -28,8 +33,9 @@ from torch import nn
 from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
 
+from jointlab.analysis.descriptors import state_base
 from jointlab.core import GraphParts
-from jointlab.errors import TraceError, UnsupportedWrapperError
+from jointlab.errors import TraceError
 from jointlab.guards import fakeify, symbolic_fake_mode
 from jointlab.inputs import state_on_meta
 from jointlab.meta import TRAIN_FN
@@ -39,10 +45,19 @@ from jointlab.passes.probes import write_probes
 from jointlab.runtime import AotRuntime
 from jointlab.torch_compat import pytree, torch_attr, torch_module
 from jointlab.trace import request
+from jointlab.trace.aot_subclass import (
+    AotDTensorRuntime,
+    drop_opaque_parts,
+    grad_specs,
+    is_subclass_part,
+    refuse_subclass_state,
+    subclass_part_error,
+)
 from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
 )
+from jointlab.trace.dtensor import DTensorLayout
 from jointlab.trace.hf_compat import hf_tracing_compat
 from jointlab.trace.probes import module_probes
 from jointlab.trace.refusals import in_train_fn
@@ -89,8 +104,10 @@ class _TrainStep(nn.Module):
             loss, loss_dict = request.split_loss(self._train_fn(self.model, **kwargs))
         request.check_loss(loss)
         self.box.record(loss_dict)
-        vals = [v.detach() for v in loss_dict.values() if isinstance(v, torch.Tensor)]
-        return (loss, *vals)
+        plain = DTensorLayout().plain_output  # a replicated DTensor loss: its local value
+        vals = [plain(f"loss_dict[{k!r}]", v).detach() for k, v in loss_dict.items()
+                if isinstance(v, torch.Tensor)]
+        return (plain("the loss", loss), *vals)
 
 
 class _SourceMode(TorchFunctionMode):
@@ -187,81 +204,31 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
         The annotated graph and its layout, ``mode="aot"`` with an :class:`AotRuntime`.
     """
     refuse_subclass_state(model)
-    tensors, dyn_dims = req.tensors, req.dyn_dims
+    tensors = req.tensors
     snapshot = ModelSnapshot.take(model)
+    layout = DTensorLayout.of(model)  # DTensor state: one local-shard placeholder each
     try:
         with module_probes(model) as probes:
-            gm, box, fake_user, shape_env = _export(model, train_fn, req.leaves, req.treespec,
-                                                    tensors, dyn_dims)
+            gm, box, fake_user, shape_env = _export(model, train_fn, req, layout)
         guards = req.guards(shape_env, fake_user)
     finally:
         snapshot.restore()
 
     canon = _canonical_names(model)
     sum_alias_grads_like_eager(gm, canon)
-    runtime = _build_runtime(gm, req.state_spec.fqns, req.param_names, canon, box)
-    annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon))
+    fqns = list(req.state_spec.fqns)
+    runtime: Any = _build_runtime(gm, fqns, req.param_names, canon, box)
+    if layout.state:
+        runtime = AotDTensorRuntime(runtime, [layout.state.get(n) for n in fqns],
+                                    dict(layout.grads))
+    annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon, layout))
     write_probes(gm, probes.outputs, probes.grads)
     return req.parts(gm, "aot", box, guards, runtime)
 
 
-# -- tensor subclasses (DTensor): AOT flattens each into several graph inputs ------------
-_SUBCLASS_ROUTE = (
-    "mode='aot' flattens each such tensor into its inner parts (a DTensor into its local "
-    "shard and its device mesh: two graph inputs and two gradient outputs), which jointlab "
-    "cannot yet feed, annotate or map back to the tensor they came from, so it refuses instead of "
-    "guessing. For DTensor parameters and buffers (parallelize_module, a SimpleFSDP-style "
-    "parametrisation), trace with mode='make_fx' (the default) inside jl.fake_world(...): it "
-    "traces each one as this rank's local shard. Pass inputs as plain (local) tensors.")
-
-
-def is_wrapper_subclass(t: Any) -> bool:
-    """True for a tensor subclass that PT2 tracing flattens (``__tensor_flatten__``)."""
-    return isinstance(t, torch.Tensor) and callable(getattr(type(t), "__tensor_flatten__", None))
-
-
-def inner_parts(t: torch.Tensor) -> list[str]:
-    """The attributes a wrapper subclass flattens into (``_local_tensor``, ``device_mesh``)."""
-    try:
-        return list(t.__tensor_flatten__()[0])
-    except Exception:  # a subclass whose flatten needs tracing state: name it without parts
-        return []
-
-
-def refuse_subclass_state(model: nn.Module) -> None:
-    """Refuse mode='aot' for parameters or buffers that are tensor subclasses (DTensor).
-
-    Args:
-        model: The model about to be traced (not changed).
-
-    Raises:
-        UnsupportedWrapperError: A parameter or buffer is a wrapper subclass.
-    """
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if is_wrapper_subclass(t):
-            parts = inner_parts(t)
-            raise UnsupportedWrapperError(
-                f"'{name}' is a {type(t).__name__}"
-                + (f" (flattened into {', '.join(parts)})" if parts else "")
-                + f" and cannot be traced with mode='aot': {_SUBCLASS_ROUTE}")
-
-
-def _subclass_part_error(desc: Any, where: str) -> TraceError:
-    """The error for an AOT input or output that is one part of a tensor subclass."""
-    base, attr = desc, getattr(desc, "attr", None)
-    while hasattr(base, "base"):
-        base = base.base
-    src = getattr(base, "grad_of", base)
-    what = (f"'{strip_prefix(src.target)}'" if hasattr(src, "target") else
-            f"tensor input {src.idx}" if hasattr(src, "idx") else repr(src))
-    part = f" ({attr!r})" if attr else ""
-    return UnsupportedWrapperError(
-        f"the AOT export gave an {where} that is one part{part} of {what}, a tensor "
-        f"subclass such as a DTensor: {_SUBCLASS_ROUTE}")
-
-
-def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
-    wrapper = _TrainStep(model, train_fn, leaves, treespec)
+def _export(model, train_fn, req, layout):
+    tensors, dyn_dims = req.tensors, req.dyn_dims
+    wrapper = _TrainStep(model, train_fn, req.leaves, req.treespec)
     on_meta = state_on_meta(model)
     args = [t.detach().to("meta") if on_meta else t.detach() for _, t in tensors]
     fake_user: list[tuple[str, torch.Tensor]] = []
@@ -284,6 +251,10 @@ def _export(model, train_fn, leaves, treespec, tensors, dyn_dims):
     _drop_unrequested_input_grads(gm, [t.requires_grad for _, t in tensors])
     gm.graph.set_codegen(fx.graph.CodeGen())  # public; plain positional codegen
     gm.recompile()
+    if layout.state:  # one local-shard placeholder and one gradient output per DTensor
+        canon = _canonical_names(model)
+        meshes = drop_opaque_parts(gm, layout, canon)
+        layout.grads.update(grad_specs(joint, gm, meshes, canon))
     return gm, wrapper.box, fake_user, shape_env
 
 
@@ -340,16 +311,18 @@ def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> Non
     out = gm.graph.output_node()
     values, descs = list(out.args[0]), list(out.meta["desc"])
     step = {n: i for i, n in enumerate(gm.graph.nodes)}
-    inputs = {strip_prefix(n.meta["desc"].target): n for n in gm.graph.find_nodes(op="placeholder")
-              if isinstance(n.meta.get("desc"), D.ParamAOTInput)}
+    inputs = {strip_prefix(state_base(n.meta["desc"]).target): n
+              for n in gm.graph.find_nodes(op="placeholder")
+              if isinstance(state_base(n.meta.get("desc")), D.ParamAOTInput)}
     groups: dict[str, list[int]] = {}
     for j, (v, d) in enumerate(zip(values, descs)):
+        d = state_base(d)
         if (isinstance(v, fx.Node) and isinstance(d, D.GradAOTOutput)
                 and isinstance(d.grad_of, D.ParamAOTInput)):
             groups.setdefault(canon[strip_prefix(d.grad_of.target)], []).append(j)
 
     def first_use(j: int) -> int:
-        ph = inputs.get(strip_prefix(descs[j].grad_of.target))
+        ph = inputs.get(strip_prefix(state_base(descs[j]).grad_of.target))
         return min((step[u] for u in ph.users), default=0) if ph is not None else 0
 
     for slots in (s for s in groups.values() if len(s) > 2):
@@ -364,12 +337,13 @@ def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> Non
 
 def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
                 n_state: int) -> int:
+    desc = state_base(desc)  # a DTensor's local shard feeds as the DTensor's flat entry
     if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
         return state_index[canon[strip_prefix(desc.target)]]
     if isinstance(desc, D.PlainAOTInput):
         return n_state + desc.idx
     if is_subclass_part(desc):
-        raise _subclass_part_error(desc, "input")
+        raise subclass_part_error(desc, "input")
     if isinstance(desc, (D.SyntheticBaseAOTInput, D.ViewBaseAOTInput)):
         raise TraceError(
             f"the AOT export produced an input jointlab cannot feed ({desc!r}). This happens "
@@ -377,15 +351,6 @@ def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
             "tensors or avoid the in-place update, or use mode='make_fx'.")
     raise TraceError(f"the AOT export produced an input jointlab cannot feed ({desc!r}); "
                      "use mode='make_fx' for this model.")
-
-
-def is_subclass_part(desc: Any) -> bool:
-    """True for an AOT descriptor of one inner part of a tensor subclass (DTensor)."""
-    kinds = tuple(getattr(D, k) for k in (
-        "SubclassGetAttrAOTInput", "SubclassSizeAOTInput", "SubclassStrideAOTInput",
-        "SubclassGetAttrAOTOutput", "SubclassSizeAOTOutput", "SubclassStrideAOTOutput")
-        if hasattr(D, k))
-    return isinstance(desc, kinds)
 
 
 def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> AotRuntime:
@@ -413,6 +378,7 @@ def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> 
 
 
 def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
+    desc = state_base(desc)  # a DTensor gradient's local tensor is that gradient
     if isinstance(desc, D.PlainAOTOutput):
         return ("loss", 0) if desc.idx == 0 else ("ld", desc.idx - 1)
     if isinstance(desc, D.GradAOTOutput):
@@ -427,7 +393,7 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
     if desc is None:
         return ("skip", 0)
     if is_subclass_part(desc):
-        raise _subclass_part_error(desc, "output")
+        raise subclass_part_error(desc, "output")
     raise TraceError(
         f"the AOT export produced an output jointlab cannot return ({desc!r}); "
         "use mode='make_fx' for this model."
@@ -435,10 +401,14 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
 
 
 # -- annotation ---------------------------------------------------------------
-def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str]) -> dict[str, Any]:
+def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str], layout: DTensorLayout
+                      ) -> dict[str, Any]:
+    desc = state_base(desc)
     if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
         is_param = isinstance(desc, D.ParamAOTInput)
-        return request.state_placeholder_info(model, strip_prefix(desc.target), is_param)
+        fqn = strip_prefix(desc.target)
+        return {**request.state_placeholder_info(model, fqn, is_param),
+                **layout.placeholder_info(fqn)}
     if isinstance(desc, D.PlainAOTInput):
         return {"phase": "input", "input_path": paths[desc.idx]}
     # The loss tangent seeds the backward, like make_fx's ones_like node.
@@ -446,7 +416,8 @@ def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str]) -> dict[str
 
 
 def aot_rules(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
-              param_names: list[str], canon: dict[str, str]) -> AotRules:
+              param_names: list[str], canon: dict[str, str],
+              layout: DTensorLayout | None = None) -> AotRules:
     """Read the export's descriptors into the annotation pass's :class:`AotRules`.
 
     Args:
@@ -455,20 +426,23 @@ def aot_rules(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
         input_paths: Dotted path of each tensor input, in ``PlainAOTInput`` order.
         param_names: Trainable parameter FQNs (only their gradients are marked).
         canon: Alias FQN to the FQN ``named_parameters()`` reports.
+        layout: The model's DTensor state (its placeholders get ``dtensor`` facts).
 
     Returns:
         The AOT mode's classification.
     """
     info, tangents = {}, []
+    layout = layout or DTensorLayout()
     for node in gm.graph.find_nodes(op="placeholder"):
         desc = node.meta.get("desc")
-        info[node] = _placeholder_meta(desc, model, input_paths)
+        info[node] = _placeholder_meta(desc, model, input_paths, layout)
         if isinstance(desc, D.TangentAOTInput):
             tangents.append(node)
     trainable = set(param_names)
     out = gm.graph.output_node()
     grads = []
     for value, desc in zip(out.args[0], out.meta["desc"]):
+        desc = state_base(desc)
         if isinstance(desc, D.GradAOTOutput) and isinstance(value, fx.Node):
             name = canon.get(strip_prefix(getattr(desc.grad_of, "target", "")), "")
             if name in trainable:

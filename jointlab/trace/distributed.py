@@ -73,14 +73,15 @@ def refuse_dtensor_state(model: nn.Module, mode: str = "make_fx", dynamic: bool 
                          ) -> None:
     """Raise :class:`UnsupportedWrapperError` for DTensor state jointlab cannot trace honestly.
 
-    make_fx mode traces DTensor parameters and buffers as their local shards
-    (:mod:`jointlab.trace.dtensor`). Refused: the AOT mode (its subclass
-    descriptors are not mapped yet), dynamic shapes with DTensor state, and
-    ``Partial`` parameters or buffers (their local tensor is not a shard of the value).
+    Both modes trace DTensor parameters and buffers as their local shards
+    (make_fx: :mod:`jointlab.trace.dtensor`; AOT: :mod:`jointlab.trace.aot_subclass`).
+    Refused in both: dynamic shapes with DTensor state, ``Partial`` parameters or
+    buffers (their local tensor is not a shard of the value), and one tensor
+    dimension sharded over several mesh dimensions.
 
     Args:
         model: The model about to be traced (not changed).
-        mode: The tracing mode.
+        mode: The tracing mode (named in the messages).
         dynamic: Whether some input dims are symbolic.
 
     Raises:
@@ -90,16 +91,11 @@ def refuse_dtensor_state(model: nn.Module, mode: str = "make_fx", dynamic: bool 
         if not is_dtensor(t):
             continue
         where = f"'{name}' is a DTensor ({t.placements} on a {tuple(t.device_mesh.shape)} mesh)"
-        if mode != "make_fx":
-            raise UnsupportedWrapperError(
-                f"{where}; mode={mode!r} cannot trace DTensor state yet (its subclass inputs "
-                "are not mapped to local shards). Trace it with mode='make_fx' (the default) "
-                "inside jl.fake_world(...), which traces each DTensor parameter or buffer as "
-                "this rank's local shard, or trace the unsharded model.")
         if dynamic:
             raise UnsupportedWrapperError(
-                f"{where}; dynamic shapes with DTensor state are not supported. Trace with "
-                "static shapes (dynamic=False, no dynamic_arg_dims).")
+                f"{where}; dynamic shapes with DTensor state are not supported (mode={mode!r}). "
+                "Trace with static shapes (dynamic=False, no dynamic_arg_dims), in "
+                "mode='make_fx' or mode='aot'.")
         if any(p.is_partial() for p in t.placements):
             raise UnsupportedWrapperError(
                 f"{where}; a Partial parameter or buffer holds a partial sum, not a shard of "
