@@ -76,8 +76,8 @@ def test_fsdp2_fully_shard_is_refused_and_model_unchanged(fake_world, mode):
     with pytest.raises(UnsupportedWrapperError, match="module 'fc1'.*FSDP2 fully_shard") as info:
         jl.trace(model, _step, {"x": x, "y": y}, mode=mode)
     assert "parallelize_module" in str(info.value) and "SimpleFSDP" in str(info.value)
-    # The DTensor route works in make_fx mode only; the message must say so (also for mode='aot').
-    assert "mode='make_fx'" in str(info.value)
+    # The DTensor route works in both modes; the message names them.
+    assert "mode='make_fx' or mode='aot'" in str(info.value)
     assert_unchanged(before, model)
 
 
@@ -627,3 +627,46 @@ def test_padded_shard_storage_of_a_short_last_rank_is_counted():
     assert held > sum(t.numel() * t.element_size() for t in locals_)
     life = joint.memory().lifetimes
     assert life.loc[life.category == "param", "bytes"].sum() == held
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+@pytest.mark.parametrize("kind", list(SHARDINGS))
+def test_compare_judges_dtensor_graphs_by_local_shards_and_finds_an_edit(kind, mode):
+    shard, mesh = SHARDINGS[kind]
+    with jl.fake_world(4, mesh=mesh) as world:
+        model, inputs = _sharded(shard, world), _inputs()
+        before = deep_state(model)
+        joint = jl.trace(model, _step, inputs, mode=mode)
+        comp = jl.compare(joint, model, inputs)
+        assert comp.verdict == "bit-exact", comp
+        assert any("local shards" in n for n in comp.notes)
+        # Reference: eager's own gradients on this rank, as local shards.
+        loss = _step(model, **inputs)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        res = joint.run(model, inputs)
+        for (fqn, _), g in zip(model.named_parameters(), grads):
+            assert torch.equal(res.grads[fqn].to_local(), g.to_local())
+        # An edited graph must not pass: scale the first forward matmul's output.
+        node = next(n for n in joint.graph.nodes
+                    if n.op == "call_function" and jl.meta.op_name(n) in ("mm", "addmm"))
+        with joint.graph.inserting_after(node):
+            scaled = joint.graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.5))
+        node.replace_all_uses_with(scaled, delete_user_cb=lambda u: u is not scaled)
+        joint.recompute()
+        bad = jl.compare(joint, model, inputs)
+        assert bad.verdict == "MISMATCH" and bad.first_divergence is not None
+        assert_unchanged(before, model)
+
+
+def test_placement_mismatch_of_gradients_is_named():
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from jointlab.analysis.compare.capture import placement_mismatches
+
+    with jl.fake_world(2) as world:
+        t = torch.randn(4, 4)
+        rep, sh = distribute_tensor(t, world.mesh, [Replicate()]), distribute_tensor(
+            t, world.mesh, [Shard(0)])
+        assert placement_mismatches({"w": rep}, {"w": rep}) == []
+        assert placement_mismatches({"w": rep}, {"w": sh})[0].startswith("w (graph")
+        assert placement_mismatches({"w": rep.to_local()}, {"w": sh}) != []

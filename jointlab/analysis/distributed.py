@@ -141,7 +141,7 @@ class AllRanksResult:
 def _check_dtensor_graph(joint: TracedGraph) -> None:
     if not isinstance(joint.runtime, DTensorRuntime):
         raise StateMismatchError(
-            "jl.run_all_ranks runs a graph traced from DTensor state (make_fx mode); this "
+            "jl.run_all_ranks runs a graph traced from DTensor state (either mode); this "
             "graph has none. Use joint.run(model, inputs).")
 
 
@@ -180,7 +180,7 @@ def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dic
     collectives). There, buffer updates go to per-rank copies, not to ``model``.
 
     Args:
-        joint: A make_fx graph traced from DTensor state inside ``jl.fake_world``,
+        joint: A graph traced from DTensor state (either mode) inside ``jl.fake_world``,
             or the :class:`RankGraphs` of ``jl.trace_ranks``.
         model: The same model, built and sharded inside ``world.all_ranks()`` so
             its DTensors hold every rank's shard.

@@ -6,7 +6,8 @@ storages in forward/backward hooks, outside autograd. A make_fx trace of it
 process when run, so it is refused with the routes that work: DTensor
 parameters (``parallelize_module`` tensor parallelism, or a SimpleFSDP-style
 parametrisation whose all-gathers are ordinary ops in the forward), which
-make_fx mode traces as local shards (:mod:`jointlab.trace.dtensor`).
+both modes trace as local shards (make_fx: :mod:`jointlab.trace.dtensor`;
+AOT: :mod:`jointlab.trace.aot_subclass`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def refuse_unsupported_wrappers(model: nn.Module, mode: str = "make_fx",
 
     Args:
         model: The model about to be traced (not changed).
-        mode: The tracing mode (DTensor state is traced in make_fx mode only).
+        mode: The tracing mode (both trace DTensor state as local shards).
         dynamic: Whether some input dims are symbolic.
 
     Raises:
@@ -64,7 +65,7 @@ def refuse_unsupported_wrappers(model: nn.Module, mode: str = "make_fx",
                     "shard with DTensor parameters instead (tensor parallelism with "
                     "torch.distributed.tensor.parallel.parallelize_module, or a "
                     "SimpleFSDP-style parametrisation: all-gathers as ops in the forward) "
-                    "inside jl.fake_world(...), and trace in mode='make_fx' (the default), "
+                    "inside jl.fake_world(...), and trace it (mode='make_fx' or mode='aot'), "
                     "which traces each DTensor parameter as this rank's local shard.")
     refuse_dtensor_state(model, mode, dynamic)
 

@@ -6,6 +6,11 @@ they are returned) and tensor hooks on those outputs (recording the gradient
 that reaches them in backward). Values are keyed ``(module fqn, call index,
 output leaf)``, exactly as the tracer's probes (:mod:`jointlab.trace.probes`) key
 the graph nodes that hold the same values, so pairing needs no guessing.
+
+A graph traced from DTensor state computes this rank's local shards, so a
+DTensor value of either side is compared as its local tensor
+(:func:`local_values`), and the placements of the two sides' gradients must
+agree (:func:`placement_mismatches`) for those shards to be the same slice.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from torch import nn
 
 from jointlab import meta as _meta
 from jointlab.torch_compat import pytree
+from jointlab.trace.dtensor import is_dtensor
 from jointlab.trace.probes import tensor_leaves
 from jointlab.trace.request import split_loss
 
@@ -43,6 +49,32 @@ def to_device(tree: Any, device: torch.device | None) -> Any:
     if device is None:
         return tree
     return pytree.tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, tree)
+
+
+def local_values(tree: Any) -> Any:
+    """``tree`` with every DTensor leaf replaced by this rank's local tensor."""
+    return pytree.tree_map(lambda v: v.to_local() if is_dtensor(v) else v, tree)
+
+
+def placement_mismatches(graph_grads: dict[str, Any], eager_grads: dict[str, Any]
+                         ) -> list[str]:
+    """Gradients whose DTensor placements differ between the graph and eager.
+
+    Their local tensors are different slices (or partial sums) of the value, so
+    comparing them would report a mismatch that is not one, or hide one.
+    """
+    bad = []
+    for name, got in graph_grads.items():
+        want = eager_grads.get(name)
+        if is_dtensor(got) != is_dtensor(want) and want is not None:
+            bad.append(f"{name} (graph {_placement(got)}, eager {_placement(want)})")
+        elif is_dtensor(got) and tuple(got.placements) != tuple(want.placements):
+            bad.append(f"{name} (graph {_placement(got)}, eager {_placement(want)})")
+    return bad
+
+
+def _placement(t: Any) -> str:
+    return str(tuple(t.placements)) if is_dtensor(t) else "a plain tensor"
 
 
 def _grad_hook(grads: dict[Key, torch.Tensor], key: Key):
@@ -97,8 +129,8 @@ def capture_eager(model: nn.Module, train_fn: Any, inputs: dict[str, Any],
         loss_dict={k: v.detach() if isinstance(v, torch.Tensor) else v
                    for k, v in loss_dict.items()},
         buffers={k: v.detach().clone() for k, v in model.named_buffers()},
-        outputs=cap["outputs"],
-        output_grads=cap["output_grads"],
+        outputs=local_values(cap["outputs"]),
+        output_grads=local_values(cap["output_grads"]),
         calls=cap["calls"],
     )
 

@@ -34,6 +34,8 @@ from jointlab.analysis.compare.capture import (
     EagerCapture,
     Probe,
     capture_eager,
+    local_values,
+    placement_mismatches,
     probe_pairs,
     to_device,
 )
@@ -53,6 +55,7 @@ from jointlab.analysis.compare.result import Divergence as Divergence
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompareError
+from jointlab.trace.dtensor import is_dtensor
 from jointlab.trace.refusals import torch_errors
 
 __all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
@@ -188,6 +191,7 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         else:
             out, bufs = _run_compiled(cand, model, inputs, seed, dev)
         results[name] = (out, bufs)
+    results, eager, shard_note = _local_shards(results, eager)
     drift = layout_drift(graph, runner) if runner is not None else []
     exact = exact and not (defaulted and drift)
     tol = Tolerance(rtol, atol, exact, compute_dtype(graph))
@@ -195,7 +199,7 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     checks = divergence_checks(graph, eager, probes)
     first = first_divergence(graph, runner, checks, tol)
     inexact = first_divergence(graph, runner, checks, Tolerance(exact=True))
-    notes = _drift_notes(drift) + tol.reasons(graph, {dev.type})
+    notes = shard_note + _drift_notes(drift) + tol.reasons(graph, {dev.type})
     if exact and first is not None and close_by_dtype(runner, graph, checks, first, loose):
         notes.append(f"{first.node} differs by max rel err {first.max_rel_err:.3g}, within "
                      "dtype tolerance: a reordered reduction would look like this too, so "
@@ -212,6 +216,35 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
                and hasattr(cands[name], "first_diverging_kernel")}
     return dataclasses.replace(comp, kernels=kernels) if kernels else comp
 
+
+
+def _local_shards(results: dict[str, tuple], eager: EagerCapture
+                  ) -> tuple[dict[str, tuple], EagerCapture, list[str]]:
+    """Both sides as this rank's local tensors (DTensor state), placements checked.
+
+    Returns:
+        The results and the capture with local tensors, and a note when there
+        were DTensors (empty otherwise).
+
+    Raises:
+        CompareError: A gradient is placed differently by the graph and by eager.
+    """
+    for (out, _bufs) in results.values():
+        if bad := placement_mismatches(out.grads, eager.grads):
+            raise CompareError(
+                f"jl.compare: the graph and eager place these gradients differently: "
+                f"{', '.join(bad)}, so their local shards are not the same values. "
+                "Compare after gathering them (jl.run_all_ranks checks full tensors).")
+    local = dataclasses.replace(eager, loss=local_values(eager.loss),
+                                grads=local_values(eager.grads),
+                                loss_dict=local_values(eager.loss_dict),
+                                buffers=local_values(eager.buffers))
+    sharded = any(is_dtensor(g) for g in eager.grads.values())
+    note = ["DTensor state: values are compared as this rank's local shards, both sides "
+            "under the same process group (a fake one exchanges no real data); "
+            "jl.run_all_ranks checks every rank's gathered values"] if sharded else []
+    return {n: (RunResult(*local_values(tuple(out))), local_values(bufs))
+            for n, (out, bufs) in results.items()}, local, note
 
 
 def _drift_notes(drift: list[str]) -> list[str]:
