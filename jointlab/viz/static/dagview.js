@@ -14,7 +14,7 @@
   // item sizes in world units (a column is XS wide, a row 1 high): half widths and heights,
   // and the slot each takes in its column (the rest is the gap to its neighbour)
   const NODE_HW = 0.3 * XS, NODE_HH = 0.4, NODE_SLOT = 1.0;
-  const BOX_HW = 0.42 * XS, BOX_HH = 1.1, BOX_SLOT = 2.4;
+  const BOX_COLS = 2, BOX_HW = 0.92 * XS, BOX_HH = 1.1, BOX_SLOT = 2.4;
   const CSS = `
 .jl-dag{position:relative;font:12px system-ui,sans-serif;border:1px solid #ddd;display:flex;flex-direction:column}
 .jl-dag .jl-bar{display:flex;gap:8px;align-items:center;padding:4px 6px;border-bottom:1px solid #eee;flex-wrap:wrap}
@@ -184,9 +184,15 @@
     }
     return {top, bucket, depth};
   }
-  function stackColumns(cols, key, h, pos) {  // order each column by key, stack by height, centre on 0
+  // Order each column by key, the items of one open group kept together (groups in the order
+  // of their mean key over all columns, the same in every column), then stack them by height,
+  // centred on 0.
+  function stackColumns(cols, key, h, pos, grp) {
+    const sum = new Map(), gkey = new Map();
+    for (const col of cols) for (const v of col) { const s = sum.get(grp[v]) || [0, 0]; s[0] += key[v]; s[1]++; sum.set(grp[v], s); }
+    for (const [g, s] of sum) gkey.set(g, s[0] / s[1]);
     for (const col of cols) {
-      col.sort((a, b) => key[a] - key[b] || pos[a] - pos[b] || a - b);
+      col.sort((a, b) => gkey.get(grp[a]) - gkey.get(grp[b]) || grp[a] - grp[b] || key[a] - key[b] || pos[a] - pos[b] || a - b);
       let total = 0;
       for (const v of col) total += h[v];
       let c = -total / 2;
@@ -210,27 +216,50 @@
     }
     return key;
   }
-  // L: n items in rank order, band (0 forward, 1 backward), h (slot height), twin (item or -1),
+  // Column of every item: a forward layer is as wide as its widest item, or as the backward
+  // columns of its bucket side by side (depth 0 on the right: the backward flows leftwards).
+  // Returns x (centre, in column units) and a column key per item (the bands never share one).
+  function columnsOf(n, band, w, layer, top, bucket, depth) {
+    const deep = new Int32Array(top + 1);  // backward columns per bucket
+    for (let v = 0; v < n; v++) if (band[v]) deep[bucket[v]] = Math.max(deep[bucket[v]], depth[v] + 1);
+    const first = new Int32Array(top + 2);  // flat index of a bucket's first backward column
+    for (let l = 0; l <= top; l++) first[l + 1] = first[l] + deep[l];
+    const sub = new Float64Array(first[top + 1]), span = new Float64Array(top + 1);
+    for (let v = 0; v < n; v++) {
+      if (band[v]) sub[first[bucket[v]] + depth[v]] = Math.max(sub[first[bucket[v]] + depth[v]], w[v]);
+      else span[layer[v]] = Math.max(span[layer[v]], w[v]);
+    }
+    const left = new Float64Array(top + 2), right = new Float64Array(sub.length);  // a backward column's right edge
+    for (let l = 0; l <= top; l++) {
+      let s = 0;
+      for (let d = first[l]; d < first[l + 1]; d++) s += sub[d];
+      span[l] = Math.max(span[l], s, 1);
+      left[l + 1] = left[l] + span[l];
+      let r = left[l + 1];
+      for (let d = first[l]; d < first[l + 1]; d++) { right[d] = r; r -= sub[d]; }
+    }
+    const x = new Float64Array(n), colOf = new Int32Array(n);
+    for (let v = 0; v < n; v++) {
+      const d = first[bucket[v]] + depth[v];
+      x[v] = band[v] ? right[d] - sub[d] / 2 : left[layer[v]] + span[layer[v]] / 2;
+      colOf[v] = band[v] ? top + 1 + d : layer[v];
+    }
+    return {x, colOf};
+  }
+  // L: n items in topological order, band (0 forward, 1 backward), w (width in columns), h (slot height),
+  // grp (the innermost open group holding each item, kept together in a column), twin (item or -1),
   // src/dst (edges between items). Returns x (in columns) and y (in rows, forward above 0).
   function layeredLayout(L) {
-    const {n, band, h, twin, src, dst} = L, fwd = k => src[k] < dst[k];
+    const {n, band, w, h, grp, twin, src, dst} = L, fwd = k => src[k] < dst[k];
     const succs = csr(n, src, dst, fwd), preds = csr(n, dst, src, fwd);
     const layer = forwardLayers(n, band, preds, succs);
     const {top, bucket, depth} = backwardBuckets(n, band, preds, twin, layer);
-    const width = new Int32Array(top + 1).fill(1), left = new Int32Array(top + 2);
-    for (let v = 0; v < n; v++) if (band[v]) width[bucket[v]] = Math.max(width[bucket[v]], depth[v] + 1);
-    for (let l = 0; l <= top; l++) left[l + 1] = left[l] + width[l];
-    const x = new Float64Array(n), colOf = new Int32Array(n), cols = [];
-    for (let v = 0; v < n; v++) {
-      const bcol = left[bucket[v]] + width[bucket[v]] - 1 - depth[v];
-      x[v] = band[v] ? bcol : left[layer[v]] + (width[layer[v]] - 1) / 2;
-      colOf[v] = band[v] ? left[top + 1] + bcol : layer[v];  // the bands never share a column
-      (cols[colOf[v]] = cols[colOf[v]] || []).push(v);
-    }
+    const {x, colOf} = columnsOf(n, band, w, layer, top, bucket, depth), cols = [];
+    for (let v = 0; v < n; v++) (cols[colOf[v]] = cols[colOf[v]] || []).push(v);
     const columns = cols.filter(c => c), pos = new Float64Array(n);
-    stackColumns(columns, Float64Array.from({length: n}, (_, v) => v), h, pos);
-    stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, true, true), h, pos);  // mirror
-    for (let s = 0; s < SWEEPS; s++) stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, s % 2 === 0, false), h, pos);
+    stackColumns(columns, Float64Array.from({length: n}, (_, v) => v), h, pos, grp);
+    stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, true, true), h, pos, grp);  // mirror
+    for (let s = 0; s < SWEEPS; s++) stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, s % 2 === 0, false), h, pos, grp);
     let half = 0;
     for (let v = 0; v < n; v++) half = Math.max(half, Math.abs(pos[v]) + h[v] / 2);
     half += BAND_GAP / 2;
@@ -304,20 +333,21 @@
       const t0 = performance.now(), N = this.N, slot = this.slot;
       for (const it of this.vis) slot[it] = -1;
       const vis = this.vis = this._topoItems();
-      const n = vis.length, band = new Uint8Array(n), h = new Float64Array(n), twin = new Int32Array(n).fill(-1);
+      const n = vis.length, band = new Uint8Array(n), w = new Float64Array(n), h = new Float64Array(n), grp = new Int32Array(n), twin = new Int32Array(n).fill(-1);
       vis.forEach((it, v) => { slot[it] = v; });
       const tw = this.P.nodes.twin;
       for (let v = 0; v < n; v++) {
         const it = vis[v];
         band[v] = it < N ? this.band[it] : (it - N) & 1;
-        h[v] = it < N ? NODE_SLOT : BOX_SLOT;
+        h[v] = it < N ? NODE_SLOT : BOX_SLOT; w[v] = it < N ? 1 : BOX_COLS;
+        grp[v] = it < N ? this.g[it] : this.parent[(it - N) >> 1];
         if (!band[v]) continue;
         const t = it < N ? (tw[it] >= 0 ? this.itemOf[tw[it]] : -1) : it - 1;  // a backward box's twin: the forward box
         if (t >= 0 && slot[t] >= 0) twin[v] = slot[t];
       }
       const es = this.visEdges, src = new Int32Array(es.length / 2), dst = new Int32Array(es.length / 2);
       for (let k = 0; k < src.length; k++) { src[k] = slot[es[2 * k]]; dst[k] = slot[es[2 * k + 1]]; }
-      const lay = layeredLayout({n, band, h, twin, src, dst});
+      const lay = layeredLayout({n, band, w, h, grp, twin, src, dst});
       let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
       for (let v = 0; v < n; v++) {
         const it = vis[v], x = this.ix[it] = lay.x[v] * XS, y = this.iy[it] = lay.y[v];
