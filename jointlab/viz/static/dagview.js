@@ -745,6 +745,7 @@
           drawnPx.add(a * 16777216 + b);
         }
         if (arrows) [tx, ty] = this._clip(es[k + 1], sx, sy, tx, ty);
+        if (arrows && es[k] >= this.N) [sx, sy] = this._clip(es[k], tx, ty, sx, sy);  // out of a box's outline
         ctx.moveTo(sx, sy); ctx.lineTo(tx, ty);
         if (arrows && Math.hypot(tx - sx, ty - sy) > 14) heads.push(sx, sy, tx, ty);
       }
