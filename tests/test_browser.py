@@ -360,25 +360,23 @@ def gpt2_joint():
     return jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
 
 
+VIEW_JS = "const v = document.querySelector('.jl-dag').jlView"
+PAN_TO_GROUP = VIEW_JS + """, r = v.groupRect(v.P.groups.name.indexOf(name), band);
+    v.detail.style.display = "none";  // as a user would: pan it to the canvas' left part
+    v.vx = r[0] - 0.2 * v.canvas.clientWidth / v.k;
+    v.vy = (r[1] + r[3]) / 2 + 0.5 * v.canvas.clientHeight / (v.k * v.ay); v.render();
+    const [a, t] = v.toScreen(r[0], r[3]), [z, u] = v.toScreen(r[2], r[1]);
+    const c = v.canvas.getBoundingClientRect(), g = v.P.groups.name.indexOf(name);
+    const ti = v.titles.find(t => t[0] === g && t[5] === band);  // canvas pixels
+    const at = title ? [ti[1] + 4, (ti[2] + ti[4]) / 2] : [(a + z) / 2, (t + u) / 2];
+    return {rect: [a, t, z, u], click: [c.left + at[0], c.top + at[1]]};"""
+
+
 def _click_group(page, name: str, band: int, title: bool = False) -> list[float]:
-    """Click a closed group's box (or an open group's title); return its screen rect before."""
-    js = (f"""(() => {{ const g = v.P.groups.name.indexOf({name!r});
-              const t = v.titles.find(t => t[0] === g && t[5] === {band}); return [t[1] + 4, (t[2] + t[4]) / 2]; }})()"""
-          if title else f"""(() => {{ const r = v.boxRect(v.P.groups.name.indexOf({name!r}) * 2 + {band});
-              return [(r[0] + r[2]) / 2, (r[1] + r[3]) / 2]; }})()""")
-    rect = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
-        const g = v.P.groups.name.indexOf({name!r}), r = v.groupRect(g, {band});
-        v.detail.style.display = "none";  // pan it to the canvas' left part, as a user would
-        v.vx = r[0] - 0.2 * v.canvas.clientWidth / v.k;
-        v.vy = (r[1] + r[3]) / 2 + 0.5 * v.canvas.clientHeight / (v.k * v.ay); v.render();
-        const [a, t] = v.toScreen(r[0], r[3]), [z, u] = v.toScreen(r[2], r[1]); return [a, t, z, u]; }}""")
-    if title:  # the title is located in canvas pixels
-        xy = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
-            const c = v.canvas.getBoundingClientRect(), [x, y] = {js}; return [c.left + x, c.top + y]; }}""")
-    else:
-        xy = dag_screen_of(page, js)
-    page.mouse.click(*xy)
-    return rect
+    """Pan to a group, click its box (or its title when open); its screen rect before."""
+    got = page.evaluate(f"([name, band, title]) => {{ {PAN_TO_GROUP} }}", [name, band, title])
+    page.mouse.click(*got["click"])
+    return got["rect"]
 
 
 def _group_screen_left(page, name: str, band: int) -> float:

@@ -1,7 +1,9 @@
 // jointlab DAG renderer: readable source, no dependencies, no build step.
-// Reads the JSON payload written by jointlab/viz/dagview.py and draws it on a
-// <canvas>: forward band on top, backward band mirrored below. Module groups
-// are boxes that open in place on click; labels follow level of detail; the
+// Reads the JSON payload written by jointlab/viz/dagview.py (no positions) and
+// draws it on a <canvas>: forward band on top, backward band mirrored below.
+// Only what is visible is laid out (layeredLayout), again on every open or
+// close. Module groups are boxes that open in place on click (the view stays
+// anchored on the group); labels follow level of detail; the
 // wheel zooms, dragging pans; search highlights, opens the holding groups and
 // zooms; a click on a node opens the detail panel. `el.jlView` exposes the
 // state for tests.
@@ -872,7 +874,7 @@
               boxLabels: (this.boxLabels || []).slice(0, 50), arrows: this.arrowCount,
               colorLevel: this.colorLevel, moduleColors: [...this.keyColor.values()],
               hits: this.hits.size, frameMs: this.lastFrameMs, toggleMs: this.lastToggleMs,
-              searchMs: this.lastSearchMs};
+              searchMs: this.lastSearchMs, layoutMs: this.lastLayoutMs};
     }
   }
 
