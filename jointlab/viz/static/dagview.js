@@ -274,7 +274,7 @@
     constructor(root, P) {
       this.root = root; this.P = P;
       const N = this.N = P.nodes.name.length, G = this.G = P.groups.name.length;
-      this.x = new Float64Array(N); this.y = new Float64Array(N);  // per node: its drawn item's centre
+      this.x = new Float64Array(N); this.y = new Float64Array(N);  // per open node: its position
       this.g = Int32Array.from(P.nodes.g);
       this.parent = Int32Array.from(P.groups.parent);
       this.level = Int32Array.from(P.groups.level);
@@ -290,13 +290,28 @@
       const M = N + 2 * G;  // item ids: node i, or N + gid * 2 + band for a closed group's box
       this.ix = new Float64Array(M); this.iy = new Float64Array(M); this.slot = new Int32Array(M).fill(-1);
       this.vis = [];
-      this._firstMembers(); this._adjacency(); this._dom();
+      this._firstMembers(); this._subtrees(); this._adjacency(); this._dom();
       this.update(); this.fit(true);
     }
     // -- geometry ------------------------------------------------------------
     _firstMembers() {  // per (group, band): its first node in graph order, the box's rank
       const f = this.first = new Int32Array(this.G * 2).fill(-1);
       for (let i = this.N - 1; i >= 0; i--) for (let gid = this.g[i]; gid >= 0; gid = this.parent[gid]) f[gid * 2 + this.band[i]] = i;
+    }
+    _subtrees() {  // groups and nodes in depth-first order: every group's subtree is one range
+      const G = this.G, N = this.N, kids = Array.from({length: G}, () => []), own = Array.from({length: G}, () => []);
+      for (let g = 1; g < G; g++) kids[this.parent[g]].push(g);
+      for (let i = 0; i < N; i++) own[this.g[i]].push(i);
+      this.nodeOrder = new Int32Array(N); this.nodeAt = new Int32Array(N); this.groupOrder = new Int32Array(G);
+      this.lo = new Int32Array(G); this.hi = new Int32Array(G); this.glo = new Int32Array(G); this.ghi = new Int32Array(G);
+      let k = 0, gk = 0;
+      const visit = g => {
+        this.lo[g] = k; this.glo[g] = gk; this.groupOrder[gk++] = g;
+        for (const i of own[g]) { this.nodeAt[i] = k; this.nodeOrder[k++] = i; }
+        for (const c of kids[g]) visit(c);
+        this.hi[g] = k; this.ghi[g] = gk;
+      };
+      visit(0);
     }
     _adjacency() {
       const E = this.P.edges, N = this.N;
@@ -305,29 +320,62 @@
       for (let k = 0; k < E.length; k += 2) { this.succs[E[k]].push(E[k + 1]); this.preds[E[k + 1]].push(E[k]); }
     }
     // -- visibility ----------------------------------------------------------
-    update() {  // recompute what is drawn after groups open or close, and lay it out
+    update() {  // recompute everything that is drawn (several groups changed), and lay it out
       const G = this.G, N = this.N, rep = this.repOfGroup = new Int32Array(G);
       for (let gid = 0; gid < G; gid++) {  // parents come before children
         const p = this.parent[gid], pr = p >= 0 ? rep[p] : -1;
         rep[gid] = pr >= 0 ? pr : (this.expanded[gid] ? -1 : gid);
       }
       const item = this.itemOf = new Int32Array(N);  // node -> drawn item id (-1: hidden phase)
-      const boxes = new Set(), nodes = [], hide = this.isHidden;  // isHidden: set by widgets/_dagcursor
-      for (let i = 0; i < N; i++) {
-        const r = rep[this.g[i]];
-        if (hide && hide(i)) item[i] = -1;
-        else if (r < 0) { item[i] = i; nodes.push(i); } else { item[i] = N + r * 2 + this.band[i]; boxes.add(r * 2 + this.band[i]); }
+      this.itemCount = new Map(); this.edgeCount = new Map();  // members per item, graph edges per item pair
+      for (let i = 0; i < N; i++) { item[i] = this._itemOfNode(i); this._count(item[i], 1); }
+      const E = this.P.edges;
+      for (let k = 0; k < E.length; k += 2) this._edge(item[E[k]], item[E[k + 1]], 1);
+      this._relayout();
+    }
+    _itemOfNode(i) {  // itself when every group on its path is open, else its closed group's box
+      const r = this.repOfGroup[this.g[i]];
+      if (this.isHidden && this.isHidden(i)) return -1;  // isHidden: set by widgets/_dagcursor
+      return r < 0 ? i : this.N + r * 2 + this.band[i];
+    }
+    _count(it, s) {
+      if (it < 0) return;
+      const c = (this.itemCount.get(it) || 0) + s;
+      if (c) this.itemCount.set(it, c); else this.itemCount.delete(it);
+    }
+    _edge(a, b, s) {
+      if (a === b || a < 0 || b < 0) return;
+      const key = a * (this.N + 2 * this.G) + b, c = (this.edgeCount.get(key) || 0) + s;
+      if (c) this.edgeCount.set(key, c); else this.edgeCount.delete(key);
+    }
+    // After one group opened or closed: only the nodes under it change item, so only they and
+    // their edges are counted again (cost: the group's size plus the visible items), then the
+    // visible graph is laid out again.
+    regroup(gid) {
+      const item = this.itemOf, rep = this.repOfGroup, lo = this.lo[gid], hi = this.hi[gid];
+      const order = this.nodeOrder, at = this.nodeAt, inside = j => at[j] >= lo && at[j] < hi;
+      const recount = s => {
+        for (let k = lo; k < hi; k++) {
+          const i = order[k];
+          this._count(item[i], s);
+          for (const j of this.succs[i]) this._edge(item[i], item[j], s);
+          for (const p of this.preds[i]) if (!inside(p)) this._edge(item[p], item[i], s);
+        }
+      };
+      recount(-1);
+      for (let k = this.glo[gid]; k < this.ghi[gid]; k++) {  // the groups under gid, parents first
+        const g = this.groupOrder[k], p = this.parent[g], pr = p >= 0 ? rep[p] : -1;
+        rep[g] = pr >= 0 ? pr : (this.expanded[g] ? -1 : g);
       }
-      this.visNodes = nodes; this.visBoxes = [...boxes];
-      const E = this.P.edges, seen = new Set(), es = [];
-      for (let k = 0; k < E.length; k += 2) {
-        const a = item[E[k]], b = item[E[k + 1]];
-        if (a === b || a < 0 || b < 0) continue;
-        const key = a * (N + 2 * G) + b;
-        if (seen.has(key)) continue;
-        seen.add(key); es.push(a, b);
-      }
-      this.visEdges = es;
+      for (let k = lo; k < hi; k++) item[order[k]] = this._itemOfNode(order[k]);
+      recount(1);
+      this._relayout();
+    }
+    _relayout() {  // the visible items and edges from the counts, then layout and drawing
+      const N = this.N, M = N + 2 * this.G, nodes = [], boxes = [], es = [];
+      for (const it of this.itemCount.keys()) if (it < N) nodes.push(it); else boxes.push(it - N);
+      for (const key of this.edgeCount.keys()) { const b = key % M; es.push((key - b) / M, b); }
+      this.visNodes = nodes; this.visBoxes = boxes; this.visEdges = es;
       this.layout();
       this._moduleColors(); this._legend(); this.draw();
     }
@@ -357,7 +405,7 @@
       }
       this.world = n ? [x0, y0, x1, y1] : [0, 0, 1, 1];
       this.itemLayer = lay.layer; this.itemBucket = lay.bucket;
-      for (let i = 0; i < N; i++) { const it = this.itemOf[i]; if (it >= 0) { this.x[i] = this.ix[it]; this.y[i] = this.iy[it]; } }
+      for (const i of this.visNodes) { this.x[i] = this.ix[i]; this.y[i] = this.iy[i]; }  // open nodes only
       this._outlines();
       this.lastLayoutMs = performance.now() - t0;
       if (this.mini) this._renderMini();
@@ -593,14 +641,13 @@
       if (!this.groupRect(gid, band)) band = 1 - band;
       const before = this.groupRect(gid, band), anchor = before && this.toScreen(before[0], (before[1] + before[3]) / 2);
       if (open) this.expanded[gid] = 1;
-      else { for (let k = 0; k < this.G; k++) if (this.isUnder(k, gid)) this.expanded[k] = 0; }
-      this.update();
+      else { for (let k = this.glo[gid]; k < this.ghi[gid]; k++) this.expanded[this.groupOrder[k]] = 0; }
+      this.regroup(gid);
       const after = this.groupRect(gid, band);
       if (anchor && after) { this.vx = after[0] - anchor[0] / this.k; this.vy = (after[1] + after[3]) / 2 + anchor[1] / (this.k * this.ay); }
       this.lastToggleMs = performance.now() - t0;
       this.showGroup(gid);
     }
-    isUnder(k, gid) { for (; k >= 0; k = this.parent[k]) if (k === gid) return true; return false; }
     collapseAll() { this.expanded.fill(0); this.expanded[0] = 1; this.update(); this.fit(); }
     reveal(i) { for (let gid = this.g[i]; gid >= 0; gid = this.parent[gid]) this.expanded[gid] = 1; }
     // -- search ----------------------------------------------------------------
