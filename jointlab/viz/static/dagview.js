@@ -81,6 +81,22 @@
     }
     place(x0, y0, x1, y1) { if (!this.free(x0, y0, x1, y1)) return false; this.take(x0, y0, x1, y1); return true; }
   }
+  // A set of (a, b) pairs of non-negative integers below 2^24 (open addressing; a frame's
+  // edge pixels, far faster than a Set of large numbers).
+  class PairSet {
+    constructor(n) {
+      let size = 16;
+      while (size < 2 * n) size *= 2;
+      this.mask = size - 1; this.keys = new Float64Array(size).fill(-1);
+    }
+    add(a, b) {  // false when present already
+      const key = a * 16777216 + b;
+      let h = (Math.imul(a, 0x9e3779b1) ^ Math.imul(b, 0x85ebca6b)) & this.mask;
+      while (this.keys[h] !== -1) { if (this.keys[h] === key) return false; h = (h + 1) & this.mask; }
+      this.keys[h] = key;
+      return true;
+    }
+  }
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -376,6 +392,7 @@
       for (const it of this.itemCount.keys()) if (it < N) nodes.push(it); else boxes.push(it - N);
       for (const key of this.edgeCount.keys()) { const b = key % M; es.push((key - b) / M, b); }
       this.visNodes = nodes; this.visBoxes = boxes; this.visEdges = es;
+      this._version = (this._version || 0) + 1;  // node colours are computed again
       this.layout();
       this._moduleColors(); this._legend(); this.draw();
     }
@@ -431,7 +448,7 @@
           ob[o + 2] = Math.max(ob[o + 2], r[2]); ob[o + 3] = Math.max(ob[o + 3], r[3]);
         }
       }
-      this.outlineKeys = [...keys];
+      this.outlineKeys = [...keys].sort((p, q) => this.level[p >> 1] - this.level[q >> 1]);
     }
     outlineRect(key) {  // world rect around an open group's visible items in one band, or null
       const o = key * 4, ob = this.ob;
@@ -749,8 +766,9 @@
     _drawTitles(ctx, W, H) {  // outlines and titles of open groups (click a title to close)
       this.titles = [];
       ctx.font = FONT;
-      const outerFirst = [...this.outlineKeys].sort((p, q) => this.level[p >> 1] - this.level[q >> 1]);
-      for (const key of outerFirst) {
+      for (const key of this.outlineKeys) {  // outer groups first
+        const o = key * 4;
+        if ((this.ob[o + 2] - this.ob[o]) * this.k < 20) continue;  // too narrow on screen to draw
         const [x0, y0, x1, y1] = this.outlineRect(key), [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
         if (z < 0 || a > W || u < 0 || t > H || z - a < 24) continue;
         const gid = key >> 1;
@@ -782,16 +800,16 @@
       const heads = [], faint = [];
       // level of detail: many edges zoomed out land on the same pixels; each pixel-exact line
       // (both ends on screen) is stroked once, and one inside a single pixel not at all
-      const dense = !arrows && es.length > 4000, drawnPx = dense ? new Set() : null;
+      const dense = !arrows && es.length > 4000, drawnPx = dense ? new PairSet(es.length / 2) : null;
+      const ix = this.ix, iy = this.iy, vx = this.vx, vy = this.vy, kx = this.k, ky = this.k * this.ay;
       for (let k = 0; k < es.length; k += 2) {
-        if (es[k + 1] === out && es[k] !== this.selected) { faint.push(es[k], es[k + 1]); continue; }
-        const [ax, ay] = this.itemXY(es[k]), [bx, by] = this.itemXY(es[k + 1]);
-        let [sx, sy] = this.toScreen(ax, ay), [tx, ty] = this.toScreen(bx, by);
+        const p = es[k], q = es[k + 1];
+        if (q === out && p !== this.selected) { faint.push(p, q); continue; }
+        let sx = (ix[p] - vx) * kx, sy = (vy - iy[p]) * ky, tx = (ix[q] - vx) * kx, ty = (vy - iy[q]) * ky;  // toScreen
         if ((sx < 0 && tx < 0) || (sx > W && tx > W) || (sy < 0 && ty < 0) || (sy > H && ty > H)) continue;
         if (dense && sx >= 0 && sy >= 0 && tx >= 0 && ty >= 0 && sx < 4096 && sy < 4096 && tx < 4096 && ty < 4096) {
           const a = Math.floor(sx) * 4096 + Math.floor(sy), b = Math.floor(tx) * 4096 + Math.floor(ty);
-          if (a === b || drawnPx.has(a * 16777216 + b)) continue;
-          drawnPx.add(a * 16777216 + b);
+          if (a === b || !drawnPx.add(a, b)) continue;
         }
         if (arrows) [tx, ty] = this._clip(es[k + 1], sx, sy, tx, ty);
         if (arrows && es[k] >= this.N) [sx, sy] = this._clip(es[k], tx, ty, sx, sy);  // out of a box's outline
@@ -840,29 +858,44 @@
         }
       }
     }
+    _nodeColors() {  // per visible node the index of its colour, once per update and colouring
+      const key = this.colorBy + "|" + this._version;
+      if (this._colorKey !== key) {
+        const idx = this._colorIdx = this._colorIdx || new Int32Array(this.N), seen = new Map();
+        for (const i of this.visNodes) {
+          const c = this.nodeColor(i);
+          let k = seen.get(c);
+          if (k === undefined) seen.set(c, k = seen.size);
+          idx[i] = k;
+        }
+        this._colorList = [...seen.keys()]; this._colorKey = key;
+      }
+      return this._colorIdx;
+    }
     _drawNodes(ctx, W, H, on) {
       const r = this._radius(), n = this.P.nodes, T = this.P.tables, colPx = this.k * XS;
       const labels = colPx >= LABEL_MIN_PX, shapes = colPx >= LABEL_MIN_PX * 1.6;
       const drawn = [];
       // level of detail: small squares are batched per colour, one per screen pixel
-      const tiny = r < 2.5, byColor = new Map(), px = tiny ? new Uint8Array(W * H) : null;
+      const tiny = r < 2.5, px = tiny ? new Uint8Array(W * H) : null;
+      const x = this.x, y = this.y, vx = this.vx, vy = this.vy, kx = this.k, ky = this.k * this.ay;
+      const color = this._nodeColors(), colors = this._colorList, byColor = colors.map(() => []);
       for (const i of this.visNodes) {
-        const [sx, sy] = this.toScreen(this.x[i], this.y[i]);
-        if (!on(sx, sy, 40)) continue;
+        const sx = (x[i] - vx) * kx, sy = (vy - y[i]) * ky;  // toScreen
+        if (sx < -40 || sx > W + 40 || sy < -40 || sy > H + 40) continue;
         if (tiny) {
           const c = Math.floor(sy) * W + Math.floor(sx);
           if (sx >= 0 && sy >= 0 && sx < W && sy < H) { if (px[c]) continue; px[c] = 1; }
-          const col = this.nodeColor(i); let l = byColor.get(col);
-          if (!l) byColor.set(col, l = []);
-          l.push(sx - r, sy - r); continue;
+          byColor[color[i]].push(sx - r, sy - r); continue;
         }
-        ctx.fillStyle = this.nodeColor(i);
+        ctx.fillStyle = colors[color[i]];
         ctx.beginPath(); ctx.arc(sx, sy, r, 0, 6.2832); ctx.fill();
         if (n.flags[i] & 2) { ctx.strokeStyle = "#e6a100"; ctx.lineWidth = 2; ctx.stroke(); }
         if (labels && drawn.length < MAX_LABELS) drawn.push(i);
       }
-      for (const [col, l] of byColor) {
-        ctx.fillStyle = col; ctx.beginPath();
+      for (const [c, l] of byColor.entries()) {
+        if (!l.length) continue;
+        ctx.fillStyle = colors[c]; ctx.beginPath();
         for (let k = 0; k < l.length; k += 2) ctx.rect(l[k], l[k + 1], 2 * r, 2 * r);
         ctx.fill();
       }
