@@ -81,20 +81,38 @@
     }
     place(x0, y0, x1, y1) { if (!this.free(x0, y0, x1, y1)) return false; this.take(x0, y0, x1, y1); return true; }
   }
-  // A set of (a, b) pairs of non-negative integers below 2^24 (open addressing; a frame's
-  // edge pixels, far faster than a Set of large numbers).
-  class PairSet {
-    constructor(n) {
+  // Counts per (a, b) pair of non-negative integers below 2^24, in open addressing (far faster
+  // than a Map or Set of large numbers): the graph edges between two drawn items, or a frame's
+  // edge pixels. A count back at 0 keeps its slot; growing drops those.
+  class PairCounts {
+    constructor(n) { this._alloc(Math.max(16, n)); }
+    _alloc(n) {
       let size = 16;
       while (size < 2 * n) size *= 2;
-      this.mask = size - 1; this.keys = new Float64Array(size).fill(-1);
+      this.mask = size - 1; this.used = 0;
+      this.keys = new Float64Array(size).fill(-1); this.counts = new Int32Array(size);
     }
-    add(a, b) {  // false when present already
-      const key = a * 16777216 + b;
+    add(a, b, s) {  // the pair's new count
+      const key = a * 16777216 + b, keys = this.keys;
       let h = (Math.imul(a, 0x9e3779b1) ^ Math.imul(b, 0x85ebca6b)) & this.mask;
-      while (this.keys[h] !== -1) { if (this.keys[h] === key) return false; h = (h + 1) & this.mask; }
-      this.keys[h] = key;
-      return true;
+      while (keys[h] !== -1 && keys[h] !== key) h = (h + 1) & this.mask;
+      if (keys[h] === -1) {
+        if (2 * (this.used + 1) > keys.length) { this._grow(); return this.add(a, b, s); }
+        keys[h] = key; this.used++;
+      }
+      return (this.counts[h] += s);
+    }
+    _grow() {
+      const keys = this.keys, counts = this.counts;
+      let live = 0;
+      for (let h = 0; h < keys.length; h++) if (counts[h] > 0) live++;
+      this._alloc(2 * live + 16);
+      for (let h = 0; h < keys.length; h++) if (counts[h] > 0) { const b = keys[h] % 16777216; this.add((keys[h] - b) / 16777216, b, counts[h]); }
+    }
+    pairs() {  // flat [a, b, ...] of the pairs counted above 0
+      const out = [], keys = this.keys, counts = this.counts;
+      for (let h = 0; h < keys.length; h++) if (counts[h] > 0) { const b = keys[h] % 16777216; out.push((keys[h] - b) / 16777216, b); }
+      return out;
     }
   }
   function el(tag, cls, text) {
@@ -343,7 +361,8 @@
         rep[gid] = pr >= 0 ? pr : (this.expanded[gid] ? -1 : gid);
       }
       const item = this.itemOf = new Int32Array(N);  // node -> drawn item id (-1: hidden phase)
-      this.itemCount = new Map(); this.edgeCount = new Map();  // members per item, graph edges per item pair
+      this.members = new Int32Array(N + 2 * G); this.visItems = new Set();  // drawn nodes per item
+      this.edgeCount = new PairCounts(this.P.edges.length / 2);  // graph edges per pair of items
       for (let i = 0; i < N; i++) { item[i] = this._itemOfNode(i); this._count(item[i], 1); }
       const E = this.P.edges;
       for (let k = 0; k < E.length; k += 2) this._edge(item[E[k]], item[E[k + 1]], 1);
@@ -354,16 +373,12 @@
       if (this.isHidden && this.isHidden(i)) return -1;  // isHidden: set by widgets/_dagcursor
       return r < 0 ? i : this.N + r * 2 + this.band[i];
     }
-    _count(it, s) {
+    _count(it, s) {  // s = +1 or -1
       if (it < 0) return;
-      const c = (this.itemCount.get(it) || 0) + s;
-      if (c) this.itemCount.set(it, c); else this.itemCount.delete(it);
+      const c = (this.members[it] += s);
+      if (c === 0) this.visItems.delete(it); else if (c === 1 && s > 0) this.visItems.add(it);
     }
-    _edge(a, b, s) {
-      if (a === b || a < 0 || b < 0) return;
-      const key = a * (this.N + 2 * this.G) + b, c = (this.edgeCount.get(key) || 0) + s;
-      if (c) this.edgeCount.set(key, c); else this.edgeCount.delete(key);
-    }
+    _edge(a, b, s) { if (a !== b && a >= 0 && b >= 0) this.edgeCount.add(a, b, s); }
     // After one group opened or closed: only the nodes under it change item, so only they and
     // their edges are counted again (cost: the group's size plus the visible items), then the
     // visible graph is laid out again.
@@ -388,10 +403,9 @@
       this._relayout();
     }
     _relayout() {  // the visible items and edges from the counts, then layout and drawing
-      const N = this.N, M = N + 2 * this.G, nodes = [], boxes = [], es = [];
-      for (const it of this.itemCount.keys()) if (it < N) nodes.push(it); else boxes.push(it - N);
-      for (const key of this.edgeCount.keys()) { const b = key % M; es.push((key - b) / M, b); }
-      this.visNodes = nodes; this.visBoxes = boxes; this.visEdges = es;
+      const N = this.N, nodes = [], boxes = [];
+      for (const it of this.visItems) if (it < N) nodes.push(it); else boxes.push(it - N);
+      this.visNodes = nodes; this.visBoxes = boxes; this.visEdges = this.edgeCount.pairs();
       this._version = (this._version || 0) + 1;  // node colours are computed again
       this.layout();
       this._moduleColors(); this._legend(); this.draw();
@@ -800,7 +814,7 @@
       const heads = [], faint = [];
       // level of detail: many edges zoomed out land on the same pixels; each pixel-exact line
       // (both ends on screen) is stroked once, and one inside a single pixel not at all
-      const dense = !arrows && es.length > 4000, drawnPx = dense ? new PairSet(es.length / 2) : null;
+      const dense = !arrows && es.length > 4000, drawnPx = dense ? new PairCounts(es.length / 2) : null;
       const ix = this.ix, iy = this.iy, vx = this.vx, vy = this.vy, kx = this.k, ky = this.k * this.ay;
       for (let k = 0; k < es.length; k += 2) {
         const p = es[k], q = es[k + 1];
@@ -809,7 +823,7 @@
         if ((sx < 0 && tx < 0) || (sx > W && tx > W) || (sy < 0 && ty < 0) || (sy > H && ty > H)) continue;
         if (dense && sx >= 0 && sy >= 0 && tx >= 0 && ty >= 0 && sx < 4096 && sy < 4096 && tx < 4096 && ty < 4096) {
           const a = Math.floor(sx) * 4096 + Math.floor(sy), b = Math.floor(tx) * 4096 + Math.floor(ty);
-          if (a === b || !drawnPx.add(a, b)) continue;
+          if (a === b || drawnPx.add(a, b, 1) > 1) continue;
         }
         if (arrows) [tx, ty] = this._clip(es[k + 1], sx, sy, tx, ty);
         if (arrows && es[k] >= this.N) [sx, sy] = this._clip(es[k], tx, ty, sx, sy);  // out of a box's outline
