@@ -17,7 +17,9 @@ Rows (one run; browser times come from the page's own clock, ``performance.now()
   were imported.
 
 The 50k graph is traced once and cached with ``joint.save`` in ``$TMPDIR``, keyed by a hash
-of the jointlab sources that shape a trace (everything but ``viz/`` and ``widgets/``).
+of the jointlab sources that shape a trace (everything but ``viz/`` and ``widgets/``);
+``JOINTLAB_BENCH_BIG_GRAPH=path`` loads that saved graph instead (a cache made by another
+checkout of the same model).
 Screenshots go to ``$JOINTLAB_DAG_SHOTS`` (default ``/tmp/dagscale_shots``).
 ``python bench/bench_dagview.py [layers]`` prints the rows without ``bench/run.py``.
 """
@@ -62,7 +64,8 @@ def deep_joint(n_layer: int) -> Any:
     from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
 
     name = f"jointlab-bench-gpt2-{n_layer}L-{_trace_hash()}.jl"
-    path = pathlib.Path(tempfile.gettempdir()) / name
+    path = pathlib.Path(os.environ.get("JOINTLAB_BENCH_BIG_GRAPH") or
+                        pathlib.Path(tempfile.gettempdir()) / name)
     if path.exists():
         return jl.load(str(path))
     m = make_gpt2(n_layer=n_layer, d=32, n_head=2, vocab=128, seq=16)
@@ -130,7 +133,9 @@ def _open_block(page: Any, block: str) -> dict[str, Any]:
     after = page.evaluate(f"() => {VIEW}.state()")
     g = page.evaluate(f"""() => {{ const v = {VIEW}, G = v.P.groups, g = G.name.indexOf({block!r});
         return [G.count_f[g] + G.count_b[g], v.expanded[g]]; }}""")
-    return {"ms": ms, "nodes": after["visibleNodes"] - before["visibleNodes"],
+    return {"ms": ms, "layout_ms": after["layoutMs"],
+            "items": after["visibleNodes"] + after["visibleBoxes"],
+            "nodes": after["visibleNodes"] - before["visibleNodes"],
             "boxes": after["visibleBoxes"] - before["visibleBoxes"], "size": g[0],
             "opened": bool(g[1])}
 
@@ -183,6 +188,7 @@ def browser_rows(html_path: pathlib.Path, block: str, name: str, op: str) -> dic
         page.screenshot(path=str(SHOTS / "search_op.png"))
         page.evaluate(f"() => {{ const v = {VIEW}; v.expanded.fill(1); v.update(); v.fit(); }}")
         page.evaluate(SETTLE)
+        out["layout_all"] = page.evaluate(f"() => {VIEW}.state()")
         page.screenshot(path=str(SHOTS / "all_open_50k.png"))
         out["frame_all"] = _frames(page)
         ctx.close()
@@ -271,6 +277,10 @@ def big_rows() -> list[dict[str, Any]]:
         row(f"dag_view 50k: open {block} by a click", o["ms"], "ms", "<= 300",
             o["ms"] <= 300 and o["opened"],
             detail=f"group of {o['size']} nodes: +{o['nodes']} nodes, +{o['boxes']} boxes"),
+        row("dag_view 50k: layout of the visible items after that open", o["layout_ms"], "ms",
+            "", None, detail=f"{o['items']} items"),
+        row("dag_view 50k: layout with every group open", v["layout_all"]["layoutMs"], "ms",
+            "", None, detail=f"{v['layout_all']['visibleNodes']} items (the whole graph)"),
         row("dag_view 50k: zoom/pan frame, fit view (collapsed)", v["frame_out"], "ms", "<= 100",
             v["frame_out"] <= 100),
         row("dag_view 50k: zoom/pan frame, label zoom", v["frame_labels"], "ms", "<= 100",

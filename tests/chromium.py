@@ -88,3 +88,15 @@ def dag_screen_of(page: Any, js_world: str) -> list[float]:
     return page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
         const r = v.canvas.getBoundingClientRect(); const [x, y] = {js_world};
         const [sx, sy] = v.toScreen(x, y); return [r.left + sx, r.top + sy]; }}""")
+
+
+def dag_layout(page: Any) -> dict[str, Any]:
+    """The first ``.jl-dag`` view's laid-out items, edges and open groups, from its own state.
+
+    ``items``: per visible item its ``id`` (node name, or ``group#f`` / ``group#b`` for a
+    closed group's box), ``band``, ``layer`` and world ``rect``; ``edges``: flat item-index
+    pairs; ``expanded``: per group, open or not.
+    """
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+    return page.evaluate("""() => { const v = document.querySelector('.jl-dag').jlView;
+        return {...v.layoutState(), expanded: Array.from(v.expanded)}; }""")

@@ -29,6 +29,7 @@ from tests.chromium import (
     PageErrors,
     browser,
     chromium_path,
+    dag_layout,
     dag_screen_of,
     dag_state,
     save_screenshot,
@@ -298,6 +299,128 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
         page.mouse.wheel(0, -400)
         assert dag_state(page)["k"] > k0 * 1.3
         assert errors.errors == [], errors.errors
+
+
+def _expected_items(joint, payload, expanded):
+    """Visible items and their edges, computed from the graph itself as the view should show it.
+
+    A node is drawn as itself when every group on its module path is open, else as the box
+    (one per band) of the outermost closed group on that path.
+    """
+    import jointlab as jl
+
+    groups, g_of = payload["groups"], payload["nodes"]["g"]
+    nodes = list(joint.graph.nodes)
+    item = {}
+    for n, g in zip(nodes, g_of):
+        path = []
+        while g >= 0:
+            path.append(g)
+            g = groups["parent"][g]
+        closed = [g for g in reversed(path) if not expanded[g]]
+        bwd = jl.meta.phase(n) in ("backward", "output")
+        item[n] = (groups["name"][closed[0]] + ("#b" if bwd else "#f")) if closed else n.name
+    edges = {(item[a], item[n]) for n in nodes for a in n.all_input_nodes if item[a] != item[n]}
+    return set(item.values()), edges
+
+
+def _overlaps(items):
+    """Pairs of visible items whose world rectangles intersect (sweep over x)."""
+    order = sorted(items, key=lambda it: it["rect"][0])
+    out, active = [], []
+    for it in order:
+        x0, y0, x1, y1 = it["rect"]
+        active = [a for a in active if a["rect"][2] > x0]
+        out += [(a["id"], it["id"]) for a in active if a["rect"][1] < y1 and y0 < a["rect"][3]]
+        active.append(it)
+    return out
+
+
+def _check_layout(joint, payload, lay, stage):
+    """No two visible items overlap; the items and edges are the graph's; forward edges go right."""
+    assert _overlaps(lay["items"]) == [], stage
+    want_items, want_edges = _expected_items(joint, payload, lay["expanded"])
+    ids = [it["id"] for it in lay["items"]]
+    got_edges = {(ids[a], ids[b]) for a, b in zip(lay["edges"][::2], lay["edges"][1::2])}
+    assert set(ids) == want_items and len(ids) == len(want_items), stage
+    assert got_edges == want_edges, stage
+    fwd = [(lay["items"][a], lay["items"][b]) for a, b in zip(lay["edges"][::2], lay["edges"][1::2])
+           if lay["items"][a]["band"] == lay["items"][b]["band"] == 0]
+    assert fwd, stage
+    for a, b in fwd:  # layers follow the topological order, drawn left to right
+        assert a["layer"] < b["layer"] and a["rect"][2] < b["rect"][0], (stage, a["id"], b["id"])
+
+
+@pytest.fixture(scope="module")
+def gpt2_joint():
+    import jointlab as jl
+    from tests.fixtures import real
+
+    f = real.get("hf_gpt2")
+    return jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
+
+
+VIEW_JS = "const v = document.querySelector('.jl-dag').jlView"
+PAN_TO_GROUP = VIEW_JS + """, r = v.groupRect(v.P.groups.name.indexOf(name), band);
+    v.detail.style.display = "none";  // as a user would: pan it to the canvas' left part
+    v.vx = r[0] - 0.2 * v.canvas.clientWidth / v.k;
+    v.vy = (r[1] + r[3]) / 2 + 0.5 * v.canvas.clientHeight / (v.k * v.ay); v.render();
+    const [a, t] = v.toScreen(r[0], r[3]), [z, u] = v.toScreen(r[2], r[1]);
+    const c = v.canvas.getBoundingClientRect(), g = v.P.groups.name.indexOf(name);
+    const ti = v.titles.find(t => t[0] === g && t[5] === band);  // canvas pixels
+    const at = title ? [ti[1] + 4, (ti[2] + ti[4]) / 2] : [(a + z) / 2, (t + u) / 2];
+    return {rect: [a, t, z, u], click: [c.left + at[0], c.top + at[1]]};"""
+
+
+def _click_group(page, name: str, band: int, title: bool = False) -> list[float]:
+    """Pan to a group, click its box (or its title when open); its screen rect before."""
+    got = page.evaluate(f"([name, band, title]) => {{ {PAN_TO_GROUP} }}", [name, band, title])
+    page.mouse.click(*got["click"])
+    return got["rect"]
+
+
+def _group_screen_left(page, name: str, band: int) -> float:
+    return page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
+        const r = v.groupRect(v.P.groups.name.indexOf({name!r}), {band});
+        return v.toScreen(r[0], r[1])[0]; }}""")
+
+
+def test_dag_view_lays_out_the_visible_graph_without_overlaps(gpt2_joint, tmp_path):
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    view = dag_view(gpt2_joint, budget=60)  # opens grouped: transformer, lm_head closed
+    path = view.write_html(tmp_path / "gpt2.html")
+    groups = view.payload["groups"]
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with browser() as b:
+        page, errors = _view_page(b, path)
+        lay = dag_layout(page)
+        assert any(it["box"] for it in lay["items"]), "the view should open grouped"
+        _check_layout(gpt2_joint, view.payload, lay, "open")
+        # open two groups by clicking their boxes (the second in the backward band)
+        for name, band in (("transformer", 0), ("transformer.h", 1)):
+            before = _click_group(page, name, band)
+            lay = dag_layout(page)
+            g = groups["name"].index(name)
+            assert lay["expanded"][g], name
+            _check_layout(gpt2_joint, view.payload, lay, f"opened {name}")
+            # every child group and every own node of the opened group is now visible
+            ids = {it["id"].split("#")[0] for it in lay["items"]}
+            kids = [groups["name"][k] for k, p in enumerate(groups["parent"]) if p == g]
+            own = [n.name for n, gg in zip(gpt2_joint.graph.nodes, view.payload["nodes"]["g"])
+                   if gg == g]
+            assert kids and set(kids) <= ids and set(own) <= ids, name
+            # opened in place: its outline starts where its box started on screen
+            assert _group_screen_left(page, name, band) == pytest.approx(before[0], abs=1.0)
+        page.screenshot(path=str(SHOTS / "gpt2_two_groups_open.png"))
+        # and close the second again by clicking its title
+        _click_group(page, "transformer.h", 1, title=True)
+        lay = dag_layout(page)
+        assert not lay["expanded"][groups["name"].index("transformer.h")]
+        _check_layout(gpt2_joint, view.payload, lay, "closed transformer.h")
+        assert "transformer.h#b" in {it["id"] for it in lay["items"]}
+    assert errors.errors == [], errors.errors
 
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -1,5 +1,9 @@
 """A layered layout of a joint graph where the backward mirrors the forward.
 
+Used by ``plot_dag`` and the static SVG/PNG export. ``dag_view`` does not ship
+these positions: its renderer (``static/dagview.js``, ``layeredLayout``) runs the
+same steps in the browser over the visible items only (open nodes, closed groups).
+
 The drawing has two bands that share one horizontal axis:
 
 - the forward band (parameters, inputs, forward ops) above, data flowing

@@ -2,8 +2,10 @@
 
 The view opens collapsed to the deepest module level that fits a node
 budget (:mod:`jointlab.viz._hierarchy`); clicking a group opens it in place.
-Node positions come from one layered layout of the whole graph
-(:mod:`jointlab.viz._layout`), so opening a group only draws what it holds.
+The payload carries no positions: the renderer lays out only what is
+visible (open nodes and one box per closed group and band) with a layered
+layout of its own, and again on every open or close, so the cost follows
+the visible items, not the graph.
 The payload is compact: string tables plus integer arrays, JSON inside a
 ``<script type="application/json">`` with ``<``, ``>`` and ``&`` escaped, so
 a hostile module name is data, never markup. The renderer's readable source
@@ -22,7 +24,7 @@ import numpy as np
 
 from jointlab import meta as _meta
 from jointlab.passes.analyze import require_analyzed
-from jointlab.viz import _hierarchy, _layout
+from jointlab.viz import _hierarchy
 
 JS_PATH = pathlib.Path(__file__).parent / "static" / "dagview.js"
 DEFAULT_BUDGET = 2000
@@ -202,16 +204,11 @@ def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "
     edges = np.asarray([(index[a], i) for i, n in enumerate(nodes) for a in n.all_input_nodes],
                        dtype=np.int64).reshape(-1, 2)
     is_bwd = np.asarray([m.get("phase") in BACKWARD_PHASES for m in infos], dtype=bool)
-    by_name = {n.name: i for i, n in enumerate(nodes)}
-    twin = [by_name.get(m.get("fwd_twin"), -1) for m in infos]
-    lay = _layout.layered_layout(is_bwd.tolist(), edges[:, 0], edges[:, 1], twin)
     tree = _hierarchy.module_tree([m.get("module", "") for m in infos])
     expanded = _hierarchy.fitting_expansion(tree, is_bwd, budget)
     tables = {k: _Table() for k in ("label", "target", "phase", "shape", "dtype", "cat",
                                     "source", "mtype")}
     cols = _node_arrays(nodes, infos, tables)
-    cols["x"] = np.rint(lay.x * 4).astype(np.int64).tolist()
-    cols["y"] = np.rint(lay.y * 4).astype(np.int64).tolist()
     cols["g"] = tree.node_group.tolist()
     mtype = {m.get("module", ""): m.get("module_type", "") for m in infos}
     groups = {"name": tree.names, "parent": tree.parent.tolist(), "level": tree.level.tolist(),

@@ -1,7 +1,9 @@
 // jointlab DAG renderer: readable source, no dependencies, no build step.
-// Reads the JSON payload written by jointlab/viz/dagview.py and draws it on a
-// <canvas>: forward band on top, backward band mirrored below. Module groups
-// are boxes that open in place on click; labels follow level of detail; the
+// Reads the JSON payload written by jointlab/viz/dagview.py (no positions) and
+// draws it on a <canvas>: forward band on top, backward band mirrored below.
+// Only what is visible is laid out (layeredLayout), again on every open or
+// close. Module groups are boxes that open in place on click (the view stays
+// anchored on the group); labels follow level of detail; the
 // wheel zooms, dragging pans; search highlights, opens the holding groups and
 // zooms; a click on a node opens the detail panel. `el.jlView` exposes the
 // state for tests.
@@ -11,6 +13,10 @@
   const XS = 3.0;          // a column is this many rows wide (room for labels)
   const LABEL_MIN_PX = 44; // a column must be this wide on screen before node labels show
   const MAX_LABELS = 2500; // labels drawn per frame at most
+  // item sizes in world units (a column is XS wide, a row 1 high): half widths and heights,
+  // and the slot each takes in its column (the rest is the gap to its neighbour)
+  const NODE_HW = 0.3 * XS, NODE_HH = 0.4, NODE_SLOT = 1.0;
+  const BOX_COLS = 2, BOX_HW = 0.92 * XS, BOX_HH = 1.1, BOX_SLOT = 2.4;
   const CSS = `
 .jl-dag{position:relative;font:12px system-ui,sans-serif;border:1px solid #ddd;display:flex;flex-direction:column}
 .jl-dag .jl-bar{display:flex;gap:8px;align-items:center;padding:4px 6px;border-bottom:1px solid #eee;flex-wrap:wrap}
@@ -75,6 +81,40 @@
     }
     place(x0, y0, x1, y1) { if (!this.free(x0, y0, x1, y1)) return false; this.take(x0, y0, x1, y1); return true; }
   }
+  // Counts per (a, b) pair of non-negative integers below 2^24, in open addressing (far faster
+  // than a Map or Set of large numbers): the graph edges between two drawn items, or a frame's
+  // edge pixels. A count back at 0 keeps its slot; growing drops those.
+  class PairCounts {
+    constructor(n) { this._alloc(Math.max(16, n)); }
+    _alloc(n) {
+      let size = 16;
+      while (size < 2 * n) size *= 2;
+      this.mask = size - 1; this.used = 0;
+      this.keys = new Float64Array(size).fill(-1); this.counts = new Int32Array(size);
+    }
+    add(a, b, s) {  // the pair's new count
+      const key = a * 16777216 + b, keys = this.keys;
+      let h = (Math.imul(a, 0x9e3779b1) ^ Math.imul(b, 0x85ebca6b)) & this.mask;
+      while (keys[h] !== -1 && keys[h] !== key) h = (h + 1) & this.mask;
+      if (keys[h] === -1) {
+        if (2 * (this.used + 1) > keys.length) { this._grow(); return this.add(a, b, s); }
+        keys[h] = key; this.used++;
+      }
+      return (this.counts[h] += s);
+    }
+    _grow() {
+      const keys = this.keys, counts = this.counts;
+      let live = 0;
+      for (let h = 0; h < keys.length; h++) if (counts[h] > 0) live++;
+      this._alloc(2 * live + 16);
+      for (let h = 0; h < keys.length; h++) if (counts[h] > 0) { const b = keys[h] % 16777216; this.add((keys[h] - b) / 16777216, b, counts[h]); }
+    }
+    pairs() {  // flat [a, b, ...] of the pairs counted above 0
+      const out = [], keys = this.keys, counts = this.counts;
+      for (let h = 0; h < keys.length; h++) if (counts[h] > 0) { const b = keys[h] % 16777216; out.push((keys[h] - b) / 16777216, b); }
+      return out;
+    }
+  }
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -82,12 +122,193 @@
     return e;
   }
 
+  // -- layout of the visible graph -------------------------------------------------------
+  // Only what is drawn is laid out: the open nodes and one box per closed group and band.
+  // Items come in a topological order of the visible graph (topoOrder), so an edge with
+  // src < dst goes forward in that order; the few that cannot (a cycle through a closed box:
+  // a module called twice) are drawn but do not shape the layers.
+  // The forward band flows left to right, one column per longest-path layer; each backward
+  // item sits under its forward twin's layer (the bucket), flowing right to left inside it,
+  // and a layer is widened to as many columns as its bucket is deep, so the bands stay
+  // aligned. Vertical order inside a column comes from a few barycentre sweeps; items are
+  // stacked by their heights, so no two ever overlap. Cost: O((V + E) log V) in the items.
+  const SWEEPS = 4, BAND_GAP = 1.5;
+  class MinHeap {  // of item ids, by key
+    constructor(key) { this.key = key; this.a = []; }
+    get size() { return this.a.length; }
+    push(v) {
+      const a = this.a, key = this.key; let i = a.push(v) - 1;
+      while (i > 0) { const p = (i - 1) >> 1; if (key[a[p]] <= key[v]) break; a[i] = a[p]; i = p; }
+      a[i] = v;
+    }
+    pop() {
+      const a = this.a, key = this.key, top = a[0], last = a.pop();
+      if (!a.length) return top;
+      let i = 0;
+      for (;;) {
+        let c = 2 * i + 1;
+        if (c >= a.length) break;
+        if (c + 1 < a.length && key[a[c + 1]] < key[a[c]]) c++;
+        if (key[a[c]] >= key[last]) break;
+        a[i] = a[c]; i = c;
+      }
+      a[i] = last;
+      return top;
+    }
+  }
+  // A topological order of n items (Kahn's algorithm), earliest rank first among the ready
+  // ones; on a cycle the earliest-ranked item left goes next. rank: distinct numbers.
+  function topoOrder(n, rank, src, dst) {
+    const indeg = new Int32Array(n), out = csr(n, src, dst, k => src[k] !== dst[k]);
+    for (let v = 0; v < n; v++) for (let k = out.start[v]; k < out.start[v + 1]; k++) indeg[out.list[k]]++;
+    const ready = new MinHeap(rank), done = new Uint8Array(n), order = [];
+    const byRank = Array.from({length: n}, (_, v) => v).sort((a, b) => rank[a] - rank[b]);
+    let next = 0;
+    for (let v = 0; v < n; v++) if (!indeg[v]) ready.push(v);
+    while (order.length < n) {
+      let v;
+      if (ready.size) v = ready.pop();
+      else { while (done[byRank[next]]) next++; v = byRank[next]; }  // a cycle: break it
+      if (done[v]) continue;
+      done[v] = 1; order.push(v);
+      for (let k = out.start[v]; k < out.start[v + 1]; k++) { const w = out.list[k]; if (!done[w] && --indeg[w] === 0) ready.push(w); }
+    }
+    return order;
+  }
+  function csr(n, a, b, keep) {  // for each a[k] (where keep(k)), the list of its b[k]
+    const start = new Int32Array(n + 1);
+    for (let k = 0; k < a.length; k++) if (keep(k)) start[a[k] + 1]++;
+    for (let v = 0; v < n; v++) start[v + 1] += start[v];
+    const fill = start.slice(0, n), list = new Int32Array(start[n]);
+    for (let k = 0; k < a.length; k++) if (keep(k)) list[fill[a[k]]++] = b[k];
+    return {start, list};
+  }
+  function forwardLayers(n, band, preds, succs) {  // longest path; sources pulled to users
+    const layer = new Int32Array(n), feeder = new Uint8Array(n);
+    for (let v = 0; v < n; v++) {
+      if (band[v]) continue;
+      let best = -1, fedOnlyByFeeders = true;
+      for (let k = preds.start[v]; k < preds.start[v + 1]; k++) {
+        const u = preds.list[k];
+        if (band[u]) continue;
+        best = Math.max(best, layer[u]);
+        if (!feeder[u]) fedOnlyByFeeders = false;
+      }
+      layer[v] = best + 1;
+      feeder[v] = fedOnlyByFeeders ? 1 : 0;  // a source (weight, input) or fed by sources only
+    }
+    for (let v = n - 1; v >= 0; v--) {  // feeders move next to their first user
+      if (band[v] || !feeder[v]) continue;
+      let first = Infinity;
+      for (let k = succs.start[v]; k < succs.start[v + 1]; k++) if (!band[succs.list[k]]) first = Math.min(first, layer[succs.list[k]]);
+      if (first < Infinity) layer[v] = Math.max(layer[v], first - 1);
+    }
+    return layer;
+  }
+  function backwardBuckets(n, band, preds, twin, layer) {  // mirrored layer, depth inside it
+    let top = 0;
+    for (let v = 0; v < n; v++) if (!band[v]) top = Math.max(top, layer[v]);
+    const bucket = new Int32Array(n), depth = new Int32Array(n);
+    for (let v = 0; v < n; v++) {
+      if (!band[v]) continue;
+      const t = twin[v];
+      let k = t >= 0 && !band[t] ? layer[t] : top;
+      for (let j = preds.start[v]; j < preds.start[v + 1]; j++) { const u = preds.list[j]; if (band[u]) k = Math.min(k, bucket[u]); }
+      let d = 0;  // buckets never increase along a backward edge
+      for (let j = preds.start[v]; j < preds.start[v + 1]; j++) { const u = preds.list[j]; if (band[u] && bucket[u] === k) d = Math.max(d, depth[u] + 1); }
+      bucket[v] = k; depth[v] = d;
+    }
+    return {top, bucket, depth};
+  }
+  // Order each column by key, the items of one open group kept together (groups in the order
+  // of their mean key over all columns, the same in every column), then stack them by height,
+  // centred on 0.
+  function stackColumns(cols, key, h, pos, grp) {
+    const sum = new Map(), gkey = new Map();
+    for (const col of cols) for (const v of col) { const s = sum.get(grp[v]) || [0, 0]; s[0] += key[v]; s[1]++; sum.set(grp[v], s); }
+    for (const [g, s] of sum) gkey.set(g, s[0] / s[1]);
+    for (const col of cols) {
+      col.sort((a, b) => gkey.get(grp[a]) - gkey.get(grp[b]) || grp[a] - grp[b] || key[a] - key[b] || pos[a] - pos[b] || a - b);
+      let total = 0;
+      for (const v of col) total += h[v];
+      let c = -total / 2;
+      for (const v of col) { pos[v] = c + h[v] / 2; c += h[v]; }
+    }
+  }
+  function barycentres(n, band, preds, succs, twin, pos, down, anchorsOnly) {
+    const key = new Float64Array(n);
+    for (let v = 0; v < n; v++) {
+      let s = 0, c = 0;
+      const add = u => { s += pos[u]; c++; };
+      if (!anchorsOnly) {  // neighbours in the same band, on the side the sweep comes from
+        const A = down ? preds : succs;
+        for (let k = A.start[v]; k < A.start[v + 1]; k++) if (band[A.list[k]] === band[v]) add(A.list[k]);
+      }
+      if (band[v]) {  // a backward item is anchored to its twin and to what it reads forward
+        if (twin[v] >= 0 && !band[twin[v]]) add(twin[v]);
+        for (let k = preds.start[v]; k < preds.start[v + 1]; k++) if (!band[preds.list[k]]) add(preds.list[k]);
+      }
+      key[v] = c ? s / c : pos[v];
+    }
+    return key;
+  }
+  // Column of every item: a forward layer is as wide as its widest item, or as the backward
+  // columns of its bucket side by side (depth 0 on the right: the backward flows leftwards).
+  // Returns x (centre, in column units) and a column key per item (the bands never share one).
+  function columnsOf(n, band, w, layer, top, bucket, depth) {
+    const deep = new Int32Array(top + 1);  // backward columns per bucket
+    for (let v = 0; v < n; v++) if (band[v]) deep[bucket[v]] = Math.max(deep[bucket[v]], depth[v] + 1);
+    const first = new Int32Array(top + 2);  // flat index of a bucket's first backward column
+    for (let l = 0; l <= top; l++) first[l + 1] = first[l] + deep[l];
+    const sub = new Float64Array(first[top + 1]), span = new Float64Array(top + 1);
+    for (let v = 0; v < n; v++) {
+      if (band[v]) sub[first[bucket[v]] + depth[v]] = Math.max(sub[first[bucket[v]] + depth[v]], w[v]);
+      else span[layer[v]] = Math.max(span[layer[v]], w[v]);
+    }
+    const left = new Float64Array(top + 2), right = new Float64Array(sub.length);  // a backward column's right edge
+    for (let l = 0; l <= top; l++) {
+      let s = 0;
+      for (let d = first[l]; d < first[l + 1]; d++) s += sub[d];
+      span[l] = Math.max(span[l], s, 1);
+      left[l + 1] = left[l] + span[l];
+      let r = left[l + 1];
+      for (let d = first[l]; d < first[l + 1]; d++) { right[d] = r; r -= sub[d]; }
+    }
+    const x = new Float64Array(n), colOf = new Int32Array(n);
+    for (let v = 0; v < n; v++) {
+      const d = first[bucket[v]] + depth[v];
+      x[v] = band[v] ? right[d] - sub[d] / 2 : left[layer[v]] + span[layer[v]] / 2;
+      colOf[v] = band[v] ? top + 1 + d : layer[v];
+    }
+    return {x, colOf};
+  }
+  // L: n items in topological order, band (0 forward, 1 backward), w (width in columns), h (slot height),
+  // grp (the innermost open group holding each item, kept together in a column), twin (item or -1),
+  // src/dst (edges between items). Returns x (in columns) and y (in rows, forward above 0).
+  function layeredLayout(L) {
+    const {n, band, w, h, grp, twin, src, dst} = L, fwd = k => src[k] < dst[k];
+    const succs = csr(n, src, dst, fwd), preds = csr(n, dst, src, fwd);
+    const layer = forwardLayers(n, band, preds, succs);
+    const {top, bucket, depth} = backwardBuckets(n, band, preds, twin, layer);
+    const {x, colOf} = columnsOf(n, band, w, layer, top, bucket, depth), cols = [];
+    for (let v = 0; v < n; v++) (cols[colOf[v]] = cols[colOf[v]] || []).push(v);
+    const columns = cols.filter(c => c), pos = new Float64Array(n);
+    stackColumns(columns, Float64Array.from({length: n}, (_, v) => v), h, pos, grp);
+    stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, true, true), h, pos, grp);  // mirror
+    for (let s = 0; s < SWEEPS; s++) stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, s % 2 === 0, false), h, pos, grp);
+    let half = 0;
+    for (let v = 0; v < n; v++) half = Math.max(half, Math.abs(pos[v]) + h[v] / 2);
+    half += BAND_GAP / 2;
+    const y = new Float64Array(n);
+    for (let v = 0; v < n; v++) y[v] = band[v] ? -(half + pos[v]) : half + pos[v];
+    return {x, y, layer, bucket};
+  }
+
   class DagView {
     constructor(root, P) {
       this.root = root; this.P = P;
       const N = this.N = P.nodes.name.length, G = this.G = P.groups.name.length;
-      this.x = Float64Array.from(P.nodes.x, v => v / 4 * XS);
-      this.y = Float64Array.from(P.nodes.y, v => v / 4);
+      this.x = new Float64Array(N); this.y = new Float64Array(N);  // per open node: its position
       this.g = Int32Array.from(P.nodes.g);
       this.parent = Int32Array.from(P.groups.parent);
       this.level = Int32Array.from(P.groups.level);
@@ -100,22 +321,31 @@
       this.colorBy = P.color_by;
       this.hits = new Set(); this.selected = -1; this.selectedBox = -1;
       this.drawnLabels = [];
-      this._bboxes(); this._adjacency(); this._dom();
+      const M = N + 2 * G;  // item ids: node i, or N + gid * 2 + band for a closed group's box
+      this.ix = new Float64Array(M); this.iy = new Float64Array(M); this.slot = new Int32Array(M).fill(-1);
+      this.vis = [];
+      this._firstMembers(); this._subtrees(); this._adjacency(); this._dom();
       this.update(); this.fit(true);
     }
     // -- geometry ------------------------------------------------------------
-    _bboxes() {  // bbox of every (group, band) over its whole subtree
-      const G = this.G, bb = this.bb = new Float64Array(G * 8);
-      for (let k = 0; k < G * 2; k++) { bb[k * 4] = Infinity; bb[k * 4 + 1] = Infinity; bb[k * 4 + 2] = -Infinity; bb[k * 4 + 3] = -Infinity; }
-      for (let i = 0; i < this.N; i++) {
-        for (let gid = this.g[i]; gid >= 0; gid = this.parent[gid]) {
-          const o = (gid * 2 + this.band[i]) * 4;
-          if (this.x[i] < bb[o]) bb[o] = this.x[i];
-          if (this.y[i] < bb[o + 1]) bb[o + 1] = this.y[i];
-          if (this.x[i] > bb[o + 2]) bb[o + 2] = this.x[i];
-          if (this.y[i] > bb[o + 3]) bb[o + 3] = this.y[i];
-        }
-      }
+    _firstMembers() {  // per (group, band): its first node in graph order, the box's rank
+      const f = this.first = new Int32Array(this.G * 2).fill(-1);
+      for (let i = this.N - 1; i >= 0; i--) for (let gid = this.g[i]; gid >= 0; gid = this.parent[gid]) f[gid * 2 + this.band[i]] = i;
+    }
+    _subtrees() {  // groups and nodes in depth-first order: every group's subtree is one range
+      const G = this.G, N = this.N, kids = Array.from({length: G}, () => []), own = Array.from({length: G}, () => []);
+      for (let g = 1; g < G; g++) kids[this.parent[g]].push(g);
+      for (let i = 0; i < N; i++) own[this.g[i]].push(i);
+      this.nodeOrder = new Int32Array(N); this.nodeAt = new Int32Array(N); this.groupOrder = new Int32Array(G);
+      this.lo = new Int32Array(G); this.hi = new Int32Array(G); this.glo = new Int32Array(G); this.ghi = new Int32Array(G);
+      let k = 0, gk = 0;
+      const visit = g => {
+        this.lo[g] = k; this.glo[g] = gk; this.groupOrder[gk++] = g;
+        for (const i of own[g]) { this.nodeAt[i] = k; this.nodeOrder[k++] = i; }
+        for (const c of kids[g]) visit(c);
+        this.hi[g] = k; this.ghi[g] = gk;
+      };
+      visit(0);
     }
     _adjacency() {
       const E = this.P.edges, N = this.N;
@@ -124,41 +354,139 @@
       for (let k = 0; k < E.length; k += 2) { this.succs[E[k]].push(E[k + 1]); this.preds[E[k + 1]].push(E[k]); }
     }
     // -- visibility ----------------------------------------------------------
-    update() {  // recompute what is drawn after groups open or close
+    update() {  // recompute everything that is drawn (several groups changed), and lay it out
       const G = this.G, N = this.N, rep = this.repOfGroup = new Int32Array(G);
       for (let gid = 0; gid < G; gid++) {  // parents come before children
         const p = this.parent[gid], pr = p >= 0 ? rep[p] : -1;
         rep[gid] = pr >= 0 ? pr : (this.expanded[gid] ? -1 : gid);
       }
-      const item = this.itemOf = new Int32Array(N);  // node -> drawn item id
-      const boxes = new Set(), nodes = [];
-      for (let i = 0; i < N; i++) {
-        const r = rep[this.g[i]];
-        if (r < 0) { item[i] = i; nodes.push(i); } else { item[i] = N + r * 2 + this.band[i]; boxes.add(r * 2 + this.band[i]); }
+      const item = this.itemOf = new Int32Array(N);  // node -> drawn item id (-1: hidden phase)
+      this.members = new Int32Array(N + 2 * G); this.visItems = new Set();  // drawn nodes per item
+      this.edgeCount = new PairCounts(this.P.edges.length / 2);  // graph edges per pair of items
+      for (let i = 0; i < N; i++) { item[i] = this._itemOfNode(i); this._count(item[i], 1); }
+      const E = this.P.edges;
+      for (let k = 0; k < E.length; k += 2) this._edge(item[E[k]], item[E[k + 1]], 1);
+      this._relayout();
+    }
+    _itemOfNode(i) {  // itself when every group on its path is open, else its closed group's box
+      const r = this.repOfGroup[this.g[i]];
+      if (this.isHidden && this.isHidden(i)) return -1;  // isHidden: set by widgets/_dagcursor
+      return r < 0 ? i : this.N + r * 2 + this.band[i];
+    }
+    _count(it, s) {  // s = +1 or -1
+      if (it < 0) return;
+      const c = (this.members[it] += s);
+      if (c === 0) this.visItems.delete(it); else if (c === 1 && s > 0) this.visItems.add(it);
+    }
+    _edge(a, b, s) { if (a !== b && a >= 0 && b >= 0) this.edgeCount.add(a, b, s); }
+    // After one group opened or closed: only the nodes under it change item, so only they and
+    // their edges are counted again (cost: the group's size plus the visible items), then the
+    // visible graph is laid out again.
+    regroup(gid) {
+      const item = this.itemOf, rep = this.repOfGroup, lo = this.lo[gid], hi = this.hi[gid];
+      const order = this.nodeOrder, at = this.nodeAt, inside = j => at[j] >= lo && at[j] < hi;
+      const recount = s => {
+        for (let k = lo; k < hi; k++) {
+          const i = order[k];
+          this._count(item[i], s);
+          for (const j of this.succs[i]) this._edge(item[i], item[j], s);
+          for (const p of this.preds[i]) if (!inside(p)) this._edge(item[p], item[i], s);
+        }
+      };
+      recount(-1);
+      for (let k = this.glo[gid]; k < this.ghi[gid]; k++) {  // the groups under gid, parents first
+        const g = this.groupOrder[k], p = this.parent[g], pr = p >= 0 ? rep[p] : -1;
+        rep[g] = pr >= 0 ? pr : (this.expanded[g] ? -1 : g);
       }
-      this.visNodes = nodes; this.visBoxes = [...boxes];
-      const E = this.P.edges, seen = new Set(), es = [];
-      for (let k = 0; k < E.length; k += 2) {
-        const a = item[E[k]], b = item[E[k + 1]];
-        if (a === b) continue;
-        const key = a * (N + 2 * G) + b;
-        if (seen.has(key)) continue;
-        seen.add(key); es.push(a, b);
-      }
-      this.visEdges = es;
+      for (let k = lo; k < hi; k++) item[order[k]] = this._itemOfNode(order[k]);
+      recount(1);
+      this._relayout();
+    }
+    _relayout() {  // the visible items and edges from the counts, then layout and drawing
+      const N = this.N, nodes = [], boxes = [];
+      for (const it of this.visItems) if (it < N) nodes.push(it); else boxes.push(it - N);
+      this.visNodes = nodes; this.visBoxes = boxes; this.visEdges = this.edgeCount.pairs();
+      this._version = (this._version || 0) + 1;  // node colours are computed again
+      this.layout();
       this._moduleColors(); this._legend(); this.draw();
+    }
+    layout() {  // lay out the visible items only (see layeredLayout)
+      const t0 = performance.now(), N = this.N, slot = this.slot;
+      for (const it of this.vis) slot[it] = -1;
+      const vis = this.vis = this._topoItems();
+      const n = vis.length, band = new Uint8Array(n), w = new Float64Array(n), h = new Float64Array(n), grp = new Int32Array(n), twin = new Int32Array(n).fill(-1);
+      vis.forEach((it, v) => { slot[it] = v; });
+      const tw = this.P.nodes.twin;
+      for (let v = 0; v < n; v++) {
+        const it = vis[v];
+        band[v] = it < N ? this.band[it] : (it - N) & 1;
+        h[v] = it < N ? NODE_SLOT : BOX_SLOT; w[v] = it < N ? 1 : BOX_COLS;
+        grp[v] = it < N ? this.g[it] : this.parent[(it - N) >> 1];
+        if (!band[v]) continue;
+        const t = it < N ? (tw[it] >= 0 ? this.itemOf[tw[it]] : -1) : it - 1;  // a backward box's twin: the forward box
+        if (t >= 0 && slot[t] >= 0) twin[v] = slot[t];
+      }
+      const es = this.visEdges, src = new Int32Array(es.length / 2), dst = new Int32Array(es.length / 2);
+      for (let k = 0; k < src.length; k++) { src[k] = slot[es[2 * k]]; dst[k] = slot[es[2 * k + 1]]; }
+      const lay = layeredLayout({n, band, w, h, grp, twin, src, dst});
+      let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+      for (let v = 0; v < n; v++) {
+        const it = vis[v], x = this.ix[it] = lay.x[v] * XS, y = this.iy[it] = lay.y[v];
+        x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+      }
+      this.world = n ? [x0, y0, x1, y1] : [0, 0, 1, 1];
+      this.itemLayer = lay.layer; this.itemBucket = lay.bucket;
+      for (const i of this.visNodes) { this.x[i] = this.ix[i]; this.y[i] = this.iy[i]; }  // open nodes only
+      this._outlines();
+      this.lastLayoutMs = performance.now() - t0;
+      if (this.mini) this._renderMini();
+    }
+    _topoItems() {  // the visible items in a topological order of the visible edges
+      const N = this.N, slot = this.slot, items = [...this.visNodes, ...this.visBoxes.map(b => N + b)];
+      const rank = Float64Array.from(items, it => it < N ? it : this.first[it - N]);  // graph order
+      items.forEach((it, v) => { slot[it] = v; });
+      const es = this.visEdges, src = new Int32Array(es.length / 2), dst = new Int32Array(es.length / 2);
+      for (let k = 0; k < src.length; k++) { src[k] = slot[es[2 * k]]; dst[k] = slot[es[2 * k + 1]]; }
+      const order = topoOrder(items.length, rank, src, dst).map(v => items[v]);
+      for (const it of items) slot[it] = -1;
+      return order;
+    }
+    _outlines() {  // per open (group, band): the bbox of the visible items it holds
+      const G = this.G, N = this.N, ob = this.ob = new Float64Array(G * 8), keys = new Set();
+      for (let k = 0; k < G * 2; k++) { ob[k * 4] = Infinity; ob[k * 4 + 1] = Infinity; ob[k * 4 + 2] = -Infinity; ob[k * 4 + 3] = -Infinity; }
+      for (const it of this.vis) {
+        const r = this.itemRect(it), band = it < N ? this.band[it] : (it - N) & 1;
+        for (let gid = it < N ? this.g[it] : this.parent[(it - N) >> 1]; gid > 0; gid = this.parent[gid]) {
+          const o = (gid * 2 + band) * 4; keys.add(gid * 2 + band);
+          ob[o] = Math.min(ob[o], r[0]); ob[o + 1] = Math.min(ob[o + 1], r[1]);
+          ob[o + 2] = Math.max(ob[o + 2], r[2]); ob[o + 3] = Math.max(ob[o + 3], r[3]);
+        }
+      }
+      this.outlineKeys = [...keys].sort((p, q) => this.level[p >> 1] - this.level[q >> 1]);
+    }
+    outlineRect(key) {  // world rect around an open group's visible items in one band, or null
+      const o = key * 4, ob = this.ob;
+      return ob[o] <= ob[o + 2] ? [ob[o] - 0.15 * XS, ob[o + 1] - 0.2, ob[o + 2] + 0.15 * XS, ob[o + 3] + 0.9] : null;
     }
     outputItem() {  // the drawn item holding the graph's output node
       const o = this.P.tables.phase.indexOf("output");
       for (let i = this.N - 1; i >= 0; i--) if (this.P.nodes.ph[i] === o) return this.itemOf[i];
       return -1;
     }
-    itemXY(it) {
-      if (it < this.N) return [this.x[it], this.y[it]];
-      const o = (it - this.N) * 4, bb = this.bb;
-      return [(bb[o] + bb[o + 2]) / 2, (bb[o + 1] + bb[o + 3]) / 2];
+    itemXY(it) { return [this.ix[it], this.iy[it]]; }
+    itemRect(it) {  // world rect [x0, y0, x1, y1] of a drawn node or box
+      const [hw, hh] = it < this.N ? [NODE_HW, NODE_HH] : [BOX_HW, BOX_HH], x = this.ix[it], y = this.iy[it];
+      return [x - hw, y - hh, x + hw, y + hh];
     }
-    boxRect(b) { const o = b * 4, bb = this.bb; return [bb[o] - 0.6 * XS / 2, bb[o + 1] - 0.45, bb[o + 2] + 0.6 * XS / 2, bb[o + 3] + 0.45]; }
+    boxRect(b) { return this.itemRect(this.N + b); }
+    /** What tests read: every visible item's id, kind, band, layer and world rect, and the edges. */
+    layoutState() {
+      const N = this.N;
+      return {items: this.vis.map((it, v) => ({id: it < N ? this.P.nodes.name[it] : this.P.groups.name[(it - N) >> 1] + ((it - N) & 1 ? "#b" : "#f"),
+                                               box: it >= N, band: it < N ? this.band[it] : (it - N) & 1,
+                                               layer: this.itemLayer[v], rect: this.itemRect(it)})),
+              edges: this.visEdges.map(it => this.slot[it]), layoutMs: this.lastLayoutMs};
+    }
     // -- colour --------------------------------------------------------------
     ancestorAt(gid, lvl) { while (this.level[gid] > lvl) gid = this.parent[gid]; return gid; }
     _moduleColors() {
@@ -261,9 +589,7 @@
     // -- view transform --------------------------------------------------------
     fit(initial) {  // fit everything, or (first paint of a very long graph) its left part at readable size
       const W = this.canvas.clientWidth || 800, H = this.canvas.clientHeight || 500;
-      let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
-      for (let i = 0; i < this.N; i++) { x0 = Math.min(x0, this.x[i]); x1 = Math.max(x1, this.x[i]); y0 = Math.min(y0, this.y[i]); y1 = Math.max(y1, this.y[i]); }
-      this.world = [x0, y0, x1, y1];
+      const [x0, y0, x1, y1] = this.world;  // the visible items' extent (layout())
       let k = Math.min(W / (x1 - x0 + 4), H / (y1 - y0 + 3));
       if (initial && k * XS < LABEL_MIN_PX) k = Math.min(H / (y1 - y0 + 3), LABEL_MIN_PX / XS * 1.05);
       this.k = k;
@@ -328,25 +654,31 @@
         if (px >= a && px <= z && py >= t && py <= u && (z - a) * (u - t) < area) { box = b; area = (z - a) * (u - t); }
       }
       if (box >= 0) return {box};
-      for (const t of this.titles || []) if (px >= t[1] && px <= t[3] && py >= t[2] && py <= t[4]) return {title: t[0]};
+      for (const t of this.titles || []) if (px >= t[1] && px <= t[3] && py >= t[2] && py <= t[4]) return {title: t[0], band: t[5]};
       return null;
     }
     click(px, py) {
       const h = this.hit(px, py);
       if (!h) return;
       if (h.node !== undefined) this.select(h.node);
-      else if (h.box !== undefined) this.toggle(h.box >> 1, true);
-      else this.toggle(h.title, false);
+      else if (h.box !== undefined) this.toggle(h.box >> 1, true, h.box & 1);
+      else this.toggle(h.title, false, h.band);
     }
-    toggle(gid, open) {
+    // the world rect of a group in one band: its box when closed, its outline when open
+    groupRect(gid, band) { return this.slot[this.N + gid * 2 + band] >= 0 ? this.boxRect(gid * 2 + band) : this.outlineRect(gid * 2 + band); }
+    toggle(gid, open, band) {  // open or close in place: the group's left edge stays where it was on screen
       const t0 = performance.now();
+      band = band || 0;
+      if (!this.groupRect(gid, band)) band = 1 - band;
+      const before = this.groupRect(gid, band), anchor = before && this.toScreen(before[0], (before[1] + before[3]) / 2);
       if (open) this.expanded[gid] = 1;
-      else { for (let k = 0; k < this.G; k++) if (this.isUnder(k, gid)) this.expanded[k] = 0; }
-      this.update();
+      else { for (let k = this.glo[gid]; k < this.ghi[gid]; k++) this.expanded[this.groupOrder[k]] = 0; }
+      this.regroup(gid);
+      const after = this.groupRect(gid, band);
+      if (anchor && after) { this.vx = after[0] - anchor[0] / this.k; this.vy = (after[1] + after[3]) / 2 + anchor[1] / (this.k * this.ay); }
       this.lastToggleMs = performance.now() - t0;
       this.showGroup(gid);
     }
-    isUnder(k, gid) { for (; k >= 0; k = this.parent[k]) if (k === gid) return true; return false; }
     collapseAll() { this.expanded.fill(0); this.expanded[0] = 1; this.update(); this.fit(); }
     reveal(i) { for (let gid = this.g[i]; gid >= 0; gid = this.parent[gid]) this.expanded[gid] = 1; }
     // -- search ----------------------------------------------------------------
@@ -448,11 +780,10 @@
     _drawTitles(ctx, W, H) {  // outlines and titles of open groups (click a title to close)
       this.titles = [];
       ctx.font = FONT;
-      const seen = new Set();
-      for (const i of this.visNodes) { for (let gid = this.g[i]; gid > 0; gid = this.parent[gid]) { const key = gid * 2 + this.band[i]; if (seen.has(key)) break; seen.add(key); } }
-      const outerFirst = [...seen].sort((p, q) => this.level[p >> 1] - this.level[q >> 1]);
-      for (const key of outerFirst) {
-        const [x0, y0, x1, y1] = this.boxRect(key), [a, t] = this.toScreen(x0, y1 + 0.3), [z, u] = this.toScreen(x1, y0 - 0.1);
+      for (const key of this.outlineKeys) {  // outer groups first
+        const o = key * 4;
+        if ((this.ob[o + 2] - this.ob[o]) * this.k < 20) continue;  // too narrow on screen to draw
+        const [x0, y0, x1, y1] = this.outlineRect(key), [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
         if (z < 0 || a > W || u < 0 || t > H || z - a < 24) continue;
         const gid = key >> 1;
         ctx.strokeStyle = this.groupColor(gid); ctx.globalAlpha = 0.5; ctx.strokeRect(a, t, z - a, u - t); ctx.globalAlpha = 1;
@@ -465,7 +796,7 @@
         for (const ty of [Math.max(t, 0), Math.max(t, 0) + 13]) {
           if (ty + 13 > u || !this._occ.place(ax, ty, ax + w, ty + 13)) continue;
           ctx.fillStyle = "#333"; ctx.fillText(txt, ax, ty + 11);
-          this.titles.push([gid, ax - 2, ty, ax + w + 2, ty + 13]);
+          this.titles.push([gid, ax - 2, ty, ax + w + 2, ty + 13, key & 1]);
           break;
         }
       }
@@ -483,18 +814,19 @@
       const heads = [], faint = [];
       // level of detail: many edges zoomed out land on the same pixels; each pixel-exact line
       // (both ends on screen) is stroked once, and one inside a single pixel not at all
-      const dense = !arrows && es.length > 4000, drawnPx = dense ? new Set() : null;
+      const dense = !arrows && es.length > 4000, drawnPx = dense ? new PairCounts(es.length / 2) : null;
+      const ix = this.ix, iy = this.iy, vx = this.vx, vy = this.vy, kx = this.k, ky = this.k * this.ay;
       for (let k = 0; k < es.length; k += 2) {
-        if (es[k + 1] === out && es[k] !== this.selected) { faint.push(es[k], es[k + 1]); continue; }
-        const [ax, ay] = this.itemXY(es[k]), [bx, by] = this.itemXY(es[k + 1]);
-        let [sx, sy] = this.toScreen(ax, ay), [tx, ty] = this.toScreen(bx, by);
+        const p = es[k], q = es[k + 1];
+        if (q === out && p !== this.selected) { faint.push(p, q); continue; }
+        let sx = (ix[p] - vx) * kx, sy = (vy - iy[p]) * ky, tx = (ix[q] - vx) * kx, ty = (vy - iy[q]) * ky;  // toScreen
         if ((sx < 0 && tx < 0) || (sx > W && tx > W) || (sy < 0 && ty < 0) || (sy > H && ty > H)) continue;
         if (dense && sx >= 0 && sy >= 0 && tx >= 0 && ty >= 0 && sx < 4096 && sy < 4096 && tx < 4096 && ty < 4096) {
           const a = Math.floor(sx) * 4096 + Math.floor(sy), b = Math.floor(tx) * 4096 + Math.floor(ty);
-          if (a === b || drawnPx.has(a * 16777216 + b)) continue;
-          drawnPx.add(a * 16777216 + b);
+          if (a === b || drawnPx.add(a, b, 1) > 1) continue;
         }
         if (arrows) [tx, ty] = this._clip(es[k + 1], sx, sy, tx, ty);
+        if (arrows && es[k] >= this.N) [sx, sy] = this._clip(es[k], tx, ty, sx, sy);  // out of a box's outline
         ctx.moveTo(sx, sy); ctx.lineTo(tx, ty);
         if (arrows && Math.hypot(tx - sx, ty - sy) > 14) heads.push(sx, sy, tx, ty);
       }
@@ -540,29 +872,44 @@
         }
       }
     }
+    _nodeColors() {  // per visible node the index of its colour, once per update and colouring
+      const key = this.colorBy + "|" + this._version;
+      if (this._colorKey !== key) {
+        const idx = this._colorIdx = this._colorIdx || new Int32Array(this.N), seen = new Map();
+        for (const i of this.visNodes) {
+          const c = this.nodeColor(i);
+          let k = seen.get(c);
+          if (k === undefined) seen.set(c, k = seen.size);
+          idx[i] = k;
+        }
+        this._colorList = [...seen.keys()]; this._colorKey = key;
+      }
+      return this._colorIdx;
+    }
     _drawNodes(ctx, W, H, on) {
       const r = this._radius(), n = this.P.nodes, T = this.P.tables, colPx = this.k * XS;
       const labels = colPx >= LABEL_MIN_PX, shapes = colPx >= LABEL_MIN_PX * 1.6;
       const drawn = [];
       // level of detail: small squares are batched per colour, one per screen pixel
-      const tiny = r < 2.5, byColor = new Map(), px = tiny ? new Uint8Array(W * H) : null;
+      const tiny = r < 2.5, px = tiny ? new Uint8Array(W * H) : null;
+      const x = this.x, y = this.y, vx = this.vx, vy = this.vy, kx = this.k, ky = this.k * this.ay;
+      const color = this._nodeColors(), colors = this._colorList, byColor = colors.map(() => []);
       for (const i of this.visNodes) {
-        const [sx, sy] = this.toScreen(this.x[i], this.y[i]);
-        if (!on(sx, sy, 40)) continue;
+        const sx = (x[i] - vx) * kx, sy = (vy - y[i]) * ky;  // toScreen
+        if (sx < -40 || sx > W + 40 || sy < -40 || sy > H + 40) continue;
         if (tiny) {
           const c = Math.floor(sy) * W + Math.floor(sx);
           if (sx >= 0 && sy >= 0 && sx < W && sy < H) { if (px[c]) continue; px[c] = 1; }
-          const col = this.nodeColor(i); let l = byColor.get(col);
-          if (!l) byColor.set(col, l = []);
-          l.push(sx - r, sy - r); continue;
+          byColor[color[i]].push(sx - r, sy - r); continue;
         }
-        ctx.fillStyle = this.nodeColor(i);
+        ctx.fillStyle = colors[color[i]];
         ctx.beginPath(); ctx.arc(sx, sy, r, 0, 6.2832); ctx.fill();
         if (n.flags[i] & 2) { ctx.strokeStyle = "#e6a100"; ctx.lineWidth = 2; ctx.stroke(); }
         if (labels && drawn.length < MAX_LABELS) drawn.push(i);
       }
-      for (const [col, l] of byColor) {
-        ctx.fillStyle = col; ctx.beginPath();
+      for (const [c, l] of byColor.entries()) {
+        if (!l.length) continue;
+        ctx.fillStyle = colors[c]; ctx.beginPath();
         for (let k = 0; k < l.length; k += 2) ctx.rect(l[k], l[k + 1], 2 * r, 2 * r);
         ctx.fill();
       }
@@ -598,9 +945,10 @@
       const m = this.mini, ctx = m.getContext("2d"), [x0, y0, x1, y1] = this.world;
       const off = this.miniImg = document.createElement("canvas"); off.width = m.width; off.height = m.height;
       const o = off.getContext("2d"); o.fillStyle = "#fff"; o.fillRect(0, 0, m.width, m.height);
-      for (let i = 0; i < this.N; i++) {
-        o.fillStyle = this.band[i] ? "#d62728" : "#1f77b4";
-        o.fillRect((this.x[i] - x0) / (x1 - x0 || 1) * (m.width - 2), (y1 - this.y[i]) / (y1 - y0 || 1) * (m.height - 2), 1.5, 1.5);
+      for (const it of this.vis) {  // the visible items, boxes a little larger
+        const big = it >= this.N, band = big ? (it - this.N) & 1 : this.band[it], s = big ? 2.5 : 1.5;
+        o.fillStyle = band ? "#d62728" : "#1f77b4";
+        o.fillRect((this.ix[it] - x0) / (x1 - x0 || 1) * (m.width - 2), (y1 - this.iy[it]) / (y1 - y0 || 1) * (m.height - 2), s, s);
       }
       ctx.drawImage(off, 0, 0);
     }
@@ -620,7 +968,7 @@
               boxLabels: (this.boxLabels || []).slice(0, 50), arrows: this.arrowCount,
               colorLevel: this.colorLevel, moduleColors: [...this.keyColor.values()],
               hits: this.hits.size, frameMs: this.lastFrameMs, toggleMs: this.lastToggleMs,
-              searchMs: this.lastSearchMs};
+              searchMs: this.lastSearchMs, layoutMs: this.lastLayoutMs};
     }
   }
 
