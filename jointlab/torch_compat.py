@@ -345,7 +345,8 @@ def fake_tensor_maker(mode: Any, device: torch.device) -> Callable[[torch.Tensor
         return construct
     agrees = (type(probe) is type(reference) and probe.__dict__ == template
               and dispatch_keys(probe) == dispatch_keys(reference)
-              and probe.device == reference.device)
+              and probe.device == reference.device
+              and probe.requires_grad == reference.requires_grad)
     return make if agrees else construct
 
 
