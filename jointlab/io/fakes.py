@@ -186,12 +186,15 @@ class _Builder:
 def fits_storage(shape: list[int], stride: list[int], offset: int, itemsize: int,
                  nbytes: int) -> bool:
     """True when a strided view lies inside a storage of ``nbytes`` bytes."""
-    if len(shape) != len(stride) or offset < 0 or any(s < 0 for s in shape):
+    if len(shape) != len(stride) or offset < 0:
         return False
-    if 0 in shape:
-        return True
-    last = offset + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
-    return (last + 1) * itemsize <= nbytes
+    last, empty = offset, False
+    for size, step in zip(shape, stride):  # one loop: a load checks every tensor
+        if size < 0:
+            return False
+        empty = empty or size == 0
+        last += (size - 1) * abs(step)
+    return empty or (last + 1) * itemsize <= nbytes
 
 
 def _propagate(gm: fx.GraphModule, specs: list[dict[str, Any]]) -> None:
