@@ -445,7 +445,7 @@ def _first_val(doc):
      "malformed meta\\['jointlab'\\] row"),
     ("graph.json", _edit_doc(lambda d: d["nodes"][0]["jl"].append(0)),
      "malformed meta\\['jointlab'\\] row"),
-    ("graph.json", _edit_doc(lambda d: d["jl_keys"][0].__setitem__(0, "a b")), "jl_keys"),
+    ("graph.json", _edit_doc(lambda d: d["jl_keys"][0].__setitem__(0, 5)), "jl_keys"),
     ("graph.json", _edit_doc(lambda d: d["nodes"][0]["meta"].update(
         jointlab={"t": "sdict", "v": {}})), "unexpected node meta key"),
     ("graph.json", _edit_doc(lambda d: _first_call_rec(d)["jl"].__setitem__(
@@ -540,6 +540,16 @@ def test_loaded_graph_keeps_every_meta_and_value(name, tmp_path):
     assert m1.lifetimes.equals(m2.lifetimes) and m1.timeline.equals(m2.timeline)
     assert (m1.peak_bytes, m1.peak_node) == (m2.peak_bytes, m2.peak_node)
     assert loaded.nodes.astype(str).equals(joint.nodes.astype(str))
+    steppers = [jl.Stepper(j, fx_.make_model(), inputs, seed=0, keep="all")
+                for j in (joint, loaded)]
+    for s in steppers:
+        s.run()
+    uninitialised = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty")
+    for n in a[:-1]:  # every value the Stepper computed, bit for bit (not uninitialised ones)
+        if n.meta["jointlab"].get("target") in uninitialised:
+            continue
+        v1, v2 = (tensors_of(st.value(n.name)) for st in steppers)
+        assert len(v1) == len(v2) and all(map(torch.equal, v1, v2)), n.name
 
 
 def test_fast_fake_tensors_only_where_they_equal_the_constructors(monkeypatch):
@@ -563,3 +573,29 @@ def test_fast_fake_tensors_only_where_they_equal_the_constructors(monkeypatch):
     slow = fake_tensor_maker(mode, cpu)
     assert slow.__name__ == "construct"
     assert "_debug_trace" in vars(slow(elem()))
+
+
+def test_load_restores_the_collector_and_leaves_young_generations_empty(saved, tmp_path):
+    import gc
+
+    bad = tmp_path / "bad.jlg"
+    _tamper(saved, bad, "graph.json", lambda d: b"{")
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            loaded = jl.load(str(saved))
+            assert gc.isenabled() is enabled
+            assert gc.get_count()[0] < 100  # the load's objects aged, not left to gen-0 passes
+            with pytest.raises(PersistError):
+                jl.load(str(bad))
+            assert gc.isenabled() is enabled
+        gc.enable()
+        gc.freeze()  # a process keeping frozen objects of its own (say, before fork)
+        frozen = gc.get_freeze_count()
+        jl.load(str(saved))
+        assert gc.get_freeze_count() == frozen  # left frozen
+    finally:
+        gc.unfreeze()
+        gc.enable() if was else gc.disable()
+    assert len(loaded.nodes)

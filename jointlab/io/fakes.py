@@ -1,6 +1,6 @@
 """The fake ``meta["val"]`` values of an archived graph: written as specs, rebuilt on load.
 
-Format version 2 records every node's value: each tensor's shape, stride,
+Format versions 2 and 3 record every node's value: each tensor's shape, stride,
 storage offset, dtype, device and the index of its storage, plus each
 storage's size in bytes. :func:`rebuild_vals` rebuilds them directly: one
 meta-device storage per index, every tensor a view of its storage wrapped as a

@@ -100,15 +100,14 @@ def encode_meta(node: fx.Node, shared: SharedValues, keys: KeyTuples,
 
 # -- loading ------------------------------------------------------------------------
 def decode_keys(values: Any) -> list[list[str]]:
-    """Check graph.json's ``jl_keys``: a list of lists of identifier strings.
+    """Check graph.json's ``jl_keys``: a list of lists of strings.
 
     Raises:
         PersistError: It is malformed.
     """
-    if not isinstance(values, list) or not all(
-            isinstance(ks, list) and all(isinstance(k, str) and IDENT.match(k) for k in ks)
-            for ks in values):
-        raise PersistError("graph.json's jl_keys must be lists of identifiers")
+    if type(values) is not list or not all(
+            type(ks) is list and all(type(k) is str for k in ks) for ks in values):
+        raise PersistError("graph.json's jl_keys must be lists of strings")
     return values
 
 
@@ -130,7 +129,7 @@ def decode_args(rec: dict[str, Any], version: int,
         kwargs = decode_value(rec.get("kwargs", {"t": "dict", "v": []}), node_of)
         if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
             raise PersistError(f"node {rec.get('name')!r} has malformed args or kwargs")
-    if kwargs and not all(type(k) is str and IDENT.match(k) for k in kwargs):
+    if kwargs and not all(type(k) is str and IDENT.fullmatch(k) for k in kwargs):
         raise PersistError(f"node {rec.get('name')!r} has a keyword argument that is not a "
                            "Python identifier (the file may have been tampered with)")
     return tuple(args), kwargs
