@@ -62,8 +62,14 @@ from jointlab.io.codec import (
 )
 from jointlab.io.deferred import DeferredGraphModule
 from jointlab.io.fakes import SPEC_KEY, encode_vals, rebuild_vals
-from jointlab.io.records import KeyTuples, decode_args, decode_keys, decode_meta, encode_args
-from jointlab.io.records import encode_meta as encode_node_meta
+from jointlab.io.records import (
+    KeyTuples,
+    decode_args,
+    decode_keys,
+    decode_meta,
+    encode_args,
+    encode_node_meta,
+)
 from jointlab.passes.analyze import require_analyzed
 from jointlab.runtime import AotRuntime, MakeFxRuntime
 from jointlab.torch_compat import pytree

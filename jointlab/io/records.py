@@ -64,8 +64,8 @@ def encode_args(node: fx.Node, where: str) -> tuple[list[Any], dict[str, Any]]:
             {k: encode_value(v, where) for k, v in node.kwargs.items()})
 
 
-def encode_meta(node: fx.Node, shared: SharedValues, keys: KeyTuples,
-                where: str) -> dict[str, Any]:
+def encode_node_meta(node: fx.Node, shared: SharedValues, keys: KeyTuples,
+                     where: str) -> dict[str, Any]:
     """The record fields holding ``node``'s meta: ``meta``, ``shared_meta`` and ``jl``.
 
     Args:
