@@ -11,18 +11,27 @@ covers the whole of ``jl.load``: reading and checking the archive, building
 the graph, and rebuilding every node's fake ``meta["val"]``. The graph's Python
 code is generated when first run or read (:mod:`jointlab.io.deferred`); the
 row "load + code" times that too, for reference.
+
+With ``JOINTLAB_BENCH_LOAD_BIG=1`` the issue's own size is measured as well:
+385 layers, about 50k nodes. Its trace takes over a minute, so it is traced
+once (that trace is its sample; nothing at this size is warm-up dominated),
+saved, and loaded three times (the least disturbed load counts).
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import pathlib
 import tempfile
+import time
 
 from run import interleaved, narrow_lm, row
 
 import jointlab as jl
 
 SIZES = (16, 40)
+BIG = 385  # about 50k nodes: the graph of the issue
 TARGET = 0.05
 
 
@@ -30,7 +39,36 @@ def rows(ctx):
     out = []
     for n_layer in SIZES[:1] if ctx.quick else SIZES:
         out += _rows_at(ctx, n_layer, checked=n_layer == SIZES[-1])
+    if os.environ.get("JOINTLAB_BENCH_LOAD_BIG") == "1":
+        out += _big_rows()
     return out
+
+
+def _big_rows():
+    model, train_fn, inputs = narrow_lm(BIG)
+    t0 = time.perf_counter()
+    joint = jl.trace(model, train_fn, inputs)
+    trace_s = time.perf_counter() - t0
+    n = len(joint.graph.nodes)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(pathlib.Path(tmp) / "lm.jlg")
+        joint.save(path)
+        del joint
+        load_s = min(_timed(lambda: jl.load(path)) for _ in range(3))
+    ratio = load_s / trace_s
+    name = f"gpt2-{BIG}L d16"
+    return [
+        row(f"{name}: jl.trace (one sample)", trace_s, "s", detail=f"{n} nodes"),
+        row(f"{name}: jl.load", load_s, "s"),
+        row(f"{name}: jl.load / jl.trace", ratio, "x", f"<= {TARGET}", ratio <= TARGET),
+    ]
+
+
+def _timed(fn) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def _rows_at(ctx, n_layer: int, checked: bool):

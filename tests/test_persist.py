@@ -226,6 +226,9 @@ def _hostile_cases(marker):
         "bad_dtype": ("layout.json", lambda d: d.replace(b'"float32"', b'"_C"'), "dtype"),
         "bad_device": ("layout.json", lambda d: d.replace(b'"cpu"', b'"cpu;rm"'), "device"),
         "bad_treespec": ("layout.json", lambda d: _edit_layout(d), "layout"),
+        "kwarg_name_injection": ("graph.json", _edit_graph(lambda nodes: _first_call(
+            nodes).update(kwargs={f"x=__import__('os').system('{cmd}'), y": 1})),
+            "not a Python identifier"),
         "meta_key_smuggling": ("graph.json", _edit_graph(lambda nodes: nodes[1]["meta"].update(
             {"__reduce__": cmd})), "unexpected node meta key"),
     }
@@ -370,26 +373,31 @@ def test_vals_rebuilt_with_layout_and_storage_sharing(name, tmp_path):
         assert n1.meta["jointlab"] == n2.meta["jointlab"], n1.name
 
 
-def test_archive_is_version_2_with_shared_meta(saved):
+def test_archive_is_version_3_with_shared_meta_and_jointlab_rows(saved):
     with zipfile.ZipFile(saved) as zf:
         assert json.loads(zf.read("format.json")) == {"format": "jointlab.joint-graph",
-                                                      "version": 2}
+                                                      "version": 3}
         doc = json.loads(zf.read("graph.json"))
     refs = [i for r in doc["nodes"] for i in r["shared_meta"].values()]
     assert len(set(refs)) == len(doc["shared"]) < len(refs)  # repeats stored once
+    rows = [r["jl"] for r in doc["nodes"]]
+    assert all(r is not None for r in rows) and all("jointlab" not in r["meta"]
+                                                    for r in doc["nodes"])
+    assert len({r[0] for r in rows}) == len(doc["jl_keys"]) < len(rows)  # key tuples once
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("name", ["mlp", "tiny_lm"])
-def test_version_1_archive_still_loads_and_runs(name):
-    path = os.path.join(os.path.dirname(__file__), "fixtures", f"archive_v1_{name}.jlg")
+def test_older_archive_still_loads_and_runs(name, version):
+    path = os.path.join(os.path.dirname(__file__), "fixtures", f"archive_v{version}_{name}.jlg")
     with zipfile.ZipFile(path) as zf:
-        assert json.loads(zf.read("format.json"))["version"] == 1
+        assert json.loads(zf.read("format.json"))["version"] == version
     fx_, model, inputs, joint = _trace(name)
     loaded = jl.load(path)
     model2 = fx_.make_model()
     _assert_bitwise(_run(joint, model, inputs), _run(loaded, model2, inputs))
     a, b = list(joint.graph.nodes), list(loaded.graph.nodes)
-    for n1, n2 in zip(a, b):  # values re-propagated from the placeholders' specs
+    for n1, n2 in zip(a, b):  # v1: values re-propagated from the placeholders' specs
         v1, v2 = n1.meta.get("val"), n2.meta.get("val")
         if isinstance(v1, torch.Tensor):
             assert _val_layout(v1) == _val_layout(v2), n1.name
@@ -408,12 +416,16 @@ def _first_shared(doc):
     return next(r for r in doc["nodes"] if r["shared_meta"])
 
 
+def _first_call_rec(doc):
+    return next(r for r in doc["nodes"] if r["op"] == "call_function")
+
+
 def _first_val(doc):
     return next(r for r in doc["nodes"] if r["val"] and "tensor" in r["val"])
 
 
 @pytest.mark.parametrize("member,edit,message", [
-    ("format.json", lambda d: d.replace(b'"version": 2', b'"version": 3'), "version"),
+    ("format.json", lambda d: d.replace(b'"version": 3', b'"version": 4'), "version"),
     ("graph.json", _edit_doc(lambda d: _first_shared(d)["shared_meta"].update(
         {"__reduce__": 0})), "unexpected node meta key"),
     ("graph.json", _edit_doc(lambda d: _first_shared(d)["shared_meta"].update(
@@ -426,8 +438,20 @@ def _first_val(doc):
         5, 10 ** 6)), "value spec"),
     ("graph.json", _edit_doc(lambda d: _first_val(d)["val"]["tensor"].__setitem__(
         2, 10 ** 9)), "value spec"),  # an offset outside its storage
+    ("graph.json", _edit_doc(lambda d: _first_val(d)["val"]["tensor"].__setitem__(
+        5, -1)), "value spec"),  # no storage -1 (not the last one)
+    # version 3: meta["jointlab"] rows and their key tuples
+    ("graph.json", _edit_doc(lambda d: d["nodes"][0]["jl"].__setitem__(0, 10 ** 6)),
+     "malformed meta\\['jointlab'\\] row"),
+    ("graph.json", _edit_doc(lambda d: d["nodes"][0]["jl"].append(0)),
+     "malformed meta\\['jointlab'\\] row"),
+    ("graph.json", _edit_doc(lambda d: d["jl_keys"][0].__setitem__(0, 5)), "jl_keys"),
+    ("graph.json", _edit_doc(lambda d: d["nodes"][0]["meta"].update(
+        jointlab={"t": "sdict", "v": {}})), "unexpected node meta key"),
+    ("graph.json", _edit_doc(lambda d: _first_call_rec(d)["jl"].__setitem__(
+        1, {"t": "pickle", "v": "80"})), "unknown value tag"),
 ])
-def test_malformed_version_2_fields_are_refused(member, edit, message, saved, tmp_path):
+def test_malformed_version_2_and_3_fields_are_refused(member, edit, message, saved, tmp_path):
     bad = tmp_path / "bad.jlg"
     _tamper(saved, bad, member, edit)
     with pytest.raises(PersistError, match=message):
@@ -466,3 +490,112 @@ def test_recompile_of_loaded_graph_makes_its_analysis_stale(run_first, tmp_path)
     loaded.recompute()
     assert len(loaded.nodes) == len(joint.nodes)
     _assert_bitwise(_run(loaded, model, inputs), _run(joint, model, inputs))
+
+
+# -- nothing lost: every node's meta and value as traced, built the fast way ------------
+def _val_facts(val):
+    """Everything a reader sees of a fake value (dispatch keys included)."""
+    if isinstance(val, torch.Tensor):
+        return (type(val), tuple(val.shape), val.stride(), val.storage_offset(), val.dtype,
+                val.device, val.requires_grad, val.untyped_storage().nbytes(),
+                val.is_contiguous(), str(torch._C._dispatch_keys(val)))
+    if isinstance(val, (list, tuple)):
+        return type(val), [_val_facts(v) for v in val]
+    return val
+
+
+def _comparable_meta(node):
+    m = {k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")}
+    if "original_aten" in m:  # make_fx may hold another OpOverload object of the same op
+        m["original_aten"] = getattr(m["original_aten"], "name", str)()
+    return m
+
+
+@pytest.mark.parametrize("name", ["tiny_lm", "cnn_bn"])
+def test_loaded_graph_keeps_every_meta_and_value(name, tmp_path):
+    from jointlab.passes.analyze import tensors_of
+    from jointlab.torch_compat import FakeTensor
+
+    fx_, model, inputs, joint = _trace(name)
+    joint.save(str(tmp_path / "g.jlg"))
+    loaded = jl.load(str(tmp_path / "g.jlg"))
+    a, b = list(joint.graph.nodes), list(loaded.graph.nodes)
+    assert [(n.op, n.name, n.target, str(n.args), str(n.kwargs)) for n in a] == \
+        [(n.op, n.name, n.target, str(n.args), str(n.kwargs)) for n in b]
+    modes = set()
+    for n1, n2 in zip(a, b):
+        assert set(n1.meta) - set(n2.meta) <= {"tensor_meta"}, n1.name  # not archived
+        assert _comparable_meta(n1) == _comparable_meta(n2), n1.name
+        assert _val_facts(n1.meta.get("val")) == _val_facts(n2.meta.get("val")), n1.name
+        for t in tensors_of(n2.meta.get("val")):
+            modes.add(id(t.fake_mode))
+            elem = torch.empty(0, dtype=t.dtype, device="meta")
+            assert vars(t) == vars(FakeTensor(t.fake_mode, elem, t.device)), n1.name
+    assert len(modes) == 1
+    mutable = [id(v) for n in b for v in n.meta.values() if isinstance(v, (dict, list))]
+    assert len(mutable) == len(set(mutable))  # no node shares a meta dict or list
+    assert _storage_partition(a) == _storage_partition(b)
+    _assert_bitwise(_run(joint, model, inputs), _run(loaded, fx_.make_model(), inputs))
+    m1, m2 = joint.memory(), loaded.memory()
+    assert m1.lifetimes.equals(m2.lifetimes) and m1.timeline.equals(m2.timeline)
+    assert (m1.peak_bytes, m1.peak_node) == (m2.peak_bytes, m2.peak_node)
+    assert loaded.nodes.astype(str).equals(joint.nodes.astype(str))
+    steppers = [jl.Stepper(j, fx_.make_model(), inputs, seed=0, keep="all")
+                for j in (joint, loaded)]
+    for s in steppers:
+        s.run()
+    uninitialised = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty")
+    for n in a[:-1]:  # every value the Stepper computed, bit for bit (not uninitialised ones)
+        if n.meta["jointlab"].get("target") in uninitialised:
+            continue
+        v1, v2 = (tensors_of(st.value(n.name)) for st in steppers)
+        assert len(v1) == len(v2) and all(map(torch.equal, v1, v2)), n.name
+
+
+def test_fast_fake_tensors_only_where_they_equal_the_constructors(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorConfig
+
+    from jointlab.torch_compat import FakeTensor, FakeTensorMode, fake_tensor_maker
+
+    mode, cpu = FakeTensorMode(), torch.device("cpu")
+    storage = torch.empty(64, dtype=torch.uint8, device="meta").untyped_storage()
+
+    def elem():
+        return torch.empty(0, device="meta").set_(storage, 2, (3, 4), (1, 3))
+
+    make = fake_tensor_maker(mode, cpu)
+    fast, ref = make(elem()), FakeTensor(mode, elem(), cpu)
+    assert make.__name__ == "make"  # this torch gets the fast path
+    assert vars(fast) == vars(ref) and _val_facts(fast) == _val_facts(ref)
+    with mode:  # it computes like the constructor's fake
+        assert _val_facts(fast.t() @ fast) == _val_facts(ref.t() @ ref)
+    monkeypatch.setattr(FakeTensorConfig, "debug", True)  # a traceback per tensor: no copy
+    slow = fake_tensor_maker(mode, cpu)
+    assert slow.__name__ == "construct"
+    assert "_debug_trace" in vars(slow(elem()))
+
+
+def test_load_restores_the_collector_and_leaves_young_generations_empty(saved, tmp_path):
+    import gc
+
+    bad = tmp_path / "bad.jlg"
+    _tamper(saved, bad, "graph.json", lambda d: b"{")
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            loaded = jl.load(str(saved))
+            assert gc.isenabled() is enabled
+            assert gc.get_count()[0] < 100  # the load's objects aged, not left to gen-0 passes
+            with pytest.raises(PersistError):
+                jl.load(str(bad))
+            assert gc.isenabled() is enabled
+        gc.enable()
+        gc.freeze()  # a process keeping frozen objects of its own (say, before fork)
+        frozen = gc.get_freeze_count()
+        jl.load(str(saved))
+        assert gc.get_freeze_count() == frozen  # left frozen
+    finally:
+        gc.unfreeze()
+        gc.enable() if was else gc.disable()
+    assert len(loaded.nodes)

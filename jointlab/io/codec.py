@@ -262,23 +262,38 @@ class SharedValues:
         return self._index[key]
 
 
-def decode_shared(values: Any) -> list[Any]:
+def decode_shared(values: Any) -> list[Callable[[], Any]]:
     """Decode graph.json's ``shared`` list (meta values only: no node references).
+
+    Returns:
+        For each value, a function returning a fresh copy of it where it is
+        mutable (the value itself otherwise), chosen once per value.
 
     Raises:
         PersistError: It is not a list, or holds a malformed value.
     """
     if not isinstance(values, list):
         raise PersistError("graph.json's shared meta values must be a list")
-    return [decode_value(v) for v in values]
+    return [_copier(decode_value(v)) for v in values]
 
 
-def shared_meta(refs: Any, shared: list[Any], allowed: tuple[str, ...]) -> dict[str, Any]:
+def _copier(v: Any) -> Callable[[], Any]:
+    kind = type(v)
+    if kind not in _MUTABLE:
+        return lambda: v
+    children = v.values() if kind is dict else v
+    if any(type(x) in _MUTABLE for x in children):
+        return lambda: _fresh(v)
+    return v.copy
+
+
+def shared_meta(refs: Any, shared: list[Callable[[], Any]],
+                allowed: tuple[str, ...]) -> dict[str, Any]:
     """A node's shared meta values by key, each a fresh copy where it is mutable.
 
     Args:
         refs: The node record's ``shared_meta``: meta key -> index into ``shared``.
-        shared: The decoded shared values.
+        shared: What :func:`decode_shared` returned.
         allowed: The meta keys an archive may hold.
 
     Returns:
@@ -293,9 +308,9 @@ def shared_meta(refs: Any, shared: list[Any], allowed: tuple[str, ...]) -> dict[
     for key, i in refs.items():
         if key not in allowed:
             raise PersistError(f"unexpected node meta key {key!r}")
-        if not isinstance(i, int) or not 0 <= i < len(shared):
+        if type(i) is not int or not 0 <= i < len(shared):
             raise PersistError(f"node meta {key!r} refers to missing shared value {i!r}")
-        out[key] = _fresh(shared[i])
+        out[key] = shared[i]()
     return out
 
 

@@ -1,6 +1,6 @@
 """The fake ``meta["val"]`` values of an archived graph: written as specs, rebuilt on load.
 
-Format version 2 records every node's value: each tensor's shape, stride,
+Format versions 2 and 3 record every node's value: each tensor's shape, stride,
 storage offset, dtype, device and the index of its storage, plus each
 storage's size in bytes. :func:`rebuild_vals` rebuilds them directly: one
 meta-device storage per index, every tensor a view of its storage wrapped as a
@@ -24,7 +24,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from jointlab.errors import PersistError
 from jointlab.io.codec import decode_device, decode_dtype
-from jointlab.torch_compat import FakeTensor, FakeTensorMode, storage_id
+from jointlab.torch_compat import FakeTensorMode, fake_tensor_maker, storage_id
 
 SPEC_KEY = "_jointlab_val_spec"
 
@@ -130,12 +130,18 @@ def _build_direct(nodes: list[fx.Node], specs: list[Any], sizes: Any) -> None:
 
 
 class _Builder:
-    """Fake tensors from specs; one meta storage per archived storage index."""
+    """Fake tensors from specs; one meta storage per archived storage index.
+
+    Each tensor is a strided view (``as_strided``) of a zero-size meta tensor of
+    its dtype set on its storage, wrapped by :func:`fake_tensor_maker` (one per
+    device; ``FakeTensor(mode, elem, device)`` made cheaper).
+    """
 
     def __init__(self, mode: Any, sizes: list[int]) -> None:
         self.mode, self.sizes = mode, sizes
         self.storages: dict[int, Any] = {}
-        self.devices: dict[str, torch.device] = {}
+        self.bases: dict[tuple[int, str], torch.Tensor] = {}
+        self.makers: dict[str, Any] = {}
         self.dtypes: dict[str, torch.dtype] = {}
 
     def value(self, spec: Any) -> Any:
@@ -154,32 +160,41 @@ class _Builder:
 
     def tensor(self, shape: list[int], stride: list[int], offset: int, dtype: str,
                device: str, index: int) -> torch.Tensor:
-        if dtype not in self.dtypes:
-            self.dtypes[dtype] = decode_dtype(dtype)
-        if device not in self.devices:
-            self.devices[device] = decode_device(device)
-        if index not in self.storages:
-            nbytes = self.sizes[index]
-            self.storages[index] = torch.empty(
-                nbytes, dtype=torch.uint8, device="meta").untyped_storage()
-        if not fits_storage(shape, stride, offset, self.dtypes[dtype].itemsize,
-                            self.sizes[index]):
+        base = self.bases.get((index, dtype))
+        if base is None:
+            base = self.bases[index, dtype] = self._base(index, dtype)
+        if not fits_storage(shape, stride, offset, base.itemsize, self.sizes[index]):
             raise PersistError(f"malformed value spec: a tensor of shape {shape} at offset "
                                f"{offset} does not fit its storage of {self.sizes[index]} bytes")
-        elem = torch.empty(0, dtype=self.dtypes[dtype], device="meta").set_(
-            self.storages[index], offset, shape, stride)
-        return FakeTensor(self.mode, elem, self.devices[device])
+        make = self.makers.get(device)
+        if make is None:
+            make = self.makers[device] = fake_tensor_maker(self.mode, decode_device(device))
+        return make(base.as_strided(shape, stride, offset))
+
+    def _base(self, index: int, dtype: str) -> torch.Tensor:
+        if type(index) is not int or not 0 <= index < len(self.sizes):
+            raise PersistError(f"malformed value spec: no storage {index!r}")
+        if dtype not in self.dtypes:
+            self.dtypes[dtype] = decode_dtype(dtype)
+        if index not in self.storages:
+            self.storages[index] = torch.empty(
+                self.sizes[index], dtype=torch.uint8, device="meta").untyped_storage()
+        return torch.empty(0, dtype=self.dtypes[dtype], device="meta").set_(
+            self.storages[index], 0, [0], [1])
 
 
 def fits_storage(shape: list[int], stride: list[int], offset: int, itemsize: int,
                  nbytes: int) -> bool:
     """True when a strided view lies inside a storage of ``nbytes`` bytes."""
-    if len(shape) != len(stride) or offset < 0 or any(s < 0 for s in shape):
+    if len(shape) != len(stride) or offset < 0:
         return False
-    if 0 in shape:
-        return True
-    last = offset + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
-    return (last + 1) * itemsize <= nbytes
+    last, empty = offset, False
+    for size, step in zip(shape, stride):  # one loop: a load checks every tensor
+        if size < 0:
+            return False
+        empty = empty or size == 0
+        last += (size - 1) * abs(step)
+    return empty or (last + 1) * itemsize <= nbytes
 
 
 def _propagate(gm: fx.GraphModule, specs: list[dict[str, Any]]) -> None:

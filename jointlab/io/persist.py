@@ -10,7 +10,7 @@ The archive is a zip file:
 - ``format.json``: the format name and version.
 - ``graph.json``: one record per node (op, name, target by qualified name,
   args/kwargs as tagged JSON with node references by name) and the JSON-safe
-  part of its meta, ``meta["jointlab"]`` included.
+  part of its meta, ``meta["jointlab"]`` included (:mod:`jointlab.io.records`).
 - ``layout.json``: mode, state and input specs (the input treespec through
   ``torch.utils._pytree.treespec_dumps``), parameter names, loss_dict keys,
   dynamic dims and the shape guards as sympy expression trees.
@@ -22,10 +22,12 @@ never evaluates code from the file. The fake ``meta["val"]`` values are
 rebuilt from their recorded specs (:mod:`jointlab.io.fakes`). The graph module
 generates its Python code when first run or read (:mod:`jointlab.io.deferred`).
 
-Version 2 (written now) adds every node's value spec with its storage, and
-stores each meta value that repeats across nodes (stack traces, module stacks)
-once in ``graph.json``'s ``shared`` list, referenced from a node's
-``shared_meta``. Version 1 archives are still read.
+Version 2 added every node's value spec with its storage, and stores each
+meta value that repeats across nodes (stack traces, module stacks) once in
+``graph.json``'s ``shared`` list, referenced from a node's ``shared_meta``.
+Version 3 (written now) stores ``meta["jointlab"]`` as rows of values with
+their keys once in ``jl_keys`` (:mod:`jointlab.io.records`). Versions 1 and 2
+are still read.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from jointlab import meta as _meta
 from jointlab.core import GraphParts, TracedGraph
 from jointlab.errors import PersistError
 from jointlab.guards import ShapeGuards
@@ -58,18 +59,24 @@ from jointlab.io.codec import (
     encode_sympy,
     encode_target,
     encode_value,
-    is_plain_scalar,
-    shared_meta,
 )
 from jointlab.io.deferred import DeferredGraphModule
 from jointlab.io.fakes import SPEC_KEY, encode_vals, rebuild_vals
+from jointlab.io.records import (
+    KeyTuples,
+    decode_args,
+    decode_keys,
+    decode_meta,
+    encode_args,
+    encode_node_meta,
+)
 from jointlab.passes.analyze import require_analyzed
 from jointlab.runtime import AotRuntime, MakeFxRuntime
 from jointlab.torch_compat import pytree
 
 FORMAT = "jointlab.joint-graph"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 #: Graph-module meta key holding the archive version a graph was read from.
 ARCHIVE_VERSION_KEY = "jointlab_archive_version"
 #: Archives older than this carry analysis keys computed by an older rule
@@ -77,9 +84,6 @@ ARCHIVE_VERSION_KEY = "jointlab_archive_version"
 CURRENT_ANALYSIS_SINCE = 2
 MEMBERS = {"format.json", "graph.json", "layout.json", "constants.pt"}
 NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
-# Node meta kept besides meta["jointlab"]; values that do not encode are dropped.
-SAVED_META = ("seq_nr", "autograd_backward", "is_gradient_acc", "nn_module_stack",
-              "stack_trace", "torch_fn", "custom", "original_aten", "desc_repr")
 
 
 def save(joint: TracedGraph, path: str) -> None:
@@ -126,12 +130,23 @@ def read(path: str) -> GraphParts:
 
 @contextlib.contextmanager
 def _gc_paused() -> Any:
-    """Pause the cyclic garbage collector (its full passes cost more than the load)."""
+    """Pause the cyclic garbage collector during a load, then age what the load made.
+
+    Its young-generation passes would otherwise walk every object of the new
+    graph twice just after the load (about a tenth of the load's own time),
+    only to find them alive. ``gc.freeze(); gc.unfreeze()`` moves all tracked
+    objects into the oldest generation without walking them; full collections
+    still examine them as usual. Skipped when the process has frozen objects of
+    its own (unfreezing would release them).
+    """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
         if was_enabled:
             gc.enable()
 
@@ -154,7 +169,7 @@ def _read(path: str) -> GraphParts:
                                f"jointlab reads {READABLE_VERSIONS}: {fmt!r}")
         constants = _load_constants(zf) if "constants.pt" in names else {}
         doc = _json(zf, "graph.json")
-        gm = _decode_graph(doc, constants)
+        gm = _decode_graph(doc, constants, fmt["version"])
         parts = _decode_layout(_json(zf, "layout.json"), gm)
     rebuild_vals(gm, doc, fmt["version"], bool(parts.dynamic_dims))
     gm.meta[ARCHIVE_VERSION_KEY] = fmt["version"]
@@ -184,38 +199,20 @@ def _load_constants(zf: zipfile.ZipFile) -> dict[str, torch.Tensor]:
 # -- the graph ----------------------------------------------------------------------
 def _encode_graph(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     nodes, constants = [], {}
-    shared = SharedValues()
+    shared, keys = SharedValues(), KeyTuples()
     vals = encode_vals(gm)
     specs = vals[0] if vals is not None else [None] * len(gm.graph.nodes)
     for node, spec in zip(gm.graph.nodes, specs):
         where = f"node '{node.name}' ({node.format_node()})"
         if node.op == "get_attr":
             constants[node.target] = _constant(gm, node)
-        meta, refs = {}, {}
-        if _meta.KEY in node.meta:
-            meta[_meta.KEY] = encode_value(node.meta[_meta.KEY], f"meta of {where}")
-        for key in SAVED_META:
-            if key in node.meta:
-                try:
-                    encoded = encode_value(node.meta[key], where)
-                except PersistError:
-                    continue  # non-essential meta that is not plain data
-                if is_plain_scalar(encoded):
-                    meta[key] = encoded
-                else:
-                    refs[key] = shared.index(encoded)
-        nodes.append({
-            "op": node.op,
-            "name": node.name,
-            "target": encode_target(node),
-            "args": encode_value(node.args, where),
-            "kwargs": encode_value(node.kwargs, where),
-            "meta": meta,
-            "shared_meta": refs,
-            "val": spec,
-        })
+        args, kwargs = encode_args(node, where)
+        nodes.append({"op": node.op, "name": node.name, "target": encode_target(node),
+                      "args": args, "kwargs": kwargs,
+                      **encode_node_meta(node, shared, keys, where), "val": spec})
     storages = vals[1] if vals is not None else None
-    return {"nodes": nodes, "shared": shared.values, "storages": storages}, constants
+    return {"nodes": nodes, "shared": shared.values, "jl_keys": keys.values,
+            "storages": storages}, constants
 
 
 def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
@@ -235,7 +232,8 @@ def _check_name(name: Any, what: str) -> str:
     return name
 
 
-def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModule:
+def _decode_graph(doc: Any, constants: dict[str, torch.Tensor],
+                  version: int) -> fx.GraphModule:
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise PersistError("graph.json must hold a list of nodes")
     graph = fx.Graph()
@@ -247,6 +245,7 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModul
         return env[name]
 
     shared = decode_shared(doc.get("shared", []))
+    keys = decode_keys(doc.get("jl_keys", []))
     for rec in doc["nodes"]:
         if not isinstance(rec, dict) or rec.get("op") not in NODE_OPS:
             raise PersistError(f"refusing node record {str(rec)[:200]}: op must be one of "
@@ -260,19 +259,15 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor]) -> fx.GraphModul
                 raise PersistError(f"get_attr node '{name}' reads missing constant {target!r}")
         else:
             target = _check_name(rec.get("target"), f"{op} target")
-        args = decode_value(rec.get("args", []), node_of)
-        kwargs = decode_value(rec.get("kwargs", {"t": "dict", "v": []}), node_of)
-        if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
-            raise PersistError(f"node '{name}' has malformed args or kwargs")
+        args, kwargs = decode_args(rec, version, node_of)
         node = graph.create_node(op, target, name=name)
         if node.name != name:
             raise PersistError(f"duplicate or reserved node name {name!r} in the archive")
         # Set after creation: create_node scans args for raw SymInts, which JSON cannot hold.
-        node.args = tuple(args)
+        node.args = args
         if kwargs:
             node.kwargs = kwargs
-        node.meta.update(_decode_meta(rec.get("meta", {})))
-        node.meta.update(shared_meta(rec.get("shared_meta", {}), shared, SAVED_META))
+        node.meta.update(decode_meta(rec, version, shared, keys))
         if rec.get("val") is not None:
             node.meta[SPEC_KEY] = rec["val"]
         env[name] = node
@@ -294,19 +289,6 @@ def _set_constant(root: torch.nn.Module, key: str, tensor: torch.Tensor) -> None
             mod.add_module(part, torch.nn.Module())
         mod = getattr(mod, part)
     mod.register_buffer(leaf, tensor)
-
-
-def _decode_meta(meta: Any) -> dict[str, Any]:
-    if not isinstance(meta, dict):
-        raise PersistError("node meta must be a JSON object")
-    out = {}
-    for key, value in meta.items():
-        if key != _meta.KEY and key not in SAVED_META:
-            raise PersistError(f"unexpected node meta key {key!r}")
-        out[key] = decode_value(value)
-    if _meta.KEY in out and not isinstance(out[_meta.KEY], dict):
-        raise PersistError("meta['jointlab'] must be a dict")
-    return out
 
 
 # -- the layout -----------------------------------------------------------------------
