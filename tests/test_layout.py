@@ -191,7 +191,7 @@ GRAPH_BUILDERS = {
     "jointlab.io.persist": "decodes an archive into a new graph and restores its saved meta",
     "jointlab.io.fakes": "rebuilds the fake values of a graph it is decoding",
     "jointlab.analysis.memory.whatif": "tags its private copies for torch's partitioners",
-    "jointlab.torch_compat": "adds provenance to Inductor's own post-grad nodes as it compiles",
+    "jointlab.torch_compat.inductor": "adds provenance to Inductor's post-grad nodes",
 }
 
 

@@ -1,0 +1,202 @@
+"""Guarded accessors for torch's distributed internals: meshes, LocalTensor, FSDP2, AOT subclasses.
+
+The root of a sliced ``DeviceMesh``, every rank's coordinates, the mesh
+methods ``LocalTensorMode`` patches, each rank's values of a ``LocalTensor``,
+FSDP2's memory tracker, and the subclass metadata an AOT joint export keeps
+for DTensor gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from jointlab.torch_compat._base import required, resolve, torch_attr, unsupported
+
+
+def root_mesh(mesh: Any) -> Any:
+    """The ``DeviceMesh`` a sub-mesh was sliced from (``mesh`` itself when it is a root).
+
+    Returns None on a torch whose ``DeviceMesh`` lacks ``_get_root_mesh``.
+    """
+    get_root = getattr(mesh, "_get_root_mesh", None)
+    return get_root() if callable(get_root) else None
+
+
+def per_rank_values(t: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each simulated rank's tensor inside a ``LocalTensor`` (``LocalTensorMode``).
+
+    Raises:
+        UnsupportedTorchError: ``t`` has no per-rank tensors on this torch.
+    """
+    values = getattr(t, "_local_tensors", None)
+    if not isinstance(values, dict):
+        raise unsupported("LocalTensor._local_tensors", "read every simulated rank's values")
+    return dict(values)
+
+
+def mesh_coordinates(mesh: Any) -> dict[int, tuple[int, ...]]:
+    """Each rank's coordinate on ``mesh`` (a root mesh or a slice of one), in pure Python.
+
+    It follows ``DeviceMesh``'s layout the way ``_MeshLayout.remap_to_tensor``
+    does (one copy of the sub-mesh per complement offset), without tensor ops, so
+    it is safe to call while make_fx is tracing. For ``mesh["tp"]`` of a
+    ``(dp=2, tp=2)`` mesh: ``{0: (0,), 1: (1,), 2: (0,), 3: (1,)}``.
+
+    Raises:
+        UnsupportedTorchError: This torch's ``DeviceMesh`` lacks the layout names.
+    """
+    purpose = "find a rank's coordinate on a device mesh"
+    layout = required(mesh, "_layout", "DeviceMesh._layout", purpose)
+    rank_map = required(mesh, "_flatten_rank_map", "DeviceMesh._flatten_rank_map", purpose)
+    try:
+        flat = layout.collapse()
+        offsets = flat.complement(len(rank_map)).all_ranks_from_zero()
+        inner = flat.all_ranks_from_zero()
+        sizes = tuple(layout.top_level_sizes)
+    except AttributeError as exc:
+        raise unsupported("DeviceMesh._layout's collapse/complement/all_ranks_from_zero",
+                          purpose) from exc
+    out: dict[int, tuple[int, ...]] = {}
+    for offset in offsets:
+        for j, pos in enumerate(inner):
+            coord, rest = [], j
+            for size in reversed(sizes):
+                rest, c = divmod(rest, size)
+                coord.append(c)
+            out[int(rank_map[offset + pos])] = tuple(reversed(coord))
+    return out
+
+
+#: The DeviceMesh methods that report the calling rank (``jointlab.trace.rank_view`` sets them).
+_MESH_RANK_METHODS = ("get_coordinate", "get_local_rank", "get_rank",
+                      "_is_current_rank_part_of_mesh", "_sym_get_coordinate")
+
+
+def mesh_rank_methods() -> tuple[str, ...]:
+    """The ``DeviceMesh`` methods that answer for one rank, as jointlab patches them.
+
+    Raises:
+        UnsupportedTorchError: LocalTensorMode patches a method this list lacks
+            (a torch whose meshes report the rank in a way jointlab does not know),
+            or ``DeviceMesh`` lacks one of them.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    purpose = "make the device mesh report the rank being traced"
+    unknown = set(resolve("LOCAL_TENSOR_MESH_METHODS")) - set(_MESH_RANK_METHODS)
+    if unknown:
+        raise unsupported(f"a DeviceMesh without rank-reporting methods {sorted(unknown)}",
+                          purpose)
+    for name in _MESH_RANK_METHODS:
+        required(DeviceMesh, name, f"DeviceMesh.{name}", purpose)
+    return _MESH_RANK_METHODS
+
+
+@contextlib.contextmanager
+def patched_attrs(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Set ``obj.name = value`` for each patch; put every original back on exit, even on error."""
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+
+
+# -- FSDP2's memory tracker -------------------------------------------------------
+def fsdp_mem_tracker() -> type:
+    """``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``, the FSDP2 memory tracker.
+
+    A ``TorchDispatchMode`` that sizes the storages of one eager FSDP2 step by
+    category (sharded/unsharded parameters and gradients, activations,
+    temporaries, all-gather and reduce-scatter buffers, optimizer state,
+    inputs); its snapshot keys are a ``str`` enum plus ``"Total"``.
+
+    Raises:
+        UnsupportedTorchError: This torch has no such module or class.
+    """
+    return torch_attr("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker",
+                      "cross-check per-rank memory against FSDP2's own memory tracker")
+
+
+# -- mode='aot' with DTensor state: the gradients' subclass metadata ---------------------
+_AOT_GRAD_META = "wrap the AOT graph's local gradients back into DTensors"
+
+
+def aot_grad_subclass_metas(export: Any) -> list[tuple[Any, Any]]:
+    """Each flat input of an AOT joint export with its gradient's subclass metadata.
+
+    ``aot_export_joint_with_descriptors`` flattens a DTensor gradient into its
+    local tensor; how to wrap it back (placements, global size and stride) is
+    in the export's ``SubclassMeta.grad_input_metas``, one per flat input.
+
+    Args:
+        export: The ``JointWithDescriptors`` the export returned.
+
+    Returns:
+        ``(input descriptor, its gradient's creation metadata)`` per flat input
+        (a plain tensor's metadata has no ``meta``); empty without subclass inputs.
+
+    Raises:
+        UnsupportedTorchError: This torch keeps that metadata elsewhere.
+    """
+    capture = required(export, "_aot_graph_capture", "JointWithDescriptors._aot_graph_capture",
+                        _AOT_GRAD_META)
+    state = required(export, "_aot_state", "JointWithDescriptors._aot_state", _AOT_GRAD_META)
+    descs = required(state, "flat_args_descs", "AOTState.flat_args_descs", _AOT_GRAD_META)
+    sub = getattr(capture, "maybe_subclass_meta", None)  # None: no subclass among the inputs
+    if sub is None:
+        return []
+    metas = required(sub, "grad_input_metas", "SubclassMeta.grad_input_metas", _AOT_GRAD_META)
+    if len(metas) != len(descs):
+        raise unsupported("one SubclassMeta.grad_input_metas entry per flat input",
+                          _AOT_GRAD_META)
+    return list(zip(descs, metas))
+
+
+def subclass_creation_parts(meta: Any) -> tuple[Any, tuple[int, ...], tuple[int, ...]] | None:
+    """``(flatten context, outer size, outer stride)`` of a subclass creation metadata.
+
+    Args:
+        meta: One entry of :func:`aot_grad_subclass_metas`.
+
+    Returns:
+        What ``__tensor_unflatten__`` takes besides the inner tensors; None for
+        a plain tensor's metadata.
+
+    Raises:
+        UnsupportedTorchError: It is a subclass's metadata without those fields.
+    """
+    if not hasattr(meta, "original_subclass_type"):
+        return None
+    parts = [getattr(meta, a, None) for a in ("meta", "outer_size", "outer_stride")]
+    if any(p is None for p in parts):
+        raise unsupported("SubclassCreationMeta.meta/outer_size/outer_stride", _AOT_GRAD_META)
+    return parts[0], tuple(parts[1]), tuple(parts[2])
+
+
+def opaque_real_object(obj: Any) -> Any:
+    """The Python object a traced opaque constant stands for (a DTensor's ``DeviceMesh``).
+
+    AOT lifts a mesh it meets inside the traced step (``DTensor.from_local`` in the
+    forward) as a ``FakeScriptObject`` attribute of the graph module.
+
+    Args:
+        obj: That attribute's value.
+
+    Returns:
+        The real object (``FakeScriptObject.real_obj``).
+
+    Raises:
+        UnsupportedTorchError: This torch's fake script objects do not keep it.
+    """
+    real = getattr(obj, "real_obj", None)
+    if real is None:
+        raise unsupported("FakeScriptObject.real_obj", _AOT_GRAD_META)
+    return real

@@ -1,0 +1,150 @@
+"""Guarded accessors for Inductor's internals: provenance, the wrapper's globals, codegen hooks.
+
+What Inductor records about which FX nodes each kernel came from, the
+globals of its generated wrapper, and one codegen hook that completes that
+provenance around pattern replacements (the only place jointlab writes meta
+on nodes it did not create: Inductor's own post-grad nodes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from jointlab.torch_compat._base import required, torch_attr, unsupported
+
+
+def inductor_provenance(compiled: Callable[..., Any]) -> tuple[dict[str, Any], str]:
+    """Inductor's kernel provenance and output code for a ``torch._inductor.compile`` result.
+
+    Inductor (``trace.provenance_tracking_level=1``) leaves, on the callable it
+    returns, a JSON mapping between the graph it was given ("pre-grad" nodes),
+    its post-grad nodes and its kernels (``preToPost``, ``postToPre``,
+    ``cppCodeToPost``, ``postToCppCode``), and the generated Python wrapper code.
+
+    Args:
+        compiled: What ``torch._inductor.compile`` returned.
+
+    Returns:
+        ``(mapping, source code)``.
+
+    Raises:
+        UnsupportedTorchError: This torch leaves no such attributes.
+    """
+    text = getattr(compiled, "inductor_provenance_mapping_str", None)
+    source = getattr(compiled, "source_code", None)
+    if not isinstance(text, str) or not text or not isinstance(source, str):
+        raise unsupported("inductor_provenance_mapping_str/source_code on compiled graphs",
+                          "map Inductor's kernels onto the joint graph")
+    return json.loads(text), source
+
+
+def inductor_wrapper_globals(compiled: Callable[..., Any]) -> dict[str, Any]:
+    """The module namespace of a ``torch._inductor.compile`` result's generated wrapper code.
+
+    Its ``call`` runs the kernels; its globals hold the loaded kernels
+    (``cpp_fused_*``, ``extern_kernels``, ``reinterpret_tensor``...).
+
+    Args:
+        compiled: What ``torch._inductor.compile`` returned.
+
+    Returns:
+        The generated module's globals.
+
+    Raises:
+        UnsupportedTorchError: This torch keeps no ``current_callable`` with module globals.
+    """
+    call = getattr(compiled, "current_callable", None)
+    func = getattr(call, "__func__", call)
+    namespace = getattr(func, "__globals__", None)
+    if not isinstance(namespace, dict) or "call" not in namespace:
+        raise unsupported("current_callable of compiled graphs (the generated wrapper's call)",
+                          "step the kernels of a compiled joint graph")
+    return namespace
+
+
+# -- completing Inductor's provenance around pattern replacements -----------------
+_ABSORBED = "jointlab_absorbed"  # the pass name on the provenance jointlab adds
+
+
+def _replacements(graph: torch.fx.Graph, outputs: list[Any]) -> list[Any]:
+    """Nodes of ``graph`` whose provenance names one of ``outputs`` (a replaced match output)."""
+    gid, names = id(graph), {o.name for o in outputs}
+    return [n for n in graph.nodes
+            if any(s.name in names and s.graph_id == gid for s in n.meta.get("from_node", ()))]
+
+
+def _recording_erase(original: Callable[..., Any], node_source: Any,
+                     action: Any) -> Callable[..., Any]:
+    def erase_nodes(match: Any) -> None:
+        graph = match.graph
+        outputs = [o for o in match.output_nodes() if o is not None and not o.users]
+        original(match)
+        alive = set(graph.nodes)
+        absorbed = [n for n in match.nodes if n not in alive and n not in outputs
+                    and n.op == "call_function"]
+        if not absorbed or not outputs:
+            return
+        for new in _replacements(graph, outputs):
+            new.meta["from_node"] = [*new.meta.get("from_node", ()),
+                                     *(node_source(a, _ABSORBED, action) for a in absorbed)]
+    return erase_nodes
+
+
+def _recording_codegen(original: Callable[..., Any], lowered: list[Any]) -> Callable[..., Any]:
+    def codegen(graph: Any) -> Any:
+        out = original(graph)
+        names = {}
+        for buf in graph.buffers:
+            origin = getattr(buf, "origin_node", None)
+            if origin is not None:
+                names[buf.get_name()] = origin.name
+        lowered.append((graph.module, names))
+        return out
+    return codegen
+
+
+@contextlib.contextmanager
+def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
+    """Inductor options and patches under which a compile records its full provenance.
+
+    Inductor's pattern replacements (``mm`` + ``add`` -> ``addmm``, ...) record
+    only the match's output node as the source of the replacement; the other
+    nodes they consume vanish from ``trace.provenance_tracking_level=1``'s
+    mapping (the tied-weight gradient ``mm`` of a GPT became part of an
+    ``addmm`` nobody said covered it). While this context is open, each match
+    that erases such nodes adds them, as provenance with pass name
+    ``jointlab_absorbed``, to the nodes that replaced its outputs, so Inductor's
+    own mapping carries them on to the kernel. Each lowering also leaves the
+    graph it lowered (post-grad, after decompositions and pattern passes) and
+    which of its nodes each buffer of the generated code holds (Inductor's
+    best-effort ``origin_node``). The yielded options turn the FX-graph cache
+    off: a cached compile lowers nothing, so it would leave neither record.
+
+    Yields:
+        ``{"options": Inductor options to compile with, "lowered": [(post-grad
+        graph module, {buffer name: its node's name}), ...]}``.
+
+    Raises:
+        UnsupportedTorchError: This torch lacks the pattern matcher's ``Match``,
+            ``NodeSource`` or ``GraphLowering.codegen``.
+    """
+    purpose = "map the nodes Inductor's pattern replacements consume onto their kernels"
+    match_cls = torch_attr("torch._inductor.pattern_matcher", "Match", purpose)
+    lowering = torch_attr("torch._inductor.graph", "GraphLowering", purpose)
+    node_source = torch_attr("torch.fx.traceback", "NodeSource", purpose)
+    action = torch_attr("torch.fx.traceback", "NodeSourceAction", purpose).REPLACE
+    erase = required(match_cls, "erase_nodes", "Match.erase_nodes", purpose)
+    codegen = required(lowering, "codegen", "GraphLowering.codegen", purpose)
+    record: dict[str, Any] = {"options": {"fx_graph_cache": False}, "lowered": []}
+    match_cls.erase_nodes = _recording_erase(erase, node_source, action)
+    lowering.codegen = _recording_codegen(codegen, record["lowered"])
+    try:
+        yield record
+    finally:
+        match_cls.erase_nodes = erase
+        lowering.codegen = codegen
