@@ -670,3 +670,20 @@ def test_placement_mismatch_of_gradients_is_named():
         assert placement_mismatches({"w": rep}, {"w": rep}) == []
         assert placement_mismatches({"w": rep}, {"w": sh})[0].startswith("w (graph")
         assert placement_mismatches({"w": rep.to_local()}, {"w": sh}) != []
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_stepper_and_record_run_a_dtensor_graph_like_eager(mode):
+    shard, mesh = SHARDINGS["simple_fsdp"]
+    with jl.fake_world(4, mesh=mesh) as world:
+        model, inputs = _sharded(shard, world), _inputs()
+        joint = jl.trace(model, _step, inputs, mode=mode)
+        stepper = jl.Stepper(joint, model, inputs)
+        stepper.run()
+        assert stepper.done
+        assert stepper.compare().verdict == "bit-exact"
+        rec = jl.record(joint, model, inputs)
+        # Reference: eager's loss on this rank under the same fake world.
+        assert rec.loss == float(_step(model, **inputs))
+        described = rec.table.drop(index="output")
+        assert (described["note"] == "").all()  # every value observed and described
