@@ -393,7 +393,8 @@ def _local_shapes(model, rank):
             for n, p in model.named_parameters()}
 
 
-def test_trace_ranks_traces_each_uneven_class_as_its_own_rank_and_matches_eager():
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_trace_ranks_traces_each_uneven_class_as_its_own_rank_and_matches_eager(mode):
     import copy
 
     ref, inputs = _uneven_reference(), _inputs()
@@ -401,7 +402,7 @@ def test_trace_ranks_traces_each_uneven_class_as_its_own_rank_and_matches_eager(
         with world.all_ranks():
             every_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
         before = deep_state(every_rank)
-        graphs = jl.trace_ranks(every_rank, _seq_step, inputs)
+        graphs = jl.trace_ranks(every_rank, _seq_step, inputs, mode=mode)
         assert_unchanged(before, every_rank)
         # Reference: torch.chunk gives 6 rows as 2, 2, 2, 0 over four ranks.
         assert graphs.classes == ((0, 1, 2), (3,)) and len(graphs) == 2
@@ -416,8 +417,8 @@ def test_trace_ranks_traces_each_uneven_class_as_its_own_rank_and_matches_eager(
             assert got == want, rank
             # The gradients the graph returns have this rank's local shapes too (rank 3's
             # come from DTensor's unpadding at rank 3's mesh coordinate, not rank 0's).
-            outs = joint.graph.find_nodes(op="output")[0].args[0][1:1 + len(joint.param_names)]
-            assert [tuple(o.meta["val"].shape) for o in outs] == [
+            terms = joint.grad_terms()
+            assert [tuple(terms[n][0].meta["val"].shape) for n in joint.param_names] == [
                 want[n] for n in joint.param_names]
         before = deep_state(every_rank)
         result = jl.run_all_ranks(graphs, every_rank, inputs)
@@ -596,8 +597,8 @@ def test_uneven_tp_x_dp_classes_run_side_by_side_like_single_device_eager():
             joint, want = graphs[rank], _local_shapes(every_rank, rank)
             assert {fqn: tuple(node.meta["val"].shape) for node, fqn in
                     zip(joint.placeholders, joint.state_fqns)} == want
-            outs = joint.graph.find_nodes(op="output")[0].args[0][1:1 + len(joint.param_names)]
-            assert [tuple(o.meta["val"].shape) for o in outs] == [
+            terms = joint.grad_terms()
+            assert [tuple(terms[n][0].meta["val"].shape) for n in joint.param_names] == [
                 want[n] for n in joint.param_names]
         assert {"dp", "tp"} <= set(collectives(graphs[2]).mesh_dim)
         before = deep_state(every_rank)

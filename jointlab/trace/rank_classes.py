@@ -41,7 +41,7 @@ def _classes(model: nn.Module, ranks: tuple[int, ...]) -> tuple[tuple[int, ...],
 
 def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any],
                 **trace_kwargs: Any) -> RankGraphs:
-    """Trace every distinct rank class of a simulated world once (make_fx mode).
+    """Trace every distinct rank class of a simulated world once (either mode).
 
     Args:
         model: A model built and sharded inside ``world.all_ranks()`` of
@@ -49,8 +49,7 @@ def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str
             not changed, even on error.
         train_fn: The training step, as for :func:`jointlab.trace`.
         inputs: Keyword inputs (plain tensors, the same on every rank).
-        **trace_kwargs: Passed on to :func:`jointlab.trace` (``mode`` must stay
-            ``"make_fx"``).
+        **trace_kwargs: Passed on to :func:`jointlab.trace` (``mode`` included).
 
     Returns:
         A :class:`RankGraphs`: each rank class (tuple of ranks) to the graph
