@@ -2,7 +2,8 @@
 // Reads the JSON payload written by jointlab/viz/dagview.py (no positions) and
 // draws it on a <canvas>: forward band on top, backward band mirrored below.
 // Only what is visible is laid out (layeredLayout), again on every open or
-// close. Module groups are boxes that open in place on click (the view stays
+// close, as a compound layout: each open group's content is one block of its
+// parent's layout, so open-group outlines nest and never overlap. Module groups are boxes that open in place on click (the view stays
 // anchored on the group); labels follow level of detail; the
 // wheel zooms, dragging pans; search highlights, opens the holding groups and
 // zooms; a click on a node opens the detail panel. `el.jlView` exposes the
