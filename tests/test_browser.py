@@ -336,9 +336,56 @@ def _overlaps(items):
     return out
 
 
+def _inside(r, o):
+    """World rect ``r`` lies strictly inside rect ``o``."""
+    return o[0] < r[0] and o[1] < r[1] and r[2] < o[2] and r[3] < o[3]
+
+
+def _meets(r, o):
+    return r[0] < o[2] and o[0] < r[2] and r[1] < o[3] and o[1] < r[3]
+
+
+def _check_outlines(payload, lay, stage):
+    """Open-group outlines: one per open group and band with visible items, holding exactly them.
+
+    Siblings (and anything not nested, in either band) are disjoint, a child's outline lies
+    inside its parent's, and no outline meets an item of another group.
+    """
+    names, parent = payload["groups"]["name"], payload["groups"]["parent"]
+    index = {n: k for k, n in enumerate(names)}
+
+    def path(g):  # the group and its ancestors, root excluded
+        out = []
+        while g > 0:
+            out.append(g)
+            g = parent[g]
+        return out
+
+    items = [(it, set(path(index[it["group"]]))) for it in lay["items"]]
+    want = {(g, it["band"]) for it, gs in items for g in gs if lay["expanded"][g]}
+    outl = {(index[o["group"]], o["band"]): o["rect"] for o in lay["outlines"]}
+    assert set(outl) == want and len(outl) == len(lay["outlines"]), stage
+    for (g, band), rect in outl.items():
+        for it, gs in items:
+            holds = g in gs and it["band"] == band
+            assert (_inside(it["rect"], rect) if holds else not _meets(it["rect"], rect)), \
+                (stage, names[g], band, it["id"])
+        for (h, hb), other in outl.items():
+            if (h, hb) == (g, band):
+                continue
+            if hb == band and g in path(h):  # h nested in g
+                assert _inside(other, rect), (stage, names[h], "not inside", names[g], band)
+            elif not (hb == band and h in path(g)):
+                assert not _meets(other, rect), (stage, names[h], hb, "meets", names[g], band)
+
+
 def _check_layout(joint, payload, lay, stage):
-    """No two visible items overlap; the items and edges are the graph's; forward edges go right."""
+    """No two visible items overlap; the items and edges are the graph's; forward edges go right.
+
+    Open groups' outlines are nested and disjoint (``_check_outlines``).
+    """
     assert _overlaps(lay["items"]) == [], stage
+    _check_outlines(payload, lay, stage)
     want_items, want_edges = _expected_items(joint, payload, lay["expanded"])
     ids = [it["id"] for it in lay["items"]]
     got_edges = {(ids[a], ids[b]) for a, b in zip(lay["edges"][::2], lay["edges"][1::2])}
@@ -420,6 +467,34 @@ def test_dag_view_lays_out_the_visible_graph_without_overlaps(gpt2_joint, tmp_pa
         assert not lay["expanded"][groups["name"].index("transformer.h")]
         _check_layout(gpt2_joint, view.payload, lay, "closed transformer.h")
         assert "transformer.h#b" in {it["id"] for it in lay["items"]}
+    assert errors.errors == [], errors.errors
+
+
+def test_dag_view_open_group_outlines_nest_without_overlaps(tmp_path):
+    """The demo GPT opens with every group open: outlines nest, siblings never overlap."""
+    import jointlab as jl
+    from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    joint = jl.trace(make_gpt2(n_layer=2, d=32, n_head=4, vocab=64, seq=8), lm_train_fn,
+                     lm_inputs(2, 64, 8))
+    view = dag_view(joint)
+    path = view.write_html(tmp_path / "demo.html")
+    names = view.payload["groups"]["name"]
+    with browser() as b:
+        page, errors = _view_page(b, path)
+        lay = dag_layout(page)
+        assert not any(it["box"] for it in lay["items"]), "the demo view opens with all open"
+        assert len(lay["outlines"]) > 20
+        _check_layout(joint, view.payload, lay, "all open")
+        # close two groups by their titles (one in each band), then open one again by its box
+        for name, band, title in (("h.0", 0, True), ("h.1.attn", 1, True), ("h.0", 0, False)):
+            _click_group(page, name, band, title=title)
+            lay = dag_layout(page)
+            assert lay["expanded"][names.index(name)] == (not title), name
+            _check_layout(joint, view.payload, lay, f"{'closed' if title else 'opened'} {name}")
+        page.screenshot(path=str(SHOTS / "demo_outlines.png"))
     assert errors.errors == [], errors.errors
 
 

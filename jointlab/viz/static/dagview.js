@@ -2,7 +2,8 @@
 // Reads the JSON payload written by jointlab/viz/dagview.py (no positions) and
 // draws it on a <canvas>: forward band on top, backward band mirrored below.
 // Only what is visible is laid out (layeredLayout), again on every open or
-// close. Module groups are boxes that open in place on click (the view stays
+// close, as a compound layout: each open group's content is one block of its
+// parent's layout, so open-group outlines nest and never overlap. Module groups are boxes that open in place on click (the view stays
 // anchored on the group); labels follow level of detail; the
 // wheel zooms, dragging pans; search highlights, opens the holding groups and
 // zooms; a click on a node opens the detail panel. `el.jlView` exposes the
@@ -133,6 +134,9 @@
   // aligned. Vertical order inside a column comes from a few barycentre sweeps; items are
   // stacked by their heights, so no two ever overlap. Cost: O((V + E) log V) in the items.
   const SWEEPS = 4, BAND_GAP = 1.5;
+  // an open group's block around its content (columns, rows): side margin, title line on
+  // top, bottom margin; its outline is drawn this much inside the block
+  const PAD_X = 0.25, PAD_T = 1.1, PAD_B = 0.3, INSET_X = 0.1, INSET_Y = 0.1;
   class MinHeap {  // of item ids, by key
     constructor(key) { this.key = key; this.a = []; }
     get size() { return this.a.length; }
@@ -324,6 +328,10 @@
       const M = N + 2 * G;  // item ids: node i, or N + gid * 2 + band for a closed group's box
       this.ix = new Float64Array(M); this.iy = new Float64Array(M); this.slot = new Int32Array(M).fill(-1);
       this.vis = [];
+      this.M = M; const K = M + 2 * G;  // ... and M + gid * 2 + band for an open group's block
+      // per item or block: layer, offset in its group's block, position, block size (compound layout)
+      this._loc = new Int32Array(K).fill(-1); this._lay = new Int32Array(K);
+      for (const a of ["_px", "_py", "_ax", "_ay", "_sw", "_sh"]) this[a] = new Float64Array(K);
       this._firstMembers(); this._subtrees(); this._adjacency(); this._dom();
       this.update(); this.fit(true);
     }
@@ -410,34 +418,43 @@
       this.layout();
       this._moduleColors(); this._legend(); this.draw();
     }
-    layout() {  // lay out the visible items only (see layeredLayout)
+    // -- compound layout: every open group's visible content is one block ------------------
+    // Bottom-up, each open group (per band) lays out its direct children (its own nodes, the
+    // boxes of its closed subgroups, the blocks of its open subgroups) with layeredLayout, the
+    // edges between their contents aggregated to them; the block then takes the size of its
+    // content plus a margin (and a title line) as one item of its parent's layout. Top-down,
+    // each child is placed at its block's position plus its offset there. Blocks are items of
+    // their parent's layout, so sibling outlines never overlap and a child's lies inside its
+    // parent's. Item ids: node i, N + key for a closed box, M + key for an open group's block
+    // (key = gid * 2 + band, M = N + 2G).
+    layout() {
       const t0 = performance.now(), N = this.N, slot = this.slot;
       for (const it of this.vis) slot[it] = -1;
       const vis = this.vis = this._topoItems();
-      const n = vis.length, band = new Uint8Array(n), w = new Float64Array(n), h = new Float64Array(n), grp = new Int32Array(n), twin = new Int32Array(n).fill(-1);
       vis.forEach((it, v) => { slot[it] = v; });
-      const tw = this.P.nodes.twin;
-      for (let v = 0; v < n; v++) {
-        const it = vis[v];
-        band[v] = it < N ? this.band[it] : (it - N) & 1;
-        h[v] = it < N ? NODE_SLOT : BOX_SLOT; w[v] = it < N ? 1 : BOX_COLS;
-        grp[v] = it < N ? this.g[it] : this.parent[(it - N) >> 1];
-        if (!band[v]) continue;
-        const t = it < N ? (tw[it] >= 0 ? this.itemOf[tw[it]] : -1) : it - 1;  // a backward box's twin: the forward box
-        if (t >= 0 && slot[t] >= 0) twin[v] = slot[t];
+      const {kids, edges} = this._blockTree(vis), groups = [...kids.keys()];
+      groups.sort((p, q) => this.level[q] - this.level[p]);  // innermost first
+      for (const gid of groups) this._layoutGroup(gid, kids.get(gid), edges.get(gid) || []);
+      const ax = this._ax, ay = this._ay, M = this.M;
+      for (const gid of groups.reverse()) {  // outermost first: absolute = block + offset
+        for (const c of kids.get(gid)) {
+          if (gid === 0) { ax[c] = this._px[c]; ay[c] = this._py[c]; continue; }
+          const B = M + gid * 2 + this._bandOf(c);
+          ax[c] = ax[B] + this._px[c]; ay[c] = ay[B] + this._py[c];
+        }
       }
-      const es = this.visEdges, src = new Int32Array(es.length / 2), dst = new Int32Array(es.length / 2);
-      for (let k = 0; k < src.length; k++) { src[k] = slot[es[2 * k]]; dst[k] = slot[es[2 * k + 1]]; }
-      const lay = layeredLayout({n, band, w, h, grp, twin, src, dst});
       let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
-      for (let v = 0; v < n; v++) {
-        const it = vis[v], x = this.ix[it] = lay.x[v] * XS, y = this.iy[it] = lay.y[v];
+      for (const it of vis) {
+        const x = this.ix[it] = ax[it] * XS, y = this.iy[it] = ay[it];
         x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
       }
-      this.world = n ? [x0, y0, x1, y1] : [0, 0, 1, 1];
-      this.itemLayer = lay.layer; this.itemBucket = lay.bucket;
       for (const i of this.visNodes) { this.x[i] = this.ix[i]; this.y[i] = this.iy[i]; }  // open nodes only
-      this._outlines();
+      this._outlines(groups);
+      for (const key of this.outlineKeys) {  // the outermost outlines (titles) are in view too
+        const r = this.outlineRect(key);
+        x0 = Math.min(x0, r[0]); y0 = Math.min(y0, r[1]); x1 = Math.max(x1, r[2]); y1 = Math.max(y1, r[3]);
+      }
+      this.world = vis.length ? [x0, y0, x1, y1] : [0, 0, 1, 1];
       this.lastLayoutMs = performance.now() - t0;
       if (this.mini) this._renderMini();
     }
@@ -451,22 +468,96 @@
       for (const it of items) slot[it] = -1;
       return order;
     }
-    _outlines() {  // per open (group, band): the bbox of the visible items it holds
-      const G = this.G, N = this.N, ob = this.ob = new Float64Array(G * 8), keys = new Set();
-      for (let k = 0; k < G * 2; k++) { ob[k * 4] = Infinity; ob[k * 4 + 1] = Infinity; ob[k * 4 + 2] = -Infinity; ob[k * 4 + 3] = -Infinity; }
-      for (const it of this.vis) {
-        const r = this.itemRect(it), band = it < N ? this.band[it] : (it - N) & 1;
-        for (let gid = it < N ? this.g[it] : this.parent[(it - N) >> 1]; gid > 0; gid = this.parent[gid]) {
-          const o = (gid * 2 + band) * 4; keys.add(gid * 2 + band);
-          ob[o] = Math.min(ob[o], r[0]); ob[o + 1] = Math.min(ob[o + 1], r[1]);
-          ob[o + 2] = Math.max(ob[o + 2], r[2]); ob[o + 3] = Math.max(ob[o + 3], r[3]);
+    _container(c) {  // the open group whose layout places a node, box or block
+      const N = this.N, M = this.M;
+      return c < N ? this.g[c] : this.parent[(c - (c < M ? N : M)) >> 1];
+    }
+    _bandOf(c) { return c < this.N ? this.band[c] : (c - (c < this.M ? this.N : this.M)) & 1; }
+    _childIn(gid, c) {  // the child of open group gid that holds item c, or -1
+      for (let g = this._container(c); g !== gid; g = this._container(c)) {
+        if (g <= 0) return -1;
+        c = this.M + g * 2 + this._bandOf(c);
+      }
+      return c;
+    }
+    _blockTree(vis) {  // per open group its children, and the visible edges aggregated to them
+      const kids = new Map(), edges = new Map(), seen = new Set(), M = this.M, push = (m, k, v) => { const l = m.get(k); if (l) l.push(v); else m.set(k, [v]); };
+      for (const it of vis) {
+        for (let c = it; ;) {
+          const g = this._container(c);
+          push(kids, g, c);
+          if (g === 0) break;
+          c = M + g * 2 + this._bandOf(c);
+          if (seen.has(c)) break;
+          seen.add(c);
         }
       }
-      this.outlineKeys = [...keys].sort((p, q) => this.level[p >> 1] - this.level[q >> 1]);
+      const es = this.visEdges, pairs = new Set(), up = new Map();
+      for (let k = 0; k < es.length; k += 2) {
+        up.clear();
+        for (let c = es[k]; ;) { const g = this._container(c); up.set(g, c); if (g === 0) break; c = M + g * 2 + this._bandOf(c); }
+        for (let c = es[k + 1]; ;) {
+          const g = this._container(c);
+          if (up.has(g)) {
+            const a = up.get(g), key = a * 4 * M + c;
+            if (a !== c && !pairs.has(key)) { pairs.add(key); push(edges, g, a); edges.get(g).push(c); }
+            break;
+          }
+          c = M + g * 2 + this._bandOf(c);
+        }
+      }
+      this._blocks = seen;
+      return {kids, edges};
+    }
+    _layoutGroup(gid, ch, es) {  // layeredLayout of one open group's children; sizes its blocks
+      const N = this.N, M = this.M, loc = this._loc, first = this.first, tw = this.P.nodes.twin;
+      const rank = Float64Array.from(ch, c => c < N ? c : first[c - (c < M ? N : M)]);
+      ch.forEach((c, v) => { loc[c] = v; });
+      const src0 = Int32Array.from({length: es.length / 2}, (_, k) => loc[es[2 * k]]), dst0 = Int32Array.from({length: es.length / 2}, (_, k) => loc[es[2 * k + 1]]);
+      const order = topoOrder(ch.length, rank, src0, dst0).map(v => ch[v]), n = order.length;
+      order.forEach((c, v) => { loc[c] = v; });
+      const band = new Uint8Array(n), w = new Float64Array(n), h = new Float64Array(n), twin = new Int32Array(n).fill(-1);
+      for (let v = 0; v < n; v++) {
+        const c = order[v];
+        band[v] = this._bandOf(c);
+        w[v] = c < N ? 1 : c < M ? BOX_COLS : this._sw[c]; h[v] = c < N ? NODE_SLOT : c < M ? BOX_SLOT : this._sh[c];
+        if (!band[v]) continue;
+        const t = c < N ? (tw[c] >= 0 && this.itemOf[tw[c]] >= 0 ? this._childIn(gid, this.itemOf[tw[c]]) : -1) : c - 1;  // boxes, blocks: the forward one
+        if (t >= 0 && loc[t] >= 0 && loc[t] < n && order[loc[t]] === t) twin[v] = loc[t];
+      }
+      const src = Int32Array.from(src0, k => loc[ch[k]]), dst = Int32Array.from(dst0, k => loc[ch[k]]);
+      const lay = layeredLayout({n, band, w, h, grp: new Int32Array(n), twin, src, dst});
+      for (let v = 0; v < n; v++) { this._px[order[v]] = lay.x[v]; this._py[order[v]] = lay.y[v]; this._lay[order[v]] = band[v] ? lay.bucket[v] : lay.layer[v]; }
+      for (const c of order) loc[c] = -1;
+      if (gid > 0) for (const b of [0, 1]) this._sizeBlock(M + gid * 2 + b, order, w, h, band, b);
+    }
+    _sizeBlock(B, order, w, h, band, b) {  // block B: its content's extent plus margins; offsets centred
+      let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+      const px = this._px, py = this._py;
+      order.forEach((c, v) => {
+        if (band[v] !== b) return;
+        x0 = Math.min(x0, px[c] - w[v] / 2); x1 = Math.max(x1, px[c] + w[v] / 2);
+        y0 = Math.min(y0, py[c] - h[v] / 2); y1 = Math.max(y1, py[c] + h[v] / 2);
+      });
+      if (x0 > x1) return;
+      this._sw[B] = x1 - x0 + 2 * PAD_X; this._sh[B] = y1 - y0 + PAD_T + PAD_B;
+      const cx = (x0 + x1) / 2, cy = (y0 + y1) / 2 - (PAD_B - PAD_T) / 2;  // the title line on top
+      order.forEach((c, v) => { if (band[v] === b) { px[c] -= cx; py[c] -= cy; } });
+    }
+    _outlines(groups) {  // per open (group, band) with visible content: its block, inset a little
+      const ob = this.ob = new Float64Array(this.G * 8).fill(NaN), keys = [], M = this.M;
+      for (const gid of groups) for (const b of [0, 1]) {
+        const key = gid * 2 + b, B = M + key;
+        if (gid === 0 || !this._blocks.has(B)) continue;
+        const o = key * 4, hw = this._sw[B] / 2 - INSET_X, hh = this._sh[B] / 2 - INSET_Y;
+        ob[o] = (this._ax[B] - hw) * XS; ob[o + 1] = this._ay[B] - hh; ob[o + 2] = (this._ax[B] + hw) * XS; ob[o + 3] = this._ay[B] + hh;
+        keys.push(key);
+      }
+      this.outlineKeys = keys;  // outer groups first
     }
     outlineRect(key) {  // world rect around an open group's visible items in one band, or null
       const o = key * 4, ob = this.ob;
-      return ob[o] <= ob[o + 2] ? [ob[o] - 0.15 * XS, ob[o + 1] - 0.2, ob[o + 2] + 0.15 * XS, ob[o + 3] + 0.9] : null;
+      return ob[o] <= ob[o + 2] ? [ob[o], ob[o + 1], ob[o + 2], ob[o + 3]] : null;
     }
     outputItem() {  // the drawn item holding the graph's output node
       const o = this.P.tables.phase.indexOf("output");
@@ -484,8 +575,17 @@
       const N = this.N;
       return {items: this.vis.map((it, v) => ({id: it < N ? this.P.nodes.name[it] : this.P.groups.name[(it - N) >> 1] + ((it - N) & 1 ? "#b" : "#f"),
                                                box: it >= N, band: it < N ? this.band[it] : (it - N) & 1,
-                                               layer: this.itemLayer[v], rect: this.itemRect(it)})),
+                                               group: this.P.groups.name[it < N ? this.g[it] : (it - N) >> 1],
+                                               layer: this._layerPath(it), rect: this.itemRect(it)})),
+              outlines: this.outlineKeys.map(key => ({group: this.P.groups.name[key >> 1], band: key & 1, rect: this.outlineRect(key)})),
               edges: this.visEdges.map(it => this.slot[it]), layoutMs: this.lastLayoutMs};
+    }
+    _layerPath(it) {  // an item's layer in each nested layout, outermost first (compare as a list)
+      const path = [];
+      for (let c = it; ; c = this.M + this._container(c) * 2 + this._bandOf(c)) {
+        path.unshift(this._lay[c]);
+        if (this._container(c) === 0) return path;
+      }
     }
     // -- colour --------------------------------------------------------------
     ancestorAt(gid, lvl) { while (this.level[gid] > lvl) gid = this.parent[gid]; return gid; }
