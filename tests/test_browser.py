@@ -800,6 +800,8 @@ def test_stepper_panel_in_jupyterlab(lab, tmp_path):
         panel.get_by_role("button", name="Continue").click()
         panel.locator(".jl-sp", has_text="by breakpoint op gelu_backward").wait_for(
             timeout=60_000)
+        # the card is a separate widget: wait for its update rather than race it
+        card.locator(".jl-op", has_text="gelu_backward").wait_for(timeout=60_000)
         assert card.locator(".jl-op").text_content() == "gelu_backward"
         assert "forward twin" in card.text_content()
         # the comparison, styled, and cleared by Reset

@@ -214,21 +214,25 @@ class StepperPanel:
         self.show_value(last)
 
     def guarded(self, action: Callable[[], Any]) -> Callable[[Any], None]:
-        """A click handler: run ``action``, show its error or the breakpoint hit, refresh."""
+        """A click handler: run ``action``, refresh, then show its error or the breakpoint hit.
+
+        The message is set last, so a front end that shows it has already been
+        sent the refreshed card, chips and ring (widget messages arrive in order).
+        """
         def handler(_button: Any) -> None:
-            self.message.value, last = "", None
+            self.message.value, last, msg = "", None, ""
             try:
                 last = action()
             except Exception as exc:  # noqa: BLE001 - shown in the panel
-                self.message.value = (f"<div class='jl-sp jl-bad'>{html.escape(str(exc))}"
-                                      "</div>")
+                msg = f"<div class='jl-sp jl-bad'>{html.escape(str(exc))}</div>"
             hit = self.stepper.hit
             if hit is not None:
                 when = "after" if hit[0].when is not None else "before"
-                self.message.value += (f"<div class='jl-sp'>stopped {when} <code>"
-                                       f"{html.escape(hit[1].name)}</code> by breakpoint "
-                                       f"<b>{html.escape(breakpoint_label(hit[0]))}</b></div>")
+                msg += (f"<div class='jl-sp'>stopped {when} <code>"
+                        f"{html.escape(hit[1].name)}</code> by breakpoint "
+                        f"<b>{html.escape(breakpoint_label(hit[0]))}</b></div>")
             self.refresh(last)
+            self.message.value = msg
         return handler
 
     def do_step(self) -> str | None:
