@@ -19,7 +19,15 @@ import jointlab as jl
 from jointlab.analysis.distributed import collectives
 from jointlab.errors import BakedConstantWarning, UnsupportedWrapperError
 from jointlab.trace.dtensor import DTensorRuntime
-from tests.test_distributed import SHARDINGS, _inputs, _reference, _sharded, _step, _tp
+from tests.test_distributed import (
+    SHARDINGS,
+    _assert_like_single_device,
+    _inputs,
+    _reference,
+    _sharded,
+    _step,
+    _tp,
+)
 from tests.util import assert_unchanged, deep_state
 
 tensor = pytest.importorskip("torch.distributed.tensor")
@@ -132,15 +140,10 @@ def test_aot_run_all_ranks_matches_single_device_eager(kind):
     loss = _step(ref, **inputs)
     loss.backward()
     assert result.ranks == (0, 1, 2, 3)
-    # Bitwise against each rank's own eager step under LocalTensorMode.
-    assert result.matches_eager == dict.fromkeys(result.ranks, True)
-    # Single-device eager sums in another order (whole matmuls instead of shards plus an
-    # all-reduce), so the gathered values agree to rounding: 1e-7 as in make_fx mode.
-    for rank in result.ranks:
-        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
-    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
-    for fqn, (_, p) in names.items():
-        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+    # Bitwise against each rank's own eager step under LocalTensorMode; single-device
+    # eager sums in another order (whole matmuls instead of shards plus an all-reduce),
+    # so the gathered values agree to rounding: 1e-7 as in make_fx mode.
+    _assert_like_single_device(result, every_rank, ref, loss, result.ranks)
 
 
 def test_aot_replicated_dtensor_loss_is_its_value_and_a_partial_one_is_refused():

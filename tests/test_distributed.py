@@ -148,6 +148,17 @@ def _sharded(shard, world, ref=None):
     return shard(copy.deepcopy(ref or _reference()), world.mesh)
 
 
+def _assert_like_single_device(result, every_rank, ref, loss, ranks=(0, 1, 2, 3)):
+    """Every rank matches its own eager step, and its loss and every gathered gradient
+    equal single-device eager (``ref`` after ``loss.backward()``) to rounding (1e-7)."""
+    assert result.matches_eager == dict.fromkeys(ranks, True)
+    for rank in ranks:
+        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
+    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
+    for fqn, (_, p) in names.items():
+        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+
+
 SHARDINGS = {"tp": (_tp, {"dp": 2, "tp": 2}), "simple_fsdp": (_simple_fsdp, None)}
 
 
@@ -228,13 +239,8 @@ def test_run_all_ranks_matches_single_device_eager(kind):
     loss = _step(ref, **inputs)
     loss.backward()
     assert result.ranks == (0, 1, 2, 3)
-    assert result.matches_eager == dict.fromkeys(result.ranks, True)
-    for rank in result.ranks:
-        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
-    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
-    for fqn, (_, p) in names.items():
-        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
-        shards = result.local_grads[fqn]
+    _assert_like_single_device(result, every_rank, ref, loss, result.ranks)
+    for shards in result.local_grads.values():
         assert len({tuple(v.shape) for v in shards.values()}) == 1
 
 
@@ -426,14 +432,10 @@ def test_trace_ranks_traces_each_uneven_class_as_its_own_rank_and_matches_eager(
     loss = _seq_step(ref, **inputs)
     loss.backward()
     assert result.rank_classes == ((0, 1, 2), (3,))
-    assert result.matches_eager == dict.fromkeys(range(4), True)
+    _assert_like_single_device(result, every_rank, ref, loss)
     for rank in range(4):
-        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
         shapes = {n: tuple(g[rank].shape) for n, g in result.local_grads.items()}
         assert shapes == _local_shapes(every_rank, rank)
-    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
-    for fqn, (_, p) in names.items():
-        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
 
 
 @pytest.mark.parametrize("source", ["mesh", "dist"])
@@ -515,12 +517,7 @@ def test_tp_x_dp_run_all_ranks_matches_single_device_eager():
         result = jl.run_all_ranks(graphs, every_rank, inputs)
     loss = _step(ref, **inputs)
     loss.backward()
-    assert result.matches_eager == dict.fromkeys(range(4), True)
-    for rank in range(4):
-        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
-    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
-    for fqn, (_, p) in names.items():
-        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+    _assert_like_single_device(result, every_rank, ref, loss)
 
 
 def test_trace_ranks_puts_the_world_back_when_a_rank_fails_and_refuses_one_rank_models():
@@ -606,12 +603,7 @@ def test_uneven_tp_x_dp_classes_run_side_by_side_like_single_device_eager():
         assert_unchanged(before, every_rank)
     loss = _step(ref, **inputs)
     loss.backward()
-    assert result.matches_eager == dict.fromkeys(range(4), True)
-    for rank in range(4):
-        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=0, atol=1e-7)
-    names = dict(zip(dict(every_rank.named_parameters()), ref.named_parameters()))
-    for fqn, (_, p) in names.items():
-        torch.testing.assert_close(result.grads[fqn], p.grad, rtol=0, atol=1e-7)
+    _assert_like_single_device(result, every_rank, ref, loss)
 
 
 def test_padded_shard_storage_of_a_short_last_rank_is_counted():

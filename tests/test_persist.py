@@ -346,15 +346,6 @@ def _storage_partition(nodes):
     return sorted(groups.values())
 
 
-def _val_layout(val):
-    if isinstance(val, torch.Tensor):
-        return (tuple(val.shape), val.stride(), val.storage_offset(), val.dtype, val.device,
-                val.untyped_storage().nbytes())
-    if isinstance(val, (list, tuple)):
-        return type(val), [_val_layout(v) for v in val]
-    return val
-
-
 @pytest.mark.parametrize("name", ["tiny_lm", "cnn_bn"])
 def test_vals_rebuilt_with_layout_and_storage_sharing(name, tmp_path):
     _, _, _, joint = _trace(name)
@@ -362,7 +353,7 @@ def test_vals_rebuilt_with_layout_and_storage_sharing(name, tmp_path):
     loaded = jl.load(str(tmp_path / "g.jlg"))
     a, b = list(joint.graph.nodes), list(loaded.graph.nodes)
     for n1, n2 in zip(a, b):
-        assert _val_layout(n1.meta.get("val")) == _val_layout(n2.meta.get("val")), n1.name
+        assert _val_facts(n1.meta.get("val")) == _val_facts(n2.meta.get("val")), n1.name
     assert _storage_partition(a) == _storage_partition(b)
     has_offset = any(n.meta["val"].storage_offset() for n in b
                      if isinstance(n.meta.get("val"), torch.Tensor))
@@ -400,7 +391,7 @@ def test_older_archive_still_loads_and_runs(name, version):
     for n1, n2 in zip(a, b):  # v1: values re-propagated from the placeholders' specs
         v1, v2 = n1.meta.get("val"), n2.meta.get("val")
         if isinstance(v1, torch.Tensor):
-            assert _val_layout(v1) == _val_layout(v2), n1.name
+            assert _val_facts(v1) == _val_facts(v2), n1.name
         assert n1.meta["jointlab"] == n2.meta["jointlab"], n1.name
 
 
