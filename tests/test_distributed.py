@@ -663,6 +663,7 @@ def test_placement_mismatch_of_gradients_is_named():
         assert placement_mismatches({"w": rep}, {"w": rep}) == []
         assert placement_mismatches({"w": rep}, {"w": sh})[0].startswith("w (graph")
         assert placement_mismatches({"w": rep.to_local()}, {"w": sh}) != []
+        assert placement_mismatches({"w": rep}, {"w": None}) == []  # eager: no gradient
 
 
 @pytest.mark.parametrize("mode", ["make_fx", "aot"])

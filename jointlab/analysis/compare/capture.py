@@ -63,14 +63,10 @@ def placement_mismatches(graph_grads: dict[str, Any], eager_grads: dict[str, Any
     Their local tensors are different slices (or partial sums) of the value, so
     comparing them would report a mismatch that is not one, or hide one.
     """
-    bad = []
-    for name, got in graph_grads.items():
-        want = eager_grads.get(name)
-        if is_dtensor(got) != is_dtensor(want) and want is not None:
-            bad.append(f"{name} (graph {_placement(got)}, eager {_placement(want)})")
-        elif is_dtensor(got) and tuple(got.placements) != tuple(want.placements):
-            bad.append(f"{name} (graph {_placement(got)}, eager {_placement(want)})")
-    return bad
+    return [f"{name} (graph {_placement(got)}, eager {_placement(want)})"
+            for name, got in graph_grads.items()
+            if (want := eager_grads.get(name)) is not None
+            and _placement(got) != _placement(want)]
 
 
 def _placement(t: Any) -> str:
