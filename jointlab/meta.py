@@ -24,6 +24,9 @@ only read it. Keys written at trace time:
   (``torch.utils.checkpoint``) runs again to recompute the forward of a
   checkpointed region, including the generator-state reads and writes that
   replay its random draws; False on every other node.
+- ``dtensor``: on a placeholder traced from a DTensor, this rank's shard:
+  ``local_shape``, ``global_shape``, ``placement``, ``mesh_dim`` and
+  ``storage_bytes`` (the storage holding the shard, padded where torch pads it).
 
 Keys written by :func:`jointlab.passes.analyze.ensure_analyzed` (cost and storage):
 
@@ -79,6 +82,7 @@ class NodeInfo(NamedTuple):
     grad_of: str | None = None
     zero_grad: bool = False
     recompute: bool = False
+    dtensor: dict[str, Any] | None = None
     fwd_twin: str | None = None
     grad_acc_of: str | None = None
     probe_out: tuple[Any, ...] = ()

@@ -21,7 +21,7 @@ import pandas as pd
 
 from jointlab.analysis.distributed import collective_group, comm_bytes, group_dims, is_collective
 from jointlab.errors import TableQueryError
-from jointlab.meta import PHASES, TRAIN_FN, in_module, info, node_info, op_aliases
+from jointlab.meta import PHASES, TRAIN_FN, in_module, node_info, op_aliases
 from jointlab.passes.analyze import require_analyzed
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ _NO_DIST = (None, None, "", "", 0)
 def _dist_cells(node: Any, dims: dict[str, str]) -> tuple[Any, ...]:
     """local_shape, global_shape, placement, mesh_dim, comm_bytes of one node."""
     if node.op == "placeholder":
-        d = info(node).get("dtensor")
+        d = node_info(node).dtensor
         if d is None:
             return _NO_DIST
         return (tuple(d["local_shape"]), tuple(d["global_shape"]), d["placement"],

@@ -37,7 +37,7 @@ import torch.fx as fx
 
 from jointlab.analysis.memory.result import CATEGORIES, MemoryProfile
 from jointlab.analysis.memory.sizes import Sizes, round_alloc, traced_sizes
-from jointlab.meta import NodeInfo, info, is_aten_op, node_info, op_name
+from jointlab.meta import NodeInfo, is_aten_op, node_info, op_name
 from jointlab.passes.analyze import is_getitem, require_analyzed, tensor_bytes
 from jointlab.torch_compat import op_schema
 
@@ -106,7 +106,7 @@ def alloc_bytes(node: fx.Node, sizes: Sizes | None = None, m: NodeInfo | None = 
     if nbytes and sizes is not None:
         nbytes = sizes.out_bytes(node)
     if node.op == "placeholder":  # a DTensor shard torch keeps in padded storage
-        nbytes = max(nbytes, int(info(node).get("dtensor", {}).get("storage_bytes", 0)))
+        nbytes = max(nbytes, int((m.dtensor or {}).get("storage_bytes", 0)))
     size_of = tensor_bytes if sizes is None else sizes.tensor_bytes
     if nbytes and may_reduce_into_full_buffer(m) and reduces_into_full_buffer(node):
         src = node.args[0].meta.get("val")
