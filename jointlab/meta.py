@@ -238,6 +238,11 @@ def draws_random(node: fx.Node) -> bool:
     return _dropout_p(node) not in (0, 0.0)
 
 
+def graph_draws_random(graph: fx.Graph) -> bool:
+    """True when any node of ``graph`` draws random numbers (:func:`draws_random`)."""
+    return any(draws_random(n) for n in graph.nodes)
+
+
 def op_aliases(node: fx.Node) -> set[str]:
     """Every spelling a user may give for the node's op: ``aten.mm.default``, ``aten.mm``, ``mm``.
 

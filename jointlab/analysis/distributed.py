@@ -211,15 +211,11 @@ def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dic
     return AllRanksResult(ranks, loss, gathered, local, same, tuple(graphs))
 
 
-def _draws_random(joint: TracedGraph) -> bool:
-    return any(_meta.draws_random(n) for n in joint.graph.nodes)
-
-
 def _matches_eager(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any],
                    loss: dict[int, torch.Tensor], grads: dict[str, dict[int, torch.Tensor]],
                    ranks: tuple[int, ...]) -> dict[int, bool] | None:
     """Each rank's eager step (autograd.grad, buffers put back) against the graph's."""
-    if joint.train_fn is None or _draws_random(joint):
+    if joint.train_fn is None or _meta.graph_draws_random(joint.graph):
         return None
     params = dict(model.named_parameters())
     before = {n: b.detach().clone() for n, b in model.named_buffers()}

@@ -37,7 +37,7 @@ from jointlab import meta as _meta
 from jointlab.analysis.compare.judge import Tolerance, close, errors
 from jointlab.analysis.kernels import kernel_map, kernel_table
 from jointlab.analysis.step.runner import ValueRecorder
-from jointlab.meta import draws_random
+from jointlab.meta import graph_draws_random
 
 __all__ = ["KernelCheck", "KernelDivergence", "first_diverging_kernel", "kernel_calls"]
 
@@ -194,10 +194,6 @@ def _clones(args: list[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
-def _has_random(gm: fx.GraphModule) -> bool:
-    return any(draws_random(n) for n in gm.graph.nodes)
-
-
 def _reference(gm: fx.GraphModule, args: list[Any]) -> dict[str, Any]:
     """Every post-grad node's value, ATen op by ATen op (an FX interpreter)."""
     recorder = ValueRecorder(gm)
@@ -252,7 +248,7 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
         return KernelCheck(None, 0, (), "no kernel-by-kernel check: Inductor's lowered graph "
                            "was not recorded (another backend, dynamic shapes, or no run yet)")
     gm, buffers = lowered[0]
-    if _has_random(gm):
+    if graph_draws_random(gm.graph):
         return KernelCheck(None, 0, (), "no kernel-by-kernel check: the graph has random ops, "
                            "which the probed rerun could draw in another order")
     source = compiled.source

@@ -147,7 +147,7 @@ def _lockstep(runs: list[_ClassRun], ranks: tuple[int, ...]) -> None:
 
 def _start(cls: tuple[int, ...], graph: TracedGraph, model: nn.Module, inputs: dict[str, Any],
            stops_at: Callable[[fx.Node], bool]) -> _ClassRun:
-    if any(_meta.draws_random(n) for n in graph.graph.nodes):
+    if _meta.graph_draws_random(graph.graph):
         raise UnsupportedWrapperError(
             f"the graph of ranks {cls} draws random numbers; run side by side, the rank "
             "classes would not draw what eager draws. Run it without random ops (eval mode, "
