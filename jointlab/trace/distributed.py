@@ -23,7 +23,8 @@ from jointlab.errors import UnsupportedWrapperError
 from jointlab.trace.dtensor import is_dtensor
 
 
-def _fsdp_module_class() -> Any:
+def fsdp_module_class() -> Any:
+    """FSDP2's ``FSDPModule`` (what ``fully_shard`` makes a module), or None without it."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # a torch without FSDP2 (or without distributed): nothing to refuse
@@ -52,7 +53,7 @@ def refuse_unsupported_wrappers(model: nn.Module, mode: str = "make_fx",
         UnsupportedWrapperError: A module is ``fully_shard``-ed (FSDP2) or FSDP1-wrapped,
             or it has DTensor state :func:`refuse_dtensor_state` refuses.
     """
-    kinds = [(c, what) for c, what in ((_fsdp_module_class(), "FSDP2 fully_shard"),
+    kinds = [(c, what) for c, what in ((fsdp_module_class(), "FSDP2 fully_shard"),
                                        (_fsdp1_class(), "FSDP1 FullyShardedDataParallel"))
              if c is not None]
     for name, mod in model.named_modules():

@@ -47,6 +47,8 @@ from jointlab import torch_compat
 from jointlab.analysis.memory.profile import memory_profile
 from jointlab.errors import MemoryQueryError
 from jointlab.meta import node_info
+from jointlab.trace.distributed import fsdp_module_class
+from jointlab.trace.dtensor import is_dtensor
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
@@ -83,11 +85,8 @@ class FSDPStepMemory:
 
 def is_fsdp2_module(model: nn.Module) -> bool:
     """True when ``model`` itself is ``fully_shard``-ed (FSDPMemTracker's requirement)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return False
-    return isinstance(model, FSDPModule)
+    cls = fsdp_module_class()
+    return cls is not None and isinstance(model, cls)
 
 
 def one_device(snapshot: dict[Any, dict[Any, int]], what: str) -> dict[str, int]:
@@ -106,7 +105,7 @@ def local_bytes(tensors: list[Any]) -> int:
     """Sum of numel x item size of each DTensor's local shard (plain tensors as they are)."""
     total = 0
     for t in tensors:
-        local = t.to_local() if hasattr(t, "to_local") else t
+        local = t.to_local() if is_dtensor(t) else t
         total += local.numel() * local.element_size()
     return total
 
