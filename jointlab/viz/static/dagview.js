@@ -224,15 +224,12 @@
     }
     return {top, bucket, depth};
   }
-  // Order each column by key, the items of one open group kept together (groups in the order
-  // of their mean key over all columns, the same in every column), then stack them by height,
-  // centred on 0.
-  function stackColumns(cols, key, h, pos, grp) {
-    const sum = new Map(), gkey = new Map();
-    for (const col of cols) for (const v of col) { const s = sum.get(grp[v]) || [0, 0]; s[0] += key[v]; s[1]++; sum.set(grp[v], s); }
-    for (const [g, s] of sum) gkey.set(g, s[0] / s[1]);
+  // Order each column by key (ties: previous position, then item), then stack the items by
+  // height, centred on 0. A block stands for an open group's whole content, so nothing of a
+  // group needs keeping together here.
+  function stackColumns(cols, key, h, pos) {
     for (const col of cols) {
-      col.sort((a, b) => gkey.get(grp[a]) - gkey.get(grp[b]) || grp[a] - grp[b] || key[a] - key[b] || pos[a] - pos[b] || a - b);
+      col.sort((a, b) => key[a] - key[b] || pos[a] - pos[b] || a - b);
       let total = 0;
       for (const v of col) total += h[v];
       let c = -total / 2;
@@ -287,19 +284,18 @@
     return {x, colOf};
   }
   // L: n items in topological order, band (0 forward, 1 backward), w (width in columns), h (slot height),
-  // grp (the innermost open group holding each item, kept together in a column), twin (item or -1),
-  // src/dst (edges between items). Returns x (in columns) and y (in rows, forward above 0).
+  // twin (item or -1), src/dst (edges between items). Returns x (in columns) and y (in rows, forward above 0).
   function layeredLayout(L) {
-    const {n, band, w, h, grp, twin, src, dst} = L, fwd = k => src[k] < dst[k];
+    const {n, band, w, h, twin, src, dst} = L, fwd = k => src[k] < dst[k];
     const succs = csr(n, src, dst, fwd), preds = csr(n, dst, src, fwd);
     const layer = forwardLayers(n, band, preds, succs);
     const {top, bucket, depth} = backwardBuckets(n, band, preds, twin, layer);
     const {x, colOf} = columnsOf(n, band, w, layer, top, bucket, depth), cols = [];
     for (let v = 0; v < n; v++) (cols[colOf[v]] = cols[colOf[v]] || []).push(v);
     const columns = cols.filter(c => c), pos = new Float64Array(n);
-    stackColumns(columns, Float64Array.from({length: n}, (_, v) => v), h, pos, grp);
-    stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, true, true), h, pos, grp);  // mirror
-    for (let s = 0; s < SWEEPS; s++) stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, s % 2 === 0, false), h, pos, grp);
+    stackColumns(columns, Float64Array.from({length: n}, (_, v) => v), h, pos);
+    stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, true, true), h, pos);  // mirror
+    for (let s = 0; s < SWEEPS; s++) stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, s % 2 === 0, false), h, pos);
     let half = 0;
     for (let v = 0; v < n; v++) half = Math.max(half, Math.abs(pos[v]) + h[v] / 2);
     half += BAND_GAP / 2;
@@ -526,7 +522,7 @@
         if (t >= 0 && loc[t] >= 0 && loc[t] < n && order[loc[t]] === t) twin[v] = loc[t];
       }
       const src = Int32Array.from(src0, k => loc[ch[k]]), dst = Int32Array.from(dst0, k => loc[ch[k]]);
-      const lay = layeredLayout({n, band, w, h, grp: new Int32Array(n), twin, src, dst});
+      const lay = layeredLayout({n, band, w, h, twin, src, dst});
       for (let v = 0; v < n; v++) { this._px[order[v]] = lay.x[v]; this._py[order[v]] = lay.y[v]; this._lay[order[v]] = band[v] ? lay.bucket[v] : lay.layer[v]; }
       for (const c of order) loc[c] = -1;
       if (gid > 0) for (const b of [0, 1]) this._sizeBlock(M + gid * 2 + b, order, w, h, band, b);
