@@ -16,7 +16,7 @@ import torch
 import jointlab as jl
 from jointlab.trace import hf_compat as _hf_compat
 from tests.fixtures import real
-from tests.util import assert_unchanged, deep_state, eager_step, one_thread
+from tests.util import assert_unchanged, deep_state, eager_step, one_thread, traced_real
 
 pytest.importorskip("transformers")
 
@@ -298,3 +298,76 @@ def test_captured_values_still_warn_next_to_fresh_literals(mode):
     assert "train_fn: temperature = 1.7" in msgs[0]
     assert ("tensor[] torch.float32" in msgs[0]) == (mode == "make_fx")
     assert "3.0" not in msgs[0]
+
+
+# -- the graph runs eager's attention kernels, on any CPU ------------------------------
+def _attention_calls_of_eager(fixture, model, inputs) -> list[tuple[str, list]]:
+    """Every attention kernel eager dispatches for one step, with its tensor shapes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[tuple[str, list]] = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "attention" in str(func):
+                calls.append((str(func), [tuple(a.shape) for a in args
+                                          if isinstance(a, torch.Tensor)]))
+            return func(*args, **(kwargs or {}))
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    with Log():
+        out = fixture.train_fn(model, **inputs)
+        loss = out[0] if isinstance(out, tuple) else out
+        torch.autograd.grad(loss, params, allow_unused=True)
+    return calls
+
+
+def _attention_calls_of_graph(joint) -> list[tuple[str, list]]:
+    out = []
+    for n in joint.graph_module.graph.nodes:
+        if n.op == "call_function" and "attention" in str(n.target):
+            out.append((str(n.target), [tuple(a.meta["val"].shape) for a in n.args
+                                        if isinstance(getattr(a, "meta", {}).get("val"),
+                                                      torch.Tensor)]))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["hf_llama", "hf_mistral", "hf_qwen2", "hf_mixtral"])
+def test_graph_runs_eagers_attention_kernels(name, mode):
+    """Grouped-query models keep SDPA's native GQA (K/V with fewer heads, no mask).
+
+    transformers' packed-sequence check reads the position ids; answered "packed" while
+    tracing, it materialised a causal mask and repeated K/V to every head, so the graph
+    ran other kernels than eager and differed in the last bits on AVX2 CPUs (never on
+    AVX-512, where the sums happen to round alike). The op list is the same on any CPU.
+    """
+    import copy
+
+    f, model, inputs, joint = traced_real(name, mode)
+    want = _attention_calls_of_eager(f, copy.deepcopy(model), inputs)
+    assert want, "the fixture runs no attention kernel: the test would check nothing"
+    assert _attention_calls_of_graph(joint) == want
+
+
+def test_position_ids_that_do_not_count_up_keep_the_general_branch():
+    """Position ids passed by the caller are data: the shim leaves them to transformers."""
+    f = real.get("hf_llama")
+    model, inputs = f.make_model(), f.make_inputs(2)
+    seq = inputs["input_ids"].shape[1]
+    pos = torch.arange(seq).repeat(2, 1)
+    pos[1, seq // 2:] = torch.arange(seq - seq // 2)  # row 1 packs two sequences
+
+    def fn(m, input_ids, labels, position_ids):
+        return m(input_ids=input_ids, labels=labels, position_ids=position_ids,
+                 use_cache=False).loss
+
+    joint = jl.trace(model, fn, {**inputs, "position_ids": pos})
+    ops = [str(n.target) for n in joint.graph_module.graph.nodes]
+    assert "aten.cumsum.default" in ops  # the packing is computed from the values at run time
+    torch.manual_seed(3)
+    got = joint.run(model, {**inputs, "position_ids": pos})
+    want = eager_step(model, fn, {**inputs, "position_ids": pos}, seed=3)
+    assert torch.equal(got[0], want[0])  # both took the packed branch: the same kernels
+    for k in want[1]:
+        assert torch.equal(got[1][k], want[1][k]), k

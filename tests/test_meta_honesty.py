@@ -88,7 +88,7 @@ def test_aot_meta_mse_keeps_the_whole_backward():
     # Meta's attention takes the math path, so the graphs differ; the gradients must not.
     with_grad = {n for n, (_, g) in meta.param_grads.items() if g is not None}
     assert with_grad == {n for n, (_, g) in cpu.param_grads.items() if g is not None}
-    assert len(with_grad) == 21 and backward_count(meta) >= backward_count(cpu) > 300
+    assert len(with_grad) == 21 and backward_count(meta) >= backward_count(cpu) > 250
     assert all(g.meta["val"].shape == p.meta["val"].shape for p, g in meta.param_grads.values())
     loss, grads, _ = cpu.run(cpu_model, llama_inputs())
     ref_loss, ref_grads, _ = eager_step(cpu_model, mse_step, llama_inputs(), seed=0)

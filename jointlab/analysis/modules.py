@@ -34,7 +34,8 @@ from torch import nn
 from jointlab.analysis.tables import node_table
 from jointlab.errors import RecordError, UnsupportedTorchError
 from jointlab.meta import TRAIN_FN
-from jointlab.torch_compat import pytree, torch_attr
+from jointlab.torch_compat import make_fx, pytree, torch_attr
+from jointlab.trace.hf_compat import hf_exact_branches
 from jointlab.trace.snapshot import ModelSnapshot
 
 if TYPE_CHECKING:
@@ -128,8 +129,10 @@ def _in_shapes(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any]
                 *model.named_buffers(remove_duplicate=False))}
             fake = pytree.tree_map(
                 lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v, inputs)
-            with reparametrize(model, state, tie_weights=True):
-                joint.train_fn(model, **fake)
+            with reparametrize(model, state, tie_weights=True), hf_exact_branches():
+                # under a throwaway proxy trace, so transformers' data-dependent shortcuts
+                # take the branch the traced graph took (jointlab.trace.hf_compat)
+                make_fx(lambda: joint.train_fn(model, **fake))()
     except Exception as exc:  # the summary still stands without input shapes
         return {}, f"the fake-tensor run of train_fn raised {type(exc).__name__}: {exc}"
     finally:

@@ -20,6 +20,18 @@ transformers is never imported here: if the user has not imported it, the
 shim does nothing, so ``import jointlab`` stays light and other models are
 untouched.
 
+:func:`hf_exact_branches` (both modes) makes one of those data-dependent
+shortcuts take eager's branch where the trace can prove which branch eager
+takes. transformers' packed-sequence check (``find_packed_sequence_indices``)
+reads the position ids; while tracing it assumes packing, which materialises a
+causal mask, and the mask turns off SDPA's native grouped-query attention
+(``repeat_kv`` plus a masked kernel instead of ``enable_gqa`` with
+``is_causal``). Same mathematics, other kernels, other rounding: the graph would
+not be eager's. When the traced position ids are, by construction, ``arange``
+with step 1 (what every decoder builds when the caller passes none), no row is
+packed for any input, so the shim answers as eager does. Position ids that
+come from anywhere else keep transformers' general branch.
+
 :func:`hf_refusals` turns the two ways HF's mixture-of-experts layers fail to
 trace into refusals that name the implementation that traces
 (``experts_implementation="batched_mm"``) and the user's source line.
@@ -34,14 +46,18 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
 from jointlab import torch_compat
 from jointlab.errors import DataDependentError, JointlabError, TraceError
 from jointlab.passes.annotate import frame_text, innermost_user_frame
+from jointlab.trace.probes import traced_node
 
 _IMPORT_UTILS = "transformers.utils.import_utils"
 _NAME = "is_fake_tensor"
+_MASKING_UTILS = "transformers.masking_utils"
+_PACKED = "find_packed_sequence_indices"
 
 
 def is_functional_fake(x: Any) -> bool:
@@ -93,6 +109,91 @@ def hf_tracing_compat() -> Iterator[None]:
     finally:
         for mod in holders:
             setattr(mod, _NAME, original)
+
+
+# -- data-dependent shortcuts taken as eager takes them ------------------------------------
+_ARANGE = ("arange.default", "arange.start", "arange.start_step")
+_SAME_ROWS = ("clone.default", "alias.default", "detach.default", "_to_copy.default",
+              "lift_fresh_copy.default")
+_SHIFT = ("add.Tensor", "sub.Tensor", "add.Scalar", "sub.Scalar")
+
+
+def _op(node: Any) -> str:
+    """``"name.overload"`` of an aten call node, or ``""``."""
+    if getattr(node, "op", None) != "call_function":
+        return ""
+    namespace, name, overload = torch_compat.op_parts(node.target)
+    return f"{name}.{overload}" if namespace == "aten" else ""
+
+
+def _unit_step(node: Any) -> bool:
+    """An ``arange`` node whose step is 1 (default, or given as the literal 1)."""
+    if _op(node) != "arange.start_step":
+        return True
+    step = node.args[2] if len(node.args) > 2 else node.kwargs.get("step", 1)
+    return isinstance(step, int) and step == 1
+
+
+def _keeps_last_axis(node: Any) -> bool:
+    """A view-like node that leaves its input's last axis the last axis, unchanged."""
+    op = _op(node)
+    if op in _SAME_ROWS:
+        return True
+    if op == "unsqueeze.default":
+        val = getattr(node.args[0], "meta", {}).get("val")
+        dim = node.args[1]
+        # a new leading axis, never a new last one
+        return isinstance(val, torch.Tensor) and 0 <= dim < val.dim()
+    if op == "expand.default":
+        size = node.args[1]
+        return len(size) > 0 and (size[-1] == -1)
+    if op in _SHIFT:  # shifting every element by one number keeps the differences
+        return isinstance(node.args[1], (int, float)) and not isinstance(node.args[1], bool)
+    return False
+
+
+def rows_count_up_by_one(node: Any) -> bool:
+    """Whether a traced tensor's rows are consecutive integers by construction.
+
+    True for ``arange`` with step 1 seen through leading-axis views, copies and
+    shifts by a number: its last axis counts up by exactly one for any sizes.
+
+    Args:
+        node: The graph node that produced the tensor (None when unknown).
+
+    Returns:
+        Whether every row provably counts up by one.
+    """
+    while node is not None and _keeps_last_axis(node):
+        node = node.args[0]
+    return _op(node) in _ARANGE and _unit_step(node)
+
+
+@contextlib.contextmanager
+def hf_exact_branches() -> Iterator[None]:
+    """Have transformers' packed-sequence check answer as eager does, where provable.
+
+    Does nothing unless ``transformers.masking_utils`` is already imported.
+
+    Yields:
+        Nothing; the patch is active inside the block and removed on exit.
+    """
+    masking = sys.modules.get(_MASKING_UTILS)
+    original = getattr(masking, _PACKED, None) if masking is not None else None
+    if not callable(original):
+        yield
+        return
+    def find_packed_sequence_indices(position_ids: Any) -> Any:
+        if rows_count_up_by_one(traced_node(position_ids)):
+            return None  # eager's answer for rows that count up by one: nothing packed
+        return original(position_ids)
+
+    find_packed_sequence_indices.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(masking, _PACKED, find_packed_sequence_indices)
+    try:
+        yield
+    finally:
+        setattr(masking, _PACKED, original)
 
 
 # -- mixture-of-experts refusals ----------------------------------------------------------

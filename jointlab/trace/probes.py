@@ -57,8 +57,17 @@ def tensor_leaves(out: Any) -> list[torch.Tensor]:
     return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
 
 
-def _traced_node(t: torch.Tensor) -> fx.Node | None:
-    """The graph node that produced ``t`` in the trace now running, or None."""
+def traced_node(t: Any) -> fx.Node | None:
+    """The graph node that produced ``t`` in the trace now running, or None.
+
+    Args:
+        t: A tensor of the trace now running (fake, or AOT's functional wrapper).
+
+    Returns:
+        Its node, or None outside a trace, for a non-tensor, or without the private APIs.
+    """
+    if not AVAILABLE or not isinstance(t, torch.Tensor):
+        return None
     mode = get_innermost_proxy_mode()
     if mode is None:
         return None
@@ -89,7 +98,7 @@ class ProbeRecorder:
 
 def _grad_hook(rec: ProbeRecorder, key: Key):
     def hook(grad: torch.Tensor) -> None:
-        node = _traced_node(grad)
+        node = traced_node(grad)
         if node is not None:
             rec.grads[key] = node
     return hook
@@ -102,7 +111,7 @@ def _output_hook(rec: ProbeRecorder, fqn: str):
         call = rec.calls.get(fqn, 0)
         rec.calls[fqn] = call + 1
         for leaf, t in enumerate(tensor_leaves(out)):
-            node = _traced_node(t)
+            node = traced_node(t)
             if node is None:
                 continue
             rec.outputs[(fqn, call, leaf)] = node

@@ -20,7 +20,7 @@ from jointlab.graph import JointGraph
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.repair import repair_views
 from jointlab.trace.distributed import refuse_dtensor_inputs, refuse_unsupported_wrappers
-from jointlab.trace.hf_compat import hf_refusals
+from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
 from jointlab.trace.meta_attention import flag_meta_attention, meta_attention_calls
@@ -72,8 +72,8 @@ def trace(
     if mode == "make_fx":  # AOT mode names subclass inputs itself (trace/aot.py)
         refuse_dtensor_inputs(inputs)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
-            hf_refusals(model), random_op_refusals(), no_kernel_warnings() as no_kernel, \
-            meta_attention_calls() as sdpa_calls:
+            hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
+            no_kernel_warnings() as no_kernel, meta_attention_calls() as sdpa_calls:
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         if mode == "aot":
             from jointlab.trace.aot import trace_aot
