@@ -17,6 +17,7 @@ import torch.fx as fx
 from torch import nn
 
 if TYPE_CHECKING:
+    from jointlab.assumptions import Assumptions
     from jointlab.guards import ShapeGuards
     from jointlab.inputs import InputSpec, StateSpec
 
@@ -45,8 +46,9 @@ class GraphParts:
     param_names: list[str]
     loss_dict_keys: list[str]
     dynamic_dims: dict[str, set[int]] = field(default_factory=dict)
-    guards: ShapeGuards | None = None
+    shape_guards: ShapeGuards | None = None
     runtime: Any = None
+    assumptions: Assumptions | None = None
 
 
 class TracedGraph(Protocol):
@@ -60,7 +62,8 @@ class TracedGraph(Protocol):
     input_spec: InputSpec
     dynamic_dims: dict[str, set[int]]
     runtime: Any
-    guards: ShapeGuards | None
+    shape_guards: ShapeGuards | None
+    assumptions: Assumptions
     train_fn: Callable[..., Any] | None
 
     @property

@@ -9,6 +9,7 @@ generic handlers keep working.
 from __future__ import annotations
 
 __all__ = [
+    "AssumptionError",
     "BakedConstantWarning",
     "CheckpointWarning",
     "CompareError",
@@ -17,6 +18,7 @@ __all__ = [
     "DataDependentError",
     "DiffError",
     "ExportError",
+    "FastPathError",
     "GradientLostError",
     "GuardError",
     "InputMismatchError",
@@ -85,6 +87,15 @@ class StateMismatchError(JointlabError, ValueError):
     """The model's parameters or buffers differ from those at trace time."""
 
 
+class AssumptionError(StateMismatchError):
+    """The model or torch's settings differ from what the graph was traced under.
+
+    ``joint.guards`` lists every recorded assumption: module ``training`` flags,
+    ``requires_grad``, plain hyperparameters (dropout ``p``, ``eps``...) and
+    process-wide settings such as autocast.
+    """
+
+
 class MetaDeviceError(JointlabError, RuntimeError):
     """An operation needs real data but the model lives on the meta device."""
 
@@ -126,6 +137,10 @@ class UnsupportedRandomOpError(TraceError):
 
 class UnsupportedTorchError(TraceError):
     """This torch lacks a (private) torch API that jointlab needs; the message names both."""
+
+
+class FastPathError(TraceError):
+    """Eager would run PyTorch's fused inference fast path, which a joint graph cannot hold."""
 
 
 class NodeExecutionError(JointlabError, RuntimeError):

@@ -20,6 +20,7 @@ from torch import nn
 
 from jointlab import meta as _meta
 from jointlab._deprecation import warn_renamed
+from jointlab.assumptions import Assumptions
 from jointlab.core import GraphParts, RunResult
 from jointlab.display import rich_html
 from jointlab.errors import NodeExecutionError, TableQueryError
@@ -67,8 +68,9 @@ class JointGraph:
         param_names: list[str],
         loss_dict_keys: list[str],
         dynamic_dims: dict[str, set[int]] | None = None,
-        guards: ShapeGuards | None = None,
+        shape_guards: ShapeGuards | None = None,
         runtime: Runtime | None = None,
+        assumptions: Assumptions | None = None,
     ) -> None:
         """Assemble a JointGraph; use :func:`jointlab.trace` rather than this."""
         self.graph_module = graph_module
@@ -78,7 +80,10 @@ class JointGraph:
         self.param_names = list(param_names)
         self.loss_dict_keys = list(loss_dict_keys)
         self.dynamic_dims = dict(dynamic_dims or {})
-        self.guards = guards
+        self.shape_guards = shape_guards
+        #: The Python state the graph was traced under (checked before every run).
+        self.assumptions = assumptions if assumptions is not None else Assumptions(
+            recorded=False)
         self.runtime: Runtime = runtime or MakeFxRuntime()
         #: The training function that was traced (None for a loaded graph);
         #: :func:`jointlab.compare` re-runs it eagerly as the reference.
@@ -98,7 +103,8 @@ class JointGraph:
         return cls(parts.graph_module, mode=parts.mode, state_spec=parts.state_spec,
                    input_spec=parts.input_spec, param_names=parts.param_names,
                    loss_dict_keys=parts.loss_dict_keys, dynamic_dims=parts.dynamic_dims,
-                   guards=parts.guards, runtime=parts.runtime)
+                   shape_guards=parts.shape_guards, runtime=parts.runtime,
+                   assumptions=parts.assumptions)
 
     # -- layout ---------------------------------------------------------------
     @property
@@ -190,6 +196,23 @@ class JointGraph:
 
         return buffers(self)
 
+    @property
+    def guards(self) -> pd.DataFrame:
+        """Every assumption the graph was traced under, one row each, checked on every run.
+
+        Module ``training`` flags, parameters' ``requires_grad``, plain hyperparameters
+        (dropout ``p``, ``eps``...), torch's process-wide settings (autocast...) and, for a
+        dynamic trace, the shape guards. Columns: ``kind, target, attr, traced, checks,
+        source``.
+        """
+        import pandas as pd
+
+        table = self.assumptions.table()
+        if self.shape_guards is None:
+            return table
+        return pd.concat([table, pd.DataFrame(self.shape_guards.rows(), columns=table.columns)],
+                         ignore_index=True)
+
     # -- running --------------------------------------------------------------
     def flat_args(self, model: nn.Module, inputs: dict[str, Any]) -> list[torch.Tensor]:
         """Validate ``model`` and ``inputs`` and return state + tensor inputs, flat.
@@ -208,9 +231,10 @@ class JointGraph:
         check_structure(self.input_spec, treespec)
         check_leaves(self.input_spec, leaves, self.dynamic_dims)
         tensors = {p: v for p, v in leaves if isinstance(v, torch.Tensor)}
-        if self.guards is not None:
-            self.guards.validate(tensors)
+        if self.shape_guards is not None:
+            self.shape_guards.validate(tensors)
         state = check_state(self.state_spec, model)
+        self.assumptions.check(model)
         return [*state, *tensors.values()]
 
     def run(self, model: nn.Module, inputs: dict[str, Any], *, accumulate: bool = False

@@ -320,7 +320,9 @@ def card_facts(joint: TracedGraph) -> dict[str, Any]:
         ``mode``, ``nodes`` (total), ``phases`` (count per phase), ``params``
         (tensor count), ``param_numel``, ``flops_fwd``, ``flops_bwd``,
         ``flops_unknown_fwd`` and ``flops_unknown_bwd`` (nodes whose count is
-        unknown, so the FLOPs are lower bounds), ``saved_bytes``, ``saved_count``.
+        unknown, so the FLOPs are lower bounds), ``saved_bytes``, ``saved_count``,
+        ``assumed`` (:meth:`jointlab.assumptions.Assumptions.headline`) and
+        ``shape_guards`` (how many dynamic dims and size guards a dynamic trace has).
     """
     df = _table(joint)
     phase = df["phase"]
@@ -339,4 +341,6 @@ def card_facts(joint: TracedGraph) -> dict[str, Any]:
         "flops_unknown_bwd": int(df["flops_unknown"][phase == "backward"].sum()),
         "saved_bytes": int(df["bytes"][saved].sum()),
         "saved_count": int(saved.sum()),
+        "assumed": joint.assumptions.headline(),
+        "shape_guards": len(joint.shape_guards.rows()) if joint.shape_guards is not None else 0,
     }

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from jointlab.assumptions import KINDS, Assumption, Assumptions
 from jointlab.core import GraphParts, TracedGraph
 from jointlab.errors import PersistError
 from jointlab.guards import ShapeGuards
@@ -309,9 +310,32 @@ def _encode_layout(joint: TracedGraph) -> dict[str, Any]:
         "param_names": list(joint.param_names),
         "loss_dict_keys": list(joint.loss_dict_keys),
         "dynamic_dims": {p: sorted(d) for p, d in joint.dynamic_dims.items()},
-        "guards": _encode_guards(joint.guards) if joint.guards is not None else None,
+        "guards": (_encode_guards(joint.shape_guards) if joint.shape_guards is not None
+                   else None),
+        "assumptions": _encode_assumptions(joint.assumptions),
         "runtime": _encode_runtime(joint),
     }
+
+
+def _encode_assumptions(a: Assumptions) -> list[list[Any]] | None:
+    """The recorded facts as rows; None for a graph that never had them recorded."""
+    if not a.recorded:
+        return None
+    return [[f.kind, f.target, f.attr, encode_value(f.value, f"assumption {f.target}.{f.attr}"),
+             f.source] for f in a.facts]
+
+
+def _decode_assumptions(rows: Any) -> Assumptions:
+    """The facts of an archive; an older archive without them records nothing."""
+    if rows is None:
+        return Assumptions(recorded=False)
+    facts = []
+    for kind, target, attr, value, source in rows:
+        if kind not in KINDS:
+            raise PersistError(f"unknown assumption kind {kind!r} in the archive")
+        facts.append(Assumption(str(kind), str(target), str(attr), decode_value(value),
+                                str(source)))
+    return Assumptions(tuple(facts))
 
 
 def _encode_runtime(joint: TracedGraph) -> Any:
@@ -395,7 +419,8 @@ def _decode_layout(d: Any, gm: fx.GraphModule) -> GraphParts:
             param_names=[str(x) for x in d["param_names"]],
             loss_dict_keys=[str(x) for x in d["loss_dict_keys"]],
             dynamic_dims={str(p): {int(x) for x in v} for p, v in d["dynamic_dims"].items()},
-            guards=_decode_guards(d["guards"]) if d["guards"] is not None else None,
+            shape_guards=_decode_guards(d["guards"]) if d["guards"] is not None else None,
+            assumptions=_decode_assumptions(d.get("assumptions")),
         )
     except PersistError:
         raise

@@ -46,6 +46,7 @@ from jointlab.passes.annotate import (
     is_user_frame,
 )
 from jointlab.torch_compat import is_compiled_module, op_schema, storage_id
+from jointlab.trace.rng_calls import seed_call_refusals
 
 _RETURN_LOSS = ("jl.trace computes the gradients itself: return the loss from train_fn, "
                 "then use joint.run(model, inputs, accumulate=True) and step your optimizer "
@@ -172,7 +173,7 @@ def _param_write_mode(protected: dict[Any, str]) -> Any:
 
 @contextlib.contextmanager
 def in_train_fn(model: nn.Module) -> Iterator[None]:
-    """Refuse user backward calls and parameter writes while ``train_fn`` runs.
+    """Refuse user backward calls, parameter writes and seed calls while ``train_fn`` runs.
 
     Args:
         model: The model as ``train_fn`` sees it (parameters may be swapped
@@ -185,7 +186,7 @@ def in_train_fn(model: nn.Module) -> Iterator[None]:
         UnsupportedTorchError: This torch has no ``TorchDispatchMode`` to watch writes with.
     """
     protected = {**(_REAL[-1] if _REAL else {}), **_param_storages(model)}
-    with _NoBackward(), _param_write_mode(protected):
+    with _NoBackward(), _param_write_mode(protected), seed_call_refusals():
         yield
 
 

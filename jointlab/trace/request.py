@@ -149,7 +149,7 @@ class TraceRequest:
         return GraphParts(gm, mode=mode, state_spec=self.state_spec,
                           input_spec=self.input_spec, param_names=list(self.param_names),
                           loss_dict_keys=list(box.keys), dynamic_dims=dict(self.dyn_dims),
-                          guards=guards, runtime=runtime)
+                          shape_guards=guards, runtime=runtime)
 
     def guards(self, shape_env: Any, fake_user: list[tuple[str, torch.Tensor]]
                ) -> ShapeGuards | None:

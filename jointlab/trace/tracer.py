@@ -10,16 +10,19 @@ then builds the :class:`jointlab.JointGraph`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
+from jointlab.assumptions import Assumptions
 from jointlab.errors import TraceError
 from jointlab.graph import JointGraph
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.repair import repair_views
 from jointlab.trace.distributed import refuse_dtensor_inputs, refuse_unsupported_wrappers
+from jointlab.trace.fast_paths import fast_path_refusals
 from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
@@ -73,14 +76,17 @@ def trace(
         refuse_dtensor_inputs(inputs)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
             hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
-            no_kernel_warnings() as no_kernel, meta_attention_calls() as sdpa_calls:
+            fast_path_refusals(model), no_kernel_warnings() as no_kernel, \
+            meta_attention_calls() as sdpa_calls:
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
+        assumptions = Assumptions.record(model)  # before train_fn runs: what the user set
         if mode == "aot":
             from jointlab.trace.aot import trace_aot
 
             parts = trace_aot(model, train_fn, req)
         else:
             parts = trace_make_fx(model, train_fn, req)
+    parts = dataclasses.replace(parts, assumptions=assumptions)
     gm = parts.graph_module
     refuse_explicit_generators(gm)
     repair_views(gm)

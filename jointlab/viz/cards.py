@@ -30,6 +30,22 @@ def _flops_text(n: int, unknown: int) -> str:
     return html.escape(text)
 
 
+def _assumed_text(a: dict[str, Any], shape_guards: int) -> str:
+    """The card's "traced under" line: modes, trainable, dropout, autocast, guard count."""
+    if not a["recorded"]:
+        return "not recorded (archive saved before jointlab recorded it): nothing is checked"
+    modes = ("train mode" if not a["eval"] else "eval mode" if not a["train"]
+             else f"{a['train']} modules in train mode, {a['eval']} in eval mode")
+    parts = [modes, f"{a['trainable']:,} trainable / {a['frozen']:,} frozen parameters"]
+    if a["dropout"]:
+        parts.append("dropout p=" + ", ".join(f"{p:g}" for p in a["dropout"]))
+    parts.append("autocast " + (", ".join(f"{d} {t}" for d, t in a["autocast"].items())
+                                if a["autocast"] else "off"))
+    total = a["count"] + shape_guards
+    parts.append(f"{total:,} guards checked on every run (joint.guards)")
+    return html.escape(" · ".join(parts))
+
+
 def summary_card_html(joint: Any) -> str:
     """A small, fixed-size HTML card for ``JointGraph._repr_html_``.
 
@@ -50,6 +66,7 @@ def summary_card_html(joint: Any) -> str:
                   f"backward {_flops_text(f['flops_bwd'], f['flops_unknown_bwd'])}"),
         ("saved for backward", f"{esc(human_bytes(f['saved_bytes']))} "
                                f"in {f['saved_count']:,} values"),
+        ("traced under", _assumed_text(f["assumed"], f["shape_guards"])),
     ]
     body = "".join(f"<tr><td style='color:#666;padding-right:10px'>{k}</td><td>{v}</td></tr>"
                    for k, v in rows)

@@ -97,7 +97,7 @@ def _what_if(joint: TracedGraph, budgets: tuple[float, ...]) -> pd.DataFrame:
 
 def _call_sizes(joint: TracedGraph, inputs: dict[str, Any] | None) -> Sizes | None:
     """Sizes of a dynamic graph at ``inputs`` (None: static, or no inputs)."""
-    if inputs is None or getattr(joint, "guards", None) is None:
+    if inputs is None or getattr(joint, "shape_guards", None) is None:
         return None
     leaves, _ = flatten_inputs(inputs)
     return sizes_for(joint, {p: v for p, v in leaves if isinstance(v, torch.Tensor)})

@@ -89,7 +89,7 @@ class Sizes:
 
 def traced_sizes(joint: TracedGraph) -> dict[str, tuple[int, ...]]:
     """Tensor input sizes at trace time, by dotted path (empty if unknown)."""
-    guards = getattr(joint, "guards", None)
+    guards = getattr(joint, "shape_guards", None)
     if guards is not None:
         return dict(guards.traced_sizes)
     out = {}
@@ -114,7 +114,7 @@ def sizes_for(joint: TracedGraph, tensors: dict[str, torch.Tensor]) -> Sizes | N
     Raises:
         GuardError: The sizes break an assumption of the trace.
     """
-    guards = getattr(joint, "guards", None)
+    guards = getattr(joint, "shape_guards", None)
     if guards is None:
         return None
     bindings = guards.validate(tensors)
