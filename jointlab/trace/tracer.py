@@ -28,6 +28,7 @@ from jointlab.trace.python_state import no_tensor_printing, warn_baked_constants
 from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
 from jointlab.trace.refusals import refuse_compiled, torch_errors, tracing_guard
 from jointlab.trace.request import TraceRequest
+from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
 
 MODES = ("make_fx", "aot")
 
@@ -73,7 +74,8 @@ def trace(
         refuse_dtensor_inputs(inputs)
     with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
             hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
-            no_kernel_warnings() as no_kernel, meta_attention_calls() as sdpa_calls:
+            eager_rnn_kernels(model), no_kernel_warnings() as no_kernel, \
+            meta_attention_calls() as sdpa_calls:
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         if mode == "aot":
             from jointlab.trace.aot import trace_aot
@@ -84,6 +86,7 @@ def trace(
     gm = parts.graph_module
     refuse_explicit_generators(gm)
     repair_views(gm)
+    keep_rnn_workspace(gm)
     warn_baked_constants(gm, train_fn, model)
     ensure_analyzed(gm)
     joint = JointGraph.from_parts(parts)
