@@ -73,7 +73,8 @@ def _is_user_file(path: str) -> bool:
 
 
 def _generated(path: str) -> bool:
-    return path.startswith("<eval_with_key")  # FX's generated graph code
+    # FX's generated graph code, and make_fx's wrapper of the traced function
+    return path.startswith("<eval_with_key") or path == "<string>"
 
 
 def user_line_of_frames(frames: list[traceback.FrameSummary]) -> str:
@@ -90,6 +91,11 @@ def user_line_of_frames(frames: list[traceback.FrameSummary]) -> str:
 
 
 def _caller_line() -> str:
+    return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
+
+
+def caller_line() -> str:
+    """``" at file:line: code"`` for the innermost user frame of the current stack, or ``""``."""
     return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
 
 
@@ -290,7 +296,9 @@ def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = Trac
     """
     if _is_jointlab_check(exc):
         return exc
-    line = _traceback_line(exc)
+    # No user frame in the traceback (torch raised inside jointlab's own call of it):
+    # the line that called the public entry point.
+    line = _traceback_line(exc) or _caller_line()
     if _is_users_own(exc):
         cls = _train_fn_error_type(type(exc))
         if cls is None:
