@@ -42,6 +42,7 @@ __all__ = [
     "TrainFnError",
     "TrainFnMisuseError",
     "UnsupportedCheckpointError",
+    "UnsupportedModuleError",
     "UnsupportedRandomOpError",
     "UnsupportedTorchError",
     "UnsupportedWrapperError",
@@ -129,6 +130,10 @@ class CompiledModuleError(TraceError):
 
 class UnsupportedCheckpointError(TraceError):
     """The model uses a form of gradient checkpointing that cannot be traced exactly."""
+
+
+class UnsupportedModuleError(TraceError):
+    """A module cannot be traced so that the graph computes exactly what eager computes."""
 
 
 class UnsupportedRandomOpError(TraceError):

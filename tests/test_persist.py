@@ -590,3 +590,56 @@ def test_load_restores_the_collector_and_leaves_young_generations_empty(saved, t
         gc.unfreeze()
         gc.enable() if was else gc.disable()
     assert len(loaded.nodes)
+
+
+# -- a failed save writes nothing (issue #27 item 5) -------------------------------------
+def _const_graph():
+    torch.manual_seed(0)
+    scale = torch.tensor([1.0, 2.0, 3.0])
+    model, x = nn.Linear(3, 3), torch.randn(2, 3)
+    with pytest.warns(jl.errors.BakedConstantWarning):
+        joint = jl.trace(model, lambda m, x: (m(x) * scale).sum(), {"x": x})
+    node = next(n for n in joint.graph.nodes if n.op == "get_attr")
+    return joint, node
+
+
+def test_unsaveable_constant_is_refused_naming_it_and_nothing_is_written(tmp_path):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    joint, node = _const_graph()
+    old = tmp_path / "old.jlg"
+    joint.save(old)
+    good = old.read_bytes()
+    with FakeTensorMode():  # what a trace that read .grad used to bake in
+        setattr(joint.graph_module, node.target, torch.ones(3))
+    for path in (old, tmp_path / "new.jlg"):
+        with pytest.raises(PersistError) as info:
+            joint.save(path)
+        assert f"'{node.name}'" in str(info.value) and "FakeTensor" in str(info.value)
+    assert old.read_bytes() == good  # the earlier archive is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.jlg"]  # no partial file
+
+
+def test_save_failing_midway_leaves_the_old_archive_and_no_temporary(tmp_path, monkeypatch):
+    joint, _ = _const_graph()
+    path = tmp_path / "g.jlg"
+    joint.save(path)
+    good = path.read_bytes()
+    real = zipfile.ZipFile.writestr
+
+    def fail_on_constants(self, name, data, *args, **kwargs):
+        if name == "constants.pt":
+            raise OSError("disk full")
+        return real(self, name, data, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "writestr", fail_on_constants)
+    with pytest.raises(OSError, match="disk full"):
+        joint.save(path)
+    with pytest.raises(OSError, match="disk full"):
+        joint.save(tmp_path / "new.jlg")
+    assert path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.jlg"]
+    monkeypatch.undo()
+    joint.save(path)  # and a save that succeeds reads back
+    assert jl.load(path).param_names == joint.param_names
+    assert os.stat(path).st_mode & 0o044  # readable by others, as a plain open() would make it

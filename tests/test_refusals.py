@@ -149,6 +149,41 @@ def test_backward_in_train_fn_is_refused(mode, call, name, line):
              f"train_fn called {name}", HERE, line, "return the loss")
 
 
+# -- gradients read inside train_fn (issue #27 item 5) ------------------------------------
+def _clip(m):
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+
+
+def _zero_grad(m):
+    m.zero_grad()
+
+
+def _read_grad(m):
+    return [p.grad for p in m.parameters()]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("touch,access,line", [
+    (_clip, "reads", "torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)"),
+    (_zero_grad, "reads", "m.zero_grad()"),
+    (_read_grad, "reads", "return [p.grad for p in m.parameters()]"),
+])
+def test_grad_access_in_train_fn_is_refused_with_how_to_clip(mode, touch, access, line):
+    # The model already has .grad: make_fx used to bake those stale values into the graph
+    # (and joint.save then failed on them); AOT read None, so clipping silently did nothing.
+    f, model, inputs = _mlp_with_grads()
+    first = next(n for n, _ in model.named_parameters())
+
+    def train_fn(m, x, y):
+        loss = f.train_fn(m, x, y)
+        touch(m)
+        return loss
+
+    _refused(model, errors.TrainFnMisuseError, train_fn, inputs, mode,
+             f"train_fn {access} the .grad of parameter '{first}'", HERE, line,
+             "accumulate=True); torch.nn.utils.clip_grad_norm_(model.parameters()")
+
+
 # -- meta models and compiled modules --------------------------------------------------
 def _op_counts(joint):
     counts: dict[str, int] = {}

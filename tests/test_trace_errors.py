@@ -151,3 +151,80 @@ def test_run_constant_leaf_changed():
     joint = jl.trace(model, f.train_fn, inputs)
     with pytest.raises(errors.InputMismatchError, match=r"'scale' was baked into the graph as 0.5"):
         joint.run(model, {**inputs, "scale": 0.25})
+
+
+# -- where errors point (issue #27 item 7) ------------------------------------------------
+def test_compare_error_names_the_users_call_and_advice_that_applies():
+    f = zoo.get("mlp")
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    next(model.parameters()).requires_grad_(False)  # changed after tracing
+    with pytest.raises(errors.TraceError) as info:
+        jl.compare(joint, model, inputs)  # the line the error names
+    msg = str(info.value)
+    assert "test_trace_errors.py" in msg and "jl.compare(joint, model, inputs)" in msg, msg
+    assert "contextlib.py" not in msg and "other tracing mode" not in msg, msg
+    assert "trace it again with jl.trace" in msg
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def _wav2vec2_specaugment():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.Wav2Vec2Config(
+        vocab_size=12, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+        num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, layerdrop=0.0,
+        mask_time_prob=0.5, mask_time_length=2, mask_feature_prob=0.0,
+        do_stable_layer_norm=True, feat_extract_norm="layer")
+    return transformers.Wav2Vec2ForCTC(cfg).train(), {"input_values": torch.randn(2, 400)}
+
+
+def _ctc_logits_loss(model, input_values):
+    return -model(input_values=input_values).logits.log_softmax(-1)[..., 1].mean()
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_specaugment_refusal_names_the_trace_call_and_keeps_python_rngs(mode):
+    import random
+
+    import numpy as np
+
+    model, inputs = _wav2vec2_specaugment()
+    np.random.seed(3)
+    random.seed(3)
+    before = deep_state(model)
+    np_state, py_state = np.random.get_state(), random.getstate()
+    with pytest.raises(errors.DataDependentError) as info:
+        jl.trace(model, _ctc_logits_loss, inputs, mode=mode)  # the line the refusal names
+    msg = str(info.value)
+    assert "test_trace_errors.py" in msg and "jl.trace(model, _ctc_logits_loss" in msg, msg
+    assert "<string>" not in msg and "boolean-mask indexing" in msg
+    assert random.getstate() == py_state
+    got = np.random.get_state()
+    assert got[0] == np_state[0] and (got[1] == np_state[1]).all() and got[2:] == np_state[2:]
+    assert_unchanged(before, model)
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_trace_leaves_python_and_numpy_generators_as_they_were(mode):
+    import random
+    import warnings
+
+    import numpy as np
+
+    f = zoo.get("mlp")
+    model, inputs = f.make_model(), f.make_inputs(4)
+
+    def jittered(m, x, y):  # draws from both generators while traced
+        return f.train_fn(m, x, y) * (1.0 + 0.0 * random.random() * float(np.random.rand()))
+
+    random.seed(5)
+    np.random.seed(5)
+    want_py, want_np = random.random(), np.random.rand()  # what the next draws must be
+    random.seed(5)
+    np.random.seed(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", errors.BakedConstantWarning)
+        jl.trace(model, jittered, inputs, mode=mode)
+    assert random.random() == want_py and np.random.rand() == want_np

@@ -37,6 +37,8 @@ import dataclasses
 import gc
 import io
 import json
+import os
+import tempfile
 import zipfile
 from typing import Any
 
@@ -94,21 +96,57 @@ def save(joint: TracedGraph, path: str) -> None:
         joint: A traced JointGraph.
         path: Destination file (conventionally ``*.jlg``).
 
+    Everything is encoded first and written to a temporary file in the same
+    folder, which replaces ``path`` only once complete: a failed save leaves no
+    partial archive, and an existing ``path`` as it was.
+
     Raises:
         PersistError: The graph holds a target or value that cannot be stored safely.
         StaleAnalysisError: The graph was edited since its analysis (``joint.recompute()``).
     """
     require_analyzed(joint.graph_module)
     graph_doc, constants = _encode_graph(joint.graph_module)
-    layout = _encode_layout(joint)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("format.json", json.dumps({"format": FORMAT, "version": VERSION}))
-        zf.writestr("graph.json", json.dumps(graph_doc))
-        zf.writestr("layout.json", json.dumps(layout))
-        if constants:
-            buf = io.BytesIO()
-            torch.save(constants, buf)
-            zf.writestr("constants.pt", buf.getvalue())
+    members = {"format.json": json.dumps({"format": FORMAT, "version": VERSION}),
+               "graph.json": json.dumps(graph_doc),
+               "layout.json": json.dumps(_encode_layout(joint))}
+    if constants:
+        members["constants.pt"] = _constants_bytes(constants)
+    _write_atomically(os.fspath(path), members)
+
+
+def _constants_bytes(constants: dict[str, torch.Tensor]) -> bytes:
+    buf = io.BytesIO()
+    try:
+        torch.save(constants, buf)
+    except Exception as exc:  # find the value torch could not write, for the message
+        for name, value in constants.items():
+            try:
+                torch.save(value, io.BytesIO())
+            except Exception:
+                raise PersistError(
+                    f"the graph constant '{name}' (a {type(value).__name__}) cannot be saved: "
+                    f"{type(exc).__name__}: {exc}. Nothing was written.") from exc
+        raise PersistError(f"the graph's constants cannot be saved: {exc}") from exc
+    return buf.getvalue()
+
+
+def _write_atomically(path: str, members: dict[str, str | bytes]) -> None:
+    """Write the archive to a temporary file beside ``path``, then rename it over ``path``."""
+    folder, base = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f, \
+                zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for name, data in members.items():
+                zf.writestr(name, data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a saved graph is not
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read(path: str) -> GraphParts:
@@ -223,6 +261,12 @@ def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
     if not isinstance(obj, torch.Tensor):
         raise PersistError(f"get_attr node '{node.name}' reads a {type(obj).__name__}; only "
                            "tensor constants can be saved.")
+    if type(obj) not in (torch.Tensor, torch.nn.Parameter):
+        raise PersistError(
+            f"get_attr node '{node.name}' reads the constant '{node.target}', a "
+            f"{type(obj).__name__}, not a plain tensor: a value captured while tracing "
+            "(check the BakedConstantWarning of jl.trace), which has no data to save. "
+            "Nothing was written.")
     return obj.detach().clone() if not isinstance(obj, torch.nn.Parameter) else obj.data.clone()
 
 

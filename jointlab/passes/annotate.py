@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sysconfig
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -30,6 +31,9 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 JOINTLAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: jointlab modules that hold user-level code (the demo models and their train_fn).
 _USER_MODULES = (os.path.join(JOINTLAB_DIR, "models.py"),)
+#: Python's own library (contextlib, functools, ...): never the user's line.
+_STDLIB_DIRS = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
+_THIRD_PARTY = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _COPIED_META = ("nn_module_stack", "stack_trace", "custom")
 
@@ -66,11 +70,13 @@ def has_module_stack(node: fx.Node) -> bool:
 
 
 def is_user_frame(path: str) -> bool:
-    """True for a source file outside torch and jointlab's own machinery.
+    """True for a source file outside torch, Python's standard library and jointlab's machinery.
 
     jointlab's demo models (``jointlab/models.py``) count as user code.
     """
     if path.startswith(_TORCH_DIR):
+        return False
+    if path.startswith(_STDLIB_DIRS) and not any(d in path for d in _THIRD_PARTY):
         return False
     return not path.startswith(JOINTLAB_DIR) or path in _USER_MODULES
 

@@ -70,6 +70,9 @@ from jointlab.torch_compat.graphs import op_parts as op_parts
 from jointlab.torch_compat.graphs import op_schema as op_schema
 from jointlab.torch_compat.graphs import record_module_stack_of as record_module_stack_of
 from jointlab.torch_compat.graphs import storage_id as storage_id
+from jointlab.torch_compat.graphs import (
+    without_python_decompositions as without_python_decompositions,
+)
 from jointlab.torch_compat.inductor import (
     complete_inductor_provenance as complete_inductor_provenance,
 )

@@ -4,12 +4,14 @@ Operator overloads and their schemas, an FX graph's codegen, storages,
 fast fake tensors for loading a graph, a module's parameter and buffer
 dicts, make_fx's module-stack hook, the profiler's event tree, the FX
 interpreter's freeing of dead values, the autograd engine patch, frames,
-compiled modules and activation checkpointing internals.
+compiled modules, activation checkpointing internals and the Python
+decompositions an op carries for the Python dispatcher.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -247,3 +249,38 @@ def checkpoint_internals() -> tuple[Callable[..., Any], type]:
         raise unsupported("torch.utils.checkpoint._run_fn_with_dynamo_disabled or "
                           "CheckpointFunction", "trace gradient checkpointing exactly")
     return run, func
+
+
+@contextlib.contextmanager
+def without_python_decompositions(ops: tuple[Any, ...]) -> Iterator[None]:
+    """Hide the Python decompositions of ``ops`` (their autograd-level ``py_impl``) in the block.
+
+    Under the Python dispatcher (AOT export, dynamic make_fx) a decomposition
+    registered with ``op.py_impl(DispatchKey.CompositeImplicitAutograd)`` (or
+    ``Autograd``) replaces the op's C++ kernel; hiding it makes the op run its
+    C++ composite, as eager does. They are restored afterwards, also on error.
+
+    Args:
+        ops: Operator overloads, e.g. ``torch.ops.aten.lstm.input``.
+
+    Yields:
+        Nothing; the kernels are hidden inside the block.
+
+    Raises:
+        UnsupportedTorchError: This torch's ops keep no ``py_kernels`` or dispatch cache.
+    """
+    purpose = "trace these ops with the kernels eager runs"
+    keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd)
+    saved: list[tuple[Any, Any, Callable[..., Any]]] = []
+    for op in ops:
+        kernels = required(op, "py_kernels", "OpOverload.py_kernels", purpose)
+        required(op, "_dispatch_cache", "OpOverload._dispatch_cache", purpose)
+        saved += [(op, key, kernels.pop(key)) for key in keys if key in kernels]
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, kernel in saved:
+            op.py_kernels[key] = kernel
+        for op in ops:
+            op._dispatch_cache.clear()

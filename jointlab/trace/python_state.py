@@ -18,6 +18,9 @@ called with ``use_cache=True``, and that is reported with the fix
 parameter baked into the graph, is reported as before.
 :func:`no_tensor_printing` turns ``print(tensor)`` in user code during a trace
 (which would only show a fake tensor) into a :class:`DataDependentError`.
+:func:`python_rngs_kept` puts Python's and numpy's global generators back
+after a trace: code that draws from them while traced (HF's SpecAugment masks
+draw from ``np.random``) must not change the user's random stream.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import random
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -245,3 +249,21 @@ def no_tensor_printing() -> Iterator[None]:
                 setattr(torch.Tensor, kind, own[kind])
             else:
                 delattr(torch.Tensor, kind)
+
+
+@contextlib.contextmanager
+def python_rngs_kept() -> Iterator[None]:
+    """Restore ``random``'s and ``numpy.random``'s global state after the block, also on error.
+
+    Yields:
+        Nothing; whatever the block draws, both generators end where they started.
+    """
+    state = random.getstate()
+    np = sys.modules.get("numpy")  # not imported yet: the trace cannot have drawn from it
+    np_state = np.random.get_state() if np is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        if np is not None:
+            np.random.set_state(np_state)

@@ -7,7 +7,10 @@ tracing change the model, or give a graph that hides an update:
   fake mode that allows real inputs its in-place update writes them),
 - any in-place write to a parameter (``p.add_``, ``p.data.mul_``, ``out=p``),
 - its own ``loss.backward()`` or ``torch.autograd.grad`` (the joint graph
-  takes the gradients itself).
+  takes the gradients itself),
+- reading or writing ``.grad`` (``clip_grad_norm_``, ``zero_grad()``): this
+  step's gradients do not exist while ``train_fn`` runs, so it would read the
+  previous step's (baked into the graph as constants) or nothing.
 
 :func:`tracing_guard` is active for the whole ``jl.trace`` call and
 :func:`in_train_fn` around each call of ``train_fn``; both refuse these
@@ -51,9 +54,16 @@ from jointlab.trace.rng_calls import seed_call_refusals
 _RETURN_LOSS = ("jl.trace computes the gradients itself: return the loss from train_fn, "
                 "then use joint.run(model, inputs, accumulate=True) and step your optimizer "
                 "outside train_fn.")
+_CLIP_OUTSIDE = ("Inside train_fn this step's gradients do not exist yet (jl.trace computes "
+                 "them after train_fn returns), so .grad holds the previous step's values or "
+                 "nothing, and the graph would bake them in. Return the loss from train_fn and "
+                 "work on the gradients after the graph ran: joint.run(model, inputs, "
+                 "accumulate=True); torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                 "max_norm); opt.step(); opt.zero_grad().")
+_GRAD_ACCESS = {torch.Tensor.grad.__get__: "reads", torch.Tensor.grad.__set__: "writes",
+                torch.Tensor.grad.__delete__: "deletes"}
 # Real parameter storages of the model being traced (a stack: traces may nest).
 _REAL: list[dict[Any, str]] = []
-
 
 
 
@@ -64,7 +74,8 @@ def _is_user_file(path: str) -> bool:
 
 
 def _generated(path: str) -> bool:
-    return path.startswith("<eval_with_key")  # FX's generated graph code
+    # FX's generated graph code, and make_fx's wrapper of the traced function
+    return path.startswith("<eval_with_key") or path == "<string>"
 
 
 def user_line_of_frames(frames: list[traceback.FrameSummary]) -> str:
@@ -81,6 +92,11 @@ def user_line_of_frames(frames: list[traceback.FrameSummary]) -> str:
 
 
 def _caller_line() -> str:
+    return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
+
+
+def caller_line() -> str:
+    """``" at file:line: code"`` for the innermost user frame of the current stack, or ``""``."""
     return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
 
 
@@ -130,13 +146,24 @@ def tracing_guard(model: nn.Module) -> Iterator[None]:
 
 
 class _NoBackward(TorchFunctionMode):
-    """Refuse ``backward()``, ``torch.autograd.backward`` and ``torch.autograd.grad``."""
+    """Refuse ``backward()``, ``torch.autograd.backward``/``grad`` and any ``.grad`` access."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        super().__init__()
+        self.names = names  # id(parameter) -> FQN, for the message
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
             name = "loss.backward()" if func is torch.Tensor.backward else (
                 f"torch.autograd.{func.__name__}()")
             raise TrainFnMisuseError(f"train_fn called {name}{_caller_line()}. {_RETURN_LOSS}")
+        access = _GRAD_ACCESS.get(func)
+        if access is not None:
+            name = self.names.get(id(args[0])) if args else None
+            what = f"parameter '{name}'" if name else "a tensor"
+            raise TrainFnMisuseError(
+                f"train_fn {access} the .grad of {what}{_caller_line()} (e.g. "
+                f"clip_grad_norm_ or zero_grad() inside train_fn). {_CLIP_OUTSIDE}")
         return func(*args, **(kwargs or {}))
 
 
@@ -173,7 +200,7 @@ def _param_write_mode(protected: dict[Any, str]) -> Any:
 
 @contextlib.contextmanager
 def in_train_fn(model: nn.Module) -> Iterator[None]:
-    """Refuse user backward calls, parameter writes and seed calls while ``train_fn`` runs.
+    """Refuse backward calls, ``.grad`` access, parameter writes and seed calls in ``train_fn``.
 
     Args:
         model: The model as ``train_fn`` sees it (parameters may be swapped
@@ -186,7 +213,8 @@ def in_train_fn(model: nn.Module) -> Iterator[None]:
         UnsupportedTorchError: This torch has no ``TorchDispatchMode`` to watch writes with.
     """
     protected = {**(_REAL[-1] if _REAL else {}), **_param_storages(model)}
-    with _NoBackward(), _param_write_mode(protected), seed_call_refusals():
+    names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+    with _NoBackward(names), _param_write_mode(protected), seed_call_refusals():
         yield
 
 
@@ -269,7 +297,9 @@ def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = Trac
     """
     if _is_jointlab_check(exc):
         return exc
-    line = _traceback_line(exc)
+    # No user frame in the traceback (torch raised inside jointlab's own call of it):
+    # the line that called the public entry point.
+    line = _traceback_line(exc) or _caller_line()
     if _is_users_own(exc):
         cls = _train_fn_error_type(type(exc))
         if cls is None:

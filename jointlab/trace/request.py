@@ -30,6 +30,7 @@ from jointlab.torch_compat import (
     DynamicOutputShapeException,
     GuardOnDataDependentSymNode,
 )
+from jointlab.trace.refusals import caller_line
 
 _DATA_DEPENDENT = (
     DataDependentOutputException,
@@ -99,18 +100,29 @@ def split_loss(out: Any) -> tuple[Any, dict[str, Any]]:
     return out, {}
 
 
+def _generated(path: str) -> bool:
+    return path == "<string>" or path.startswith("<eval_with_key")  # make_fx's / FX's code
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Turn data-dependent tracing failures into :class:`DataDependentError`."""
     try:
         yield
     except _DATA_DEPENDENT as exc:
-        frame = innermost_user_frame(traceback.extract_tb(exc.__traceback__))
-        where = f" at {frame_text(frame)}" if frame is not None else ""
+        frame = innermost_user_frame(traceback.extract_tb(exc.__traceback__),
+                                     also_skip=_generated)
+        if frame is not None:
+            where = f" at {frame_text(frame)}"
+        else:  # raised by a gradient formula: no Python frame of the model is on the stack
+            where = (f" (in the backward, traced for the jl.trace call{caller_line()}: an "
+                     "op's gradient has data-dependent sizes, as boolean-mask indexing "
+                     "such as x[mask] = value has)")
         raise DataDependentError(
             "the model reads a tensor's value in Python while tracing" + where + ". A joint "
             "graph cannot depend on data: replace Python control flow on tensor values "
-            "(if, .item(), printing a tensor) with tensor ops such as torch.where."
+            "(if, .item(), printing a tensor) and boolean-mask indexing with tensor ops such "
+            "as torch.where (or turn the data-dependent feature off while tracing)."
         ) from exc
 
 

@@ -27,10 +27,15 @@ from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
 from jointlab.trace.meta_attention import flag_meta_attention, meta_attention_calls
-from jointlab.trace.python_state import no_tensor_printing, warn_baked_constants
+from jointlab.trace.python_state import (
+    no_tensor_printing,
+    python_rngs_kept,
+    warn_baked_constants,
+)
 from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
 from jointlab.trace.refusals import refuse_compiled, torch_errors, tracing_guard
 from jointlab.trace.request import TraceRequest
+from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
 
 MODES = ("make_fx", "aot")
 
@@ -74,9 +79,11 @@ def trace(
     refuse_unsupported_wrappers(model, mode, dynamic or bool(dynamic_arg_dims))
     if mode == "make_fx":  # AOT mode names subclass inputs itself (trace/aot.py)
         refuse_dtensor_inputs(inputs)
-    with no_tensor_printing(), torch_errors("jl.trace"), tracing_guard(model), \
+    with python_rngs_kept(), no_tensor_printing(), torch_errors("jl.trace"), \
+            tracing_guard(model), \
             hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
-            fast_path_refusals(model), no_kernel_warnings() as no_kernel, \
+            fast_path_refusals(model), eager_rnn_kernels(model), \
+            no_kernel_warnings() as no_kernel, \
             meta_attention_calls() as sdpa_calls:
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         assumptions = Assumptions.record(model)  # before train_fn runs: what the user set
@@ -90,6 +97,7 @@ def trace(
     gm = parts.graph_module
     refuse_explicit_generators(gm)
     repair_views(gm)
+    keep_rnn_workspace(gm)
     warn_baked_constants(gm, train_fn, model)
     ensure_analyzed(gm)
     joint = JointGraph.from_parts(parts)

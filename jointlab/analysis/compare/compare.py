@@ -60,6 +60,13 @@ from jointlab.trace.refusals import torch_errors
 
 __all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
 
+_COMPARE_HINT = (
+    "jl.compare runs train_fn eagerly (torch.autograd.grad of the loss with respect to the "
+    "parameters that require grad) and the graph on the model as it is now. If you changed the "
+    "model since jl.trace (requires_grad, train()/eval(), a submodule, a hyperparameter), trace "
+    "it again with jl.trace; if train_fn fails at that line, fix it so that it runs eagerly on "
+    "these inputs")
+
 
 # -- running the candidates ------------------------------------------------------
 @runtime_checkable
@@ -139,7 +146,7 @@ def _run_compiled(compiled: Any, model: nn.Module, inputs: dict[str, Any], seed:
     return out, dict(m.named_buffers())
 
 
-@torch_errors("jl.compare")
+@torch_errors("jl.compare", hint=_COMPARE_HINT)
 def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int = 0,
             rtol: float | None = None, atol: float | None = None, exact: bool | None = None,
             device: str | torch.device | None = None, train_fn: Any = None) -> Comparison:

@@ -1,0 +1,138 @@
+"""RNN layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) traced as eager runs them.
+
+Two things stood between a traced RNN and eager's numbers on CPU:
+
+* **Python decompositions.** torch registers Python kernels for ``aten.lstm``,
+  ``aten.gru``, ``aten.rnn_tanh`` and ``aten.rnn_relu`` that replace the C++
+  composite under the Python dispatcher, i.e. in AOT export and in dynamic
+  make_fx traces. They compute LSTM cells with ``mm``/``addmm`` instead of the
+  oneDNN kernel eager uses (``mkldnn_rnn_layer``), and (torch 2.13,
+  ``torch._decomp.decompositions._rnn_helper``) they drop the dropout between
+  layers: ``nn.LSTM(..., num_layers=2, dropout=p)`` traced without dropout. While
+  tracing, :func:`eager_rnn_kernels` hides them, so the C++ composite runs, as
+  in eager, and its ops are recorded. The C++ composite reads concrete sizes,
+  so an RNN layer whose input has symbolic sizes (a dynamic trace) is refused
+  with :class:`~jointlab.errors.UnsupportedModuleError` naming the module.
+* **oneDNN's workspace.** Eager's CPU LSTM calls ``aten.mkldnn_rnn_layer``, whose
+  fourth output (the workspace its backward reads) is only produced when grad
+  mode is on. A joint graph runs under ``torch.no_grad()`` (``joint.run``, the
+  Stepper, ``jl.compare``), where the kernel returns no workspace and the
+  backward node fails. :func:`keep_rnn_workspace` retargets those nodes to
+  :data:`MKLDNN_RNN_LAYER`, which calls the same kernel with grad mode on (and
+  records nothing for autograd), so the graph produces what eager's forward
+  produces under any grad mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from jointlab.errors import UnsupportedModuleError
+from jointlab.torch_compat import without_python_decompositions
+from jointlab.trace.refusals import user_line_of_frames
+
+aten = torch.ops.aten
+_Tensor4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+#: RNN ops whose Python decompositions differ from eager's C++ composite.
+RNN_OPS = (aten.lstm.input, aten.lstm.data, aten.gru.input, aten.gru.data,
+           aten.rnn_tanh.input, aten.rnn_tanh.data, aten.rnn_relu.input, aten.rnn_relu.data)
+
+
+def _symbolic(value: Any) -> bool:
+    data = getattr(value, "data", value)  # a PackedSequence holds its tensor in .data
+    return isinstance(data, torch.Tensor) and any(
+        isinstance(d, torch.SymInt) for d in data.shape)
+
+
+def _refuse_symbolic(name: str) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if not any(_symbolic(a) for a in args):
+            return
+        line = user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
+        raise UnsupportedModuleError(
+            f"{type(module).__name__} '{name}'{line} gets an input with symbolic (dynamic) "
+            "sizes. Eager runs RNN layers through a C++ kernel that needs concrete sizes "
+            "(oneDNN's LSTM on CPU), and torch's size-generic replacement computes other "
+            "numbers (it drops the dropout between layers). Trace with static shapes "
+            "(dynamic=False, or leave this input's dims out of dynamic_arg_dims); trace "
+            "again for each new shape.")
+    return hook
+
+
+@contextlib.contextmanager
+def eager_rnn_kernels(model: nn.Module) -> Iterator[None]:
+    """Trace RNN ops through their C++ composite (eager's kernels), not torch's Python ones.
+
+    Args:
+        model: The traced model; its RNN modules refuse inputs with symbolic sizes.
+
+    Yields:
+        Nothing; inside the block the decompositions are hidden.
+
+    Raises:
+        UnsupportedModuleError: An RNN module got an input with symbolic sizes.
+        UnsupportedTorchError: This torch keeps its Python kernels elsewhere.
+    """
+    handles = [mod.register_forward_pre_hook(_refuse_symbolic(name or "<the model>"))
+               for name, mod in model.named_modules() if isinstance(mod, nn.RNNBase)]
+    try:
+        with without_python_decompositions(RNN_OPS):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.library.custom_op("jointlab::mkldnn_rnn_layer", mutates_args=())
+def _mkldnn_rnn_layer(input: torch.Tensor, weight0: torch.Tensor, weight1: torch.Tensor,
+                      weight2: torch.Tensor, weight3: torch.Tensor, hx_: torch.Tensor,
+                      cx_: torch.Tensor, reverse: bool, batch_sizes: list[int], mode: int,
+                      hidden_size: int, num_layers: int, has_biases: bool, bidirectional: bool,
+                      batch_first: bool, train: bool) -> _Tensor4:
+    """``aten.mkldnn_rnn_layer`` with grad mode on, so ``train=True`` yields the workspace."""
+    with torch.enable_grad():  # autograd is below this kernel: nothing is recorded
+        out = aten.mkldnn_rnn_layer.default(
+            input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, batch_sizes, mode,
+            hidden_size, num_layers, has_biases, bidirectional, batch_first, train)
+    return tuple(t.detach() for t in out)  # type: ignore[return-value]
+
+
+@_mkldnn_rnn_layer.register_fake
+def _(input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, batch_sizes, mode,
+      hidden_size, num_layers, has_biases, bidirectional, batch_first, train) -> _Tensor4:
+    with torch.enable_grad():
+        return aten.mkldnn_rnn_layer.default(
+            input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, batch_sizes, mode,
+            hidden_size, num_layers, has_biases, bidirectional, batch_first, train)
+
+
+#: The graph's form of ``aten.mkldnn_rnn_layer.default``: same arguments and outputs.
+MKLDNN_RNN_LAYER = torch.ops.jointlab.mkldnn_rnn_layer.default
+
+
+def keep_rnn_workspace(gm: fx.GraphModule) -> int:
+    """Retarget ``aten.mkldnn_rnn_layer`` nodes whose workspace the backward reads.
+
+    Args:
+        gm: A traced joint graph; edited in place and recompiled if changed.
+
+    Returns:
+        How many nodes were retargeted.
+    """
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is aten.mkldnn_rnn_layer.default:
+            node.target = MKLDNN_RNN_LAYER
+            changed += 1
+    if changed:
+        gm.recompile()
+    return changed
