@@ -59,6 +59,8 @@ class InductorGraph:
         source_code: Inductor's generated wrapper and kernels (None before).
         buffers: ``{buffer: (post-grad node, target, shape)}`` recorded while lowering.
         lowered: ``(post-grad graph, {buffer: node})`` per graph Inductor lowered.
+        state: Inductor's configuration, lowerings and decompositions when it
+            compiled (None before).
     """
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
@@ -69,10 +71,12 @@ class InductorGraph:
         self.source_code: str | None = None
         self.buffers: dict[str, tuple[str, str, tuple[int, ...]]] = {}
         self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
+        self.state: torch_compat.InductorState | None = None
 
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
         if self.fn is None:
+            self.state = torch_compat.inductor_state()  # what jl.bisect recompiles under
             with torch.no_grad(), torch_compat.complete_inductor_provenance() as record:
                 fn = torch_compat.inductor_compile(self.gm, list(args),
                                                    options={**_MAPPED, **record["options"]})
@@ -134,6 +138,7 @@ class CompiledJoint:
         """Wrap ``source``; compilation happens on the first :meth:`run`."""
         self.source = source
         self.backend = backend
+        self._state: torch_compat.InductorState | None = None
         if backend == "inductor" and is_static(source):
             self.compiled: Any = InductorGraph(source.graph_module)
         else:
@@ -153,7 +158,20 @@ class CompiledJoint:
         Returns:
             ``(loss, grads by FQN, loss_dict)``.
         """
+        if self._state is None and not isinstance(self.compiled, InductorGraph):
+            self._state = torch_compat.inductor_state()  # torch.compile compiles on this run
         return self.source.run_with(self.compiled, model, inputs, accumulate=accumulate)
+
+    @property
+    def compiler_state(self) -> torch_compat.InductorState | None:
+        """Inductor's configuration, lowerings and decompositions when this compiled (or None).
+
+        :func:`jointlab.bisect` recompiles regions under it, so a bug patched in for
+        the compile and undone afterwards is still in what it checks.
+        """
+        if isinstance(self.compiled, InductorGraph):
+            return self.compiled.state
+        return self._state
 
     def compare(self, model: nn.Module, inputs: dict[str, Any], **options: Any) -> Comparison:
         """Compare the compiled code and its source graph with eager autograd in one call.
