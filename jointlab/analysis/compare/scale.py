@@ -48,20 +48,47 @@ def _kind(node: fx.Node) -> str | None:
     return None
 
 
-def _norm_mean(node: fx.Node) -> fx.Node | None:
-    """The ``native_layer_norm`` whose mean output ``node`` is, else None."""
+def _norm_stat(node: fx.Node) -> fx.Node | None:
+    """The ``native_layer_norm`` or ``var_mean`` whose statistic ``node`` is, else None."""
     if node.op != "call_function" or node.target is not operator.getitem:
         return None
-    src = node.args[0]
-    if isinstance(src, fx.Node) and op_name(src) == "native_layer_norm" and node.args[1] == 1:
+    src, index = node.args[0], node.args[1]
+    if not isinstance(src, fx.Node):
+        return None
+    if op_name(src) == "native_layer_norm" and index in (1, 2):
         return src
-    return None
+    return src if op_name(src) == "var_mean" and index in (0, 1) else None
+
+
+def _norm_scale(node: fx.Node, norm: fx.Node, value_of: Callable[[fx.Node], Any]
+                ) -> torch.Tensor | None:
+    """A mean: ``mean(|x|)``; a variance: ``mean(x²)``; an rstd: ``rstd · mean(x²) · rstd²``.
+
+    A variance is a difference of ``mean(x²)`` and ``mean(x)²``: its rounding is
+    relative to ``mean(x²)``, so an rstd's is ``rstd · mean(x²) / var``.
+    """
+    x, value = value_of(norm.args[0]), value_of(node)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() \
+            or not isinstance(value, torch.Tensor):
+        return None
+    if op_name(norm) == "native_layer_norm":
+        dims = tuple(range(x.dim() - len(norm.args[1]), x.dim()))
+    else:
+        dims = tuple(norm.args[1]) if len(norm.args) > 1 and norm.args[1] is not None \
+            else tuple(range(x.dim()))
+    x = x.detach()
+    if node.args[1] == 1:
+        return x.abs().mean(dim=dims, keepdim=True).reshape(value.shape)
+    square = x.square().mean(dim=dims, keepdim=True).reshape(value.shape)
+    if op_name(norm) == "var_mean":
+        return square
+    return value.abs() * square * value.square()
 
 
 def scale_reads(node: fx.Node, depth: int = _DEPTH) -> set[str]:
     """Names of the nodes whose values :func:`produced_scale` of ``node`` reads."""
-    if (norm := _norm_mean(node)) is not None:
-        return {norm.args[0].name}
+    if (norm := _norm_stat(node)) is not None:
+        return {norm.args[0].name, node.name}
     kind = _kind(node) if depth > 0 else None
     if kind is None:
         return {node.name}
@@ -74,7 +101,7 @@ def scale_reads(node: fx.Node, depth: int = _DEPTH) -> set[str]:
 
 def _abs(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.detach().abs()
+        return value.detach().abs() if value.is_floating_point() else value
     return abs(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
@@ -91,15 +118,13 @@ def produced_scale(node: fx.Node, value_of: Callable[[fx.Node], Any],
         A non-negative tensor shaped like ``node``'s value, or None when a
         value it needs is unknown or the op cannot be evaluated on magnitudes.
     """
-    if (norm := _norm_mean(node)) is not None:  # a mean: mean(|x|) over the normalized dims
-        x, dims = value_of(norm.args[0]), len(norm.args[1])
-        if not isinstance(x, torch.Tensor):
-            return None
-        return x.detach().abs().mean(dim=tuple(range(x.dim() - dims, x.dim())), keepdim=True)
+    if (norm := _norm_stat(node)) is not None:
+        return _norm_scale(node, norm, value_of)
     kind = _kind(node) if depth > 0 else None
     if kind is None:
         value = value_of(node)
-        return value.detach().abs() if isinstance(value, torch.Tensor) else None
+        return value.detach().abs() if isinstance(value, torch.Tensor) \
+            and value.is_floating_point() else None
 
     def scale(arg: Any) -> Any:
         if not isinstance(arg, fx.Node):
@@ -118,6 +143,6 @@ def produced_scale(node: fx.Node, value_of: Callable[[fx.Node], Any],
     try:
         with torch.no_grad():
             out = target(*args, **kwargs)
-    except (RuntimeError, TypeError, ValueError):  # an overload that wants other arguments
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):  # other arguments wanted
         return None
-    return out.abs() if isinstance(out, torch.Tensor) else None
+    return out.abs() if isinstance(out, torch.Tensor) and out.is_floating_point() else None
