@@ -10,6 +10,8 @@ into one Inductor lowering must still come out MISMATCH, named by
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,3 +96,44 @@ def test_small_lowering_error_in_a_compiled_attention_model_is_named(monkeypatch
     # independent reference: the kernel's own generated code computes an erf
     assert "erf" in first.code, first.code[:400]
     assert "ffn" in d.module or any("ffn" in m for m in first.modules), str(d)
+
+
+def _gpt2_with_cache():
+    # use_cache left at its default: HF's KV cache concatenates the keys onto an empty
+    # constant, and Inductor's cat decomposition lays the result out as the keys were
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                                  attn_pdrop=0.1, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    t = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}
+
+    def step(m, input_ids, labels):
+        logits = m(input_ids=input_ids).logits
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    return model, inputs, step
+
+
+def test_gpt2_with_its_kv_cache_compiles_and_matches_eager():
+    model, inputs, step = _gpt2_with_cache()
+    with pytest.warns(jl.errors.BakedConstantWarning, match="KV cache"):
+        joint = jl.trace(model, step, inputs)
+    with one_thread():
+        c = joint.compile("inductor").compare(model, inputs)
+    assert c.ok and c.verdict == "within tolerance" and c.first_divergence is None, repr(c)
+    assert len(c.grads[c.grads["candidate"] == "inductor"]) == len(list(model.parameters()))
+
+
+def test_a_compile_failure_on_a_kv_cache_value_names_the_traced_constant(monkeypatch):
+    # without the repair the view of the cached keys fails inside Inductor's re-trace:
+    # the error must blame the baked cache constant, not the user's graph edits
+    model, inputs, step = _gpt2_with_cache()
+    tracer = importlib.import_module("jointlab.trace.tracer")
+    monkeypatch.setattr(tracer, "repair_views", lambda gm: 0)
+    with pytest.warns(jl.errors.BakedConstantWarning):
+        c = jl.trace(model, step, inputs).compile("inductor")
+    with one_thread(), pytest.raises(jl.errors.NodeExecutionError) as err:
+        c.run(model, inputs)
+    msg = str(err.value)
+    assert "Inductor's compile" in msg and "_tensor_constant0 (HF's KV cache" in msg, msg
+    assert "use_cache=False" in msg and "if you edited the graph" not in msg, msg
