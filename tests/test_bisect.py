@@ -39,6 +39,7 @@ def test_unmodified_compiled_graph_bisects_clean(mlp_bisected):
     model, inputs, joint, compiled, clean = mlp_bisected
     print(clean)
     assert clean.ok and clean.first is None and clean.granularity == "region"
+    assert clean.notes == ()  # built under today's state
     assert all(c.ok for c in clean.checks) and len(clean.checks) >= len(clean.regions)
     # contiguous regions in node order that cover every compute node once
     assert [n for r in clean.regions for n in r.nodes] == _compute(joint)
@@ -51,24 +52,47 @@ def test_unmodified_compiled_graph_bisects_clean(mlp_bisected):
             assert any(k.startswith("extern_kernels.addmm") for k in r.kernels)
 
 
-def test_wrong_relu_lowering_is_named_in_the_region_that_holds_relu(mlp_bisected, monkeypatch):
-    model, inputs, joint, compiled, clean = mlp_bisected
+def _wrong_relu(monkeypatch):
     lowering = torch_compat.torch_module("torch._inductor.lowering", "inject a wrong lowering")
     monkeypatch.setitem(lowering.lowerings, aten.relu.default, lowering.lowerings[aten.abs.default])
-    # no FX-graph cache: a cached clean compile would hide the bug (and must not learn it)
-    bad = jl.bisect(compiled, model, inputs, regions=4, options={"fx_graph_cache": False})
-    print(bad)
+
+
+def test_wrong_relu_lowering_is_named_in_the_region_that_holds_relu(mlp_bisected, monkeypatch):
+    model, inputs, joint, _, _ = mlp_bisected
+    # notebook 07's order: the bug is patched in for the compile and undone right after
+    _wrong_relu(monkeypatch)
+    bad = joint.compile("inductor")
+    bad.run(model, inputs)
+    monkeypatch.undo()
+    found = jl.bisect(bad, model, inputs, regions=4)
+    print(found)
     # independent reference: relu's position among the graph's compute nodes
     names = _compute(joint)
     pos = names.index(next(n.name for n in joint.graph.nodes if n.target is aten.relu.default))
-    starts = [names.index(r.nodes[0]) for r in bad.regions]
+    starts = [names.index(r.nodes[0]) for r in found.regions]
     expected = max(i for i, s in enumerate(starts) if s <= pos)
-    assert not bad.ok and bad.first.index == expected
-    assert bad.first.phase == "forward"
-    assert all(c.ok for c in bad.checks if c.region < expected)
-    assert any(c.node == "relu" and not c.ok for c in bad.checks)
+    assert not found.ok and found.first.index == expected
+    assert found.first.phase == "forward"
+    assert all(c.ok for c in found.checks if c.region < expected)
+    assert any(c.node == "relu" and not c.ok for c in found.checks)
     # later regions get the uncompiled values at their inputs: the error does not spread
-    assert all(c.ok for c in bad.checks if c.region > expected)
+    assert all(c.ok for c in found.checks if c.region > expected)
+    # the state that built it differs from today's, and the result says so
+    assert any("lowering of aten.relu.default" in n for n in found.notes), found.notes
+    # the same object compared as a whole: MISMATCH too, never "clean" beside it
+    assert not jl.compare(bad, model, inputs).ok
+
+
+def test_bisect_checks_the_clean_code_held_even_while_a_bug_is_patched_in(mlp_bisected,
+                                                                          monkeypatch):
+    model, inputs, _, compiled, _ = mlp_bisected  # compiled before any patch: clean code
+    _wrong_relu(monkeypatch)
+    found = jl.bisect(compiled, model, inputs, regions=4)
+    print(found)
+    assert found.ok, found
+    assert any("lowering of aten.relu.default" in n for n in found.notes), found.notes
+    lowering = torch_compat.torch_module("torch._inductor.lowering", "check the patch stays")
+    assert lowering.lowerings[aten.relu.default] is lowering.lowerings[aten.abs.default]
 
 
 def test_bisect_refuses_a_traced_graph(mlp_bisected):
@@ -120,6 +144,10 @@ def test_compare_names_the_kernel_that_a_wrong_relu_lowering_broke(mlp_bisected,
     calls = [k.kernel for k in jl.analysis.kernel_probe.kernel_calls(bad.compiled.source_code)]
     assert c.kernels["inductor"].checked == calls.index(want) + 1  # the ones before matched
     assert f"first diverging kernel (inductor): {want}" in repr(c)
+    # first_divergence names it too, not only the repr
+    d = c.first_divergence
+    assert d is not None and d.candidate == "inductor" and d.kernel == want, d
+    assert d.node in first.nodes or d.node == first.node
 
 
 _WRAPPER = '''

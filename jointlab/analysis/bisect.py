@@ -12,6 +12,14 @@ tolerances. The result names the first region whose outputs diverge: its
 nodes, modules and phase, and, where the whole-graph kernel map exists, the
 kernels that cover any of its nodes.
 
+Regions are compiled under the Inductor state ``compiled`` was built with
+(its configuration, lowerings and decompositions, recorded when it compiled:
+:attr:`jointlab.CompiledJoint.compiler_state`), with every compile cache off,
+so a lowering bug patched in for the compile and undone afterwards is still in
+what is bisected, and a cached clean region cannot hide one. Where the present
+state differs, the result's ``notes`` say what differs. Patches outside those
+tables (to Inductor's passes or code generators) are not recorded.
+
 Compiling regions apart changes what Inductor may fuse: a bug that only shows
 when two regions' ops fuse together is not found here, and the result says
 which region, not which kernel, is wrong.
@@ -19,6 +27,8 @@ which region, not which kernel, is wrong.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import operator
 from collections.abc import Callable
@@ -31,6 +41,7 @@ from torch import fx, nn
 from jointlab import meta as _meta
 from jointlab import torch_compat
 from jointlab.analysis.compare.judge import Tolerance, close, compute_dtype, errors
+from jointlab.analysis.compare.scale import produced_scale
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.runner import ValueRecorder
 from jointlab.errors import CompiledGraphError
@@ -38,6 +49,7 @@ from jointlab.errors import CompiledGraphError
 __all__ = ["Bisection", "Region", "RegionCheck", "bisect", "compile_region", "split_regions"]
 
 _EXACT_RANDOM = {"fallback_random": True}
+_NO_CACHES = {"force_disable_caches": True, "fx_graph_cache": False}
 
 
 @dataclass(frozen=True)
@@ -83,12 +95,15 @@ class Bisection:
         checks: One check per region output.
         first: The first region with an output beyond tolerance, or None.
         granularity: Always ``"region"``: regions, not single kernels, are compared.
+        notes: How the regions were compiled where that differs from a fresh
+            compile now (Inductor's state changed since ``compiled`` was built).
     """
 
     regions: tuple[Region, ...]
     checks: tuple[RegionCheck, ...]
     first: Region | None
     granularity: str = "region"
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -105,6 +120,7 @@ class Bisection:
             lines.append(f"  [{r.index}] {r.phase} {len(r.nodes)} nodes "
                          f"{r.nodes[0]}..{r.nodes[-1]} modules={list(r.modules)}"
                          + (f" bad outputs={bad}" if bad else "") + mark)
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -184,7 +200,7 @@ def compile_region(backend: str, gm: fx.GraphModule, args: list[Any],
     Returns:
         A callable taking the region's inputs positionally.
     """
-    opts = {**_EXACT_RANDOM, **(options or {})}
+    opts = {**_EXACT_RANDOM, **(options or {}), **_NO_CACHES}
     if backend == "inductor":
         with torch.no_grad():
             return torch_compat.inductor_compile(gm, list(args), options=opts)
@@ -210,15 +226,17 @@ def _refuse_random(gm: fx.GraphModule) -> None:
 
 
 def _check(region: Region, fn: Callable[..., Any], values: dict[str, Any],
-           tol: Tolerance) -> list[RegionCheck]:
+           tol: Tolerance, gm: fx.GraphModule) -> list[RegionCheck]:
     args = [v.clone() if isinstance(v, torch.Tensor) else v
             for v in (values[n] for n in region.inputs)]
     with torch.no_grad():
         outs = list(fn(*args))
     checks = []
+    nodes = {n.name: n for n in gm.graph.nodes}
     for name, got in zip(region.outputs, outs):
         want = values[name]
-        ok = close(got, want, tol)
+        ok = close(got, want, tol) or close(  # relative to the magnitudes that produced it
+            got, want, tol, produced_scale(nodes[name], lambda n: values.get(n.name)))
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
             abs_err, rel_err, _ = errors(got, want)
         else:
@@ -270,6 +288,7 @@ def bisect(compiled: Any, model: nn.Module, inputs: dict[str, Any], *, regions: 
             "its first diverging node.")
     gm = source.graph_module
     _refuse_random(gm)
+    state, notes = _built_state(compiled, model, inputs)
     values = uncompiled_values(source, model, inputs)
     tol = Tolerance(rtol, atol, False, compute_dtype(source))
     parts = _with_kernels(compiled, split_regions(gm, regions))
@@ -278,9 +297,36 @@ def bisect(compiled: Any, model: nn.Module, inputs: dict[str, Any], *, regions: 
     for region in parts:
         mod = region_module(gm, region)
         args = [values[n] for n in region.inputs]
-        fn = compile_region(compiled.backend, mod, args, options)
-        found = _check(region, fn, values, tol)
+        with _applied(state) as opts:
+            fn = compile_region(compiled.backend, mod, args, {**opts, **(options or {})})
+        found = _check(region, fn, values, tol, gm)
         checks.extend(found)
         if first is None and not all(c.ok for c in found):
             first = region
-    return Bisection(tuple(parts), tuple(checks), first)
+    return Bisection(tuple(parts), tuple(checks), first, notes=tuple(notes))
+
+
+def _built_state(compiled: Any, model: nn.Module, inputs: dict[str, Any]
+                 ) -> tuple[Any, list[str]]:
+    """The Inductor state ``compiled`` was built with, and notes on how it differs from now.
+
+    A compiled graph that has not run yet is compiled now (one run on a copy of
+    the model), so what is bisected is the code it will run.
+    """
+    if not hasattr(compiled, "compiler_state"):
+        return None, []
+    if compiled.compiler_state is None:
+        compiled.run(copy.deepcopy(model), inputs)
+    state = compiled.compiler_state
+    changed = torch_compat.state_changes(state) if state is not None else []
+    if not changed:
+        return state, []
+    shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+    return state, [f"Inductor's state changed since this graph was compiled ({shown}): regions "
+                   "were compiled under the state that built it, so they check the code you "
+                   "hold, not what a fresh compile would produce now"]
+
+
+def _applied(state: Any) -> Any:
+    return contextlib.nullcontext({}) if state is None else \
+        torch_compat.inductor_state_applied(state)

@@ -21,7 +21,10 @@ through ``torch.compile`` (and have no kernel map).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -34,8 +37,10 @@ from jointlab.analysis.compare.judge import Tolerance
 from jointlab.analysis.kernel_probe import KernelCheck, first_diverging_kernel
 from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_layer, kernel_table
 from jointlab.core import RunResult, TracedGraph
-from jointlab.errors import CompiledGraphError
+from jointlab.errors import CompiledGraphError, JointlabError, NodeExecutionError
 from jointlab.torch_compat import inductor_provenance
+from jointlab.trace.python_state import is_kv_cache_placeholder
+from jointlab.trace.refusals import wrap_exception
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,6 +64,8 @@ class InductorGraph:
         source_code: Inductor's generated wrapper and kernels (None before).
         buffers: ``{buffer: (post-grad node, target, shape)}`` recorded while lowering.
         lowered: ``(post-grad graph, {buffer: node})`` per graph Inductor lowered.
+        state: Inductor's configuration, lowerings and decompositions when it
+            compiled (None before).
     """
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
@@ -69,11 +76,14 @@ class InductorGraph:
         self.source_code: str | None = None
         self.buffers: dict[str, tuple[str, str, tuple[int, ...]]] = {}
         self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
+        self.state: torch_compat.InductorState | None = None
 
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
         if self.fn is None:
-            with torch.no_grad(), torch_compat.complete_inductor_provenance() as record:
+            self.state = torch_compat.inductor_state()  # what jl.bisect recompiles under
+            with torch.no_grad(), torch_compat.complete_inductor_provenance() as record, \
+                    compile_errors(self.gm):
                 fn = torch_compat.inductor_compile(self.gm, list(args),
                                                    options={**_MAPPED, **record["options"]})
             self.provenance, self.source_code = inductor_provenance(fn)
@@ -81,6 +91,56 @@ class InductorGraph:
             self.buffers = buffer_origins(self.lowered)
             self.fn = fn
         return self.fn(*args)
+
+
+_COMPILE_HINT = ("Inductor re-traces the joint graph under its own decompositions before "
+                 "generating code, and torch rejected a node there; the traced graph itself "
+                 "runs (joint.run)")
+
+
+def _failed_node(gm: torch.fx.GraphModule, exc: BaseException) -> torch.fx.Node | None:
+    """The node of ``gm`` named in torch's "While executing %name" note, if any."""
+    found = re.search(r"While executing %(\w+)", str(exc))
+    nodes = {n.name: n for n in gm.graph.nodes}
+    return nodes.get(found.group(1)) if found else None
+
+
+def traced_constants_behind(gm: torch.fx.GraphModule, node: torch.fx.Node | None) -> list[str]:
+    """The tensor constants baked into ``gm`` that ``node``'s value depends on."""
+    if node is None:
+        return []
+    seen, todo, out = {node}, [node], []
+    while todo:
+        for a in todo.pop().all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                todo.append(a)
+    for a in gm.graph.find_nodes(op="get_attr"):
+        if a in seen and isinstance(getattr(gm, str(a.target), None), torch.Tensor):
+            cache = " (HF's KV cache: use_cache=True)" if is_kv_cache_placeholder(gm, a) else ""
+            out.append(f"{a.target}{cache}")
+    return out
+
+
+@contextlib.contextmanager
+def compile_errors(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """Raise torch's errors while Inductor compiles ``gm`` as NodeExecutionError.
+
+    The message names the traced tensor constants the failing node depends on,
+    when there are any (a KV cache's empty keys, a captured tensor).
+    """
+    try:
+        yield
+    except JointlabError:
+        raise
+    except Exception as exc:
+        consts = traced_constants_behind(gm, _failed_node(gm, exc))
+        hint = _COMPILE_HINT + (
+            "; the failing node depends on tensor constants the trace baked into the graph: "
+            + ", ".join(consts) + ". Pass them as inputs, or for a KV cache pass "
+            "use_cache=False to the model call in train_fn, and trace again" if consts else "")
+        raise wrap_exception(exc, "Inductor's compile of the joint graph",
+                             NodeExecutionError, hint) from exc
 
 
 def _static_shape(value: Any) -> tuple[int, ...] | None:
@@ -134,6 +194,7 @@ class CompiledJoint:
         """Wrap ``source``; compilation happens on the first :meth:`run`."""
         self.source = source
         self.backend = backend
+        self._state: torch_compat.InductorState | None = None
         if backend == "inductor" and is_static(source):
             self.compiled: Any = InductorGraph(source.graph_module)
         else:
@@ -153,7 +214,20 @@ class CompiledJoint:
         Returns:
             ``(loss, grads by FQN, loss_dict)``.
         """
+        if self._state is None and not isinstance(self.compiled, InductorGraph):
+            self._state = torch_compat.inductor_state()  # torch.compile compiles on this run
         return self.source.run_with(self.compiled, model, inputs, accumulate=accumulate)
+
+    @property
+    def compiler_state(self) -> torch_compat.InductorState | None:
+        """Inductor's configuration, lowerings and decompositions when this compiled (or None).
+
+        :func:`jointlab.bisect` recompiles regions under it, so a bug patched in for
+        the compile and undone afterwards is still in what it checks.
+        """
+        if isinstance(self.compiled, InductorGraph):
+            return self.compiled.state
+        return self._state
 
     def compare(self, model: nn.Module, inputs: dict[str, Any], **options: Any) -> Comparison:
         """Compare the compiled code and its source graph with eager autograd in one call.

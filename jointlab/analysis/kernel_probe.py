@@ -10,8 +10,11 @@ graph Inductor lowered (its post-grad graph, after decompositions and pattern
 passes; Inductor's ``origin_node``), so the reference is that graph run
 eagerly, ATen op by ATen op, on the same inputs. The first kernel, in the order
 the generated code runs them, with a buffer beyond the dtype-aware tolerances
-is named, with the joint-graph nodes and modules it covers (the kernel map,
-:mod:`jointlab.analysis.kernels`), their source lines and its generated code.
+(relative to the magnitudes that produced its value,
+:mod:`jointlab.analysis.compare.scale`, so rounding noise of a sum that
+cancels is not a divergence) is named, with the joint-graph nodes and modules
+it covers (the kernel map, :mod:`jointlab.analysis.kernels`), their source
+lines and its generated code.
 
 What it cannot check it says: buffers whose node is unknown or whose shape
 differs are counted as unchecked, a graph with random ops is not probed (the
@@ -35,6 +38,7 @@ from torch import fx, nn
 
 from jointlab import meta as _meta
 from jointlab.analysis.compare.judge import Tolerance, close, errors
+from jointlab.analysis.compare.scale import produced_scale
 from jointlab.analysis.kernels import kernel_map, kernel_table
 from jointlab.analysis.step.runner import ValueRecorder
 from jointlab.meta import graph_draws_random
@@ -264,6 +268,11 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
     last = {b: i for i, c in enumerate(calls) for b in c.writes}
     elsewhere = unprobed_writes(compiled.compiled.source_code, calls)
     checked, unchecked = 0, []
+    nodes = {n.name: n for n in gm.graph.nodes}
+
+    def value_of(n: fx.Node) -> Any:
+        return want.get(n.name)
+
     for i, (kernel, bufs) in enumerate(seen):
         # a buffer is compared once complete: after the last kernel call that writes it
         pairs = [(b, buffers[b], v) for b, v in bufs.items() if b in buffers
@@ -275,7 +284,8 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
             continue
         checked += 1
         for buf, node, got in pairs:
-            if not close(got, want[node], tol):
+            if not close(got, want[node], tol) and not (node in nodes and close(
+                    got, want[node], tol, produced_scale(nodes[node], value_of))):
                 before = tuple(c.kernel for c in calls[:i] if buf in c.writes)
                 found = _divergence(kernel, buf, node, got, want[node], compiled)
                 return KernelCheck(dataclasses.replace(found, written_before=before),

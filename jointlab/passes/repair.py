@@ -9,6 +9,15 @@ transposed input, while the meta kernel keeps the input's strides; so can
 tensor ("view size is not compatible with input tensor's size and stride"),
 where eager PyTorch had used ``reshape``.
 
+Inductor re-traces the graph under its own decompositions, which can lay a
+value out differently again: its ``aten.cat`` decomposition drops the legacy
+empty 1-D inputs that ``cat`` skips (HF's KV cache concatenates the new keys
+onto such an empty constant when ``use_cache`` is on) and, when one input is
+left, returns ``input.clone()``, which keeps that input's (transposed)
+strides where the traced ``cat`` was contiguous. A traced ``view`` of the
+keys then fails when Inductor compiles the graph. Such a ``cat``
+(:func:`relaid_by_inductor`) starts an uncertain value too.
+
 :func:`repair_views` follows values whose strides are uncertain (outputs of
 those ops, and what is derived from them) and
 turns each ``aten.view`` on such a value into ``aten.reshape``: a view where
@@ -47,6 +56,20 @@ def makes_uncertain(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target in STRIDE_UNCERTAIN
 
 
+def _is_skipped_empty(arg: object) -> bool:
+    """True for a 1-D, zero-element value, which ``aten.cat`` skips (legacy behaviour)."""
+    val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 1 and val.shape[0] == 0
+
+
+def relaid_by_inductor(node: fx.Node) -> bool:
+    """True for a ``cat`` with a skipped empty input: Inductor's decomposition may relay it out."""
+    if node.op != "call_function" or node.target is not aten.cat.default:
+        return False
+    tensors = node.args[0] if node.args else ()
+    return isinstance(tensors, (list, tuple)) and any(_is_skipped_empty(a) for a in tensors)
+
+
 #: Ops whose outputs are freshly laid out (contiguous) in both fake and real runs.
 FRESH_LAYOUT = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 
@@ -73,7 +96,7 @@ def repair_views(gm: fx.GraphModule) -> int:
     uncertain: set[fx.Node] = set()
     changed = 0
     for node in gm.graph.nodes:
-        if makes_uncertain(node):
+        if makes_uncertain(node) or relaid_by_inductor(node):
             uncertain.add(node)
             continue
         if not any(a in uncertain for a in node.all_input_nodes):

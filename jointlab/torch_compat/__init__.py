@@ -15,12 +15,14 @@ In exchange it says plainly what it does not know:
   (or a silently different result) from deep inside. ``tests/test_torch_version.py``
   fails on a private torch name used anywhere else in ``jointlab/``.
 
-The accessors live in three modules, all re-exported here:
+The accessors live in four modules, all re-exported here:
 :mod:`~jointlab.torch_compat.graphs` (ops, FX graphs, fake tensors, tracing,
 the profiler, checkpointing), :mod:`~jointlab.torch_compat.distributed`
 (meshes, ``LocalTensor``, FSDP2's memory tracker, AOT subclass metadata) and
 :mod:`~jointlab.torch_compat.inductor` (kernel provenance and the one codegen
-hook); the version policy and :data:`PRIVATE` are in
+hook), :mod:`~jointlab.torch_compat.inductor_state` (the configuration, lowerings
+and decompositions a compile used, recorded and restored); the version policy
+and :data:`PRIVATE` are in
 :mod:`~jointlab.torch_compat._base`. The package imports nothing beyond torch,
 and the names in :data:`PRIVATE` are imported on first use, so ``import
 jointlab`` stays light.
@@ -78,6 +80,12 @@ from jointlab.torch_compat.inductor import (
 )
 from jointlab.torch_compat.inductor import inductor_provenance as inductor_provenance
 from jointlab.torch_compat.inductor import inductor_wrapper_globals as inductor_wrapper_globals
+from jointlab.torch_compat.inductor_state import InductorState as InductorState
+from jointlab.torch_compat.inductor_state import inductor_state as inductor_state
+from jointlab.torch_compat.inductor_state import (
+    inductor_state_applied as inductor_state_applied,
+)
+from jointlab.torch_compat.inductor_state import state_changes as state_changes
 
 _warned = False
 

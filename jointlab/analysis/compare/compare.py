@@ -1,21 +1,24 @@
 """``compare``: run the joint graph and eager autograd from the same start, side by side.
 
-Each side gets its own deep copy of the model and the same RNG seed, so
-dropout draws the same masks and neither side changes the user's model. The
-result, a :class:`Comparison`, holds the loss, per-parameter gradient errors,
-the loss_dict, the buffers after the step, and ``first_divergence``: the first
-graph node, in graph order, whose value differs from the eager value at the
-same point. Graph values are paired with eager ones through the tracer's
-probes (:mod:`jointlab.trace.probes`): the graph node that *is* a module call's
-output, or that output's gradient, as recorded while tracing.
+Each side gets its own deep copy of the model and the same RNG seed, so dropout draws
+the same masks and neither side changes the user's model. The result, a
+:class:`Comparison`, holds the loss, per-parameter gradient errors, the loss_dict, the
+buffers after the step, and ``first_divergence``: the first graph node, in graph order,
+whose value differs from the eager value at the same point. Graph values are paired with
+eager ones through the tracer's probes (:mod:`jointlab.trace.probes`): the graph node
+that *is* a module call's output, or that output's gradient, as recorded while tracing.
 
-Verdicts come in three grades: ``bit-exact`` (every compared value is bitwise
-equal), ``within tolerance`` (with the reasons a difference is expected, e.g.
-low-precision compute) and ``MISMATCH``. Default tolerances follow the
-lowest-precision dtype the graph computes in and scale with each tensor's
-magnitude, so gradients of 1e-3 are judged relative to their own size.
-A compiled joint (``joint.compile()``) is compared as well as the graph it
-came from, so "inductor vs graph vs eager" is one call.
+Verdicts come in three grades: ``bit-exact`` (every compared value is bitwise equal),
+``within tolerance`` (with the reasons a difference is expected, e.g. low-precision
+compute) and ``MISMATCH``. Default tolerances follow the lowest-precision dtype the
+graph computes in and scale with each tensor's magnitude, so gradients of 1e-3 are
+judged relative to their own size; a loss or gradient is also judged relative to the
+magnitudes that produced it (:mod:`jointlab.analysis.compare.scale`), so the rounding
+noise of a gradient that is zero in exact arithmetic (an attention key bias) is no
+mismatch. On a MISMATCH of a compiled candidate alone, ``first_divergence`` names its
+first diverging kernel (or its first value beyond tolerance). A compiled joint
+(``joint.compile()``) is compared as well as the graph it came from, so "inductor vs
+graph vs eager" is one call.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from jointlab.analysis.compare.judge import default_tolerances as default_tolera
 from jointlab.analysis.compare.layout import layout_drift, uncertain_layout_nodes
 from jointlab.analysis.compare.result import Comparison as Comparison
 from jointlab.analysis.compare.result import Divergence as Divergence
+from jointlab.analysis.compare.scale import produced_scale, scale_reads
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompareError
@@ -162,7 +166,7 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
             tensor's largest magnitude.
         exact: Demand bitwise equality (True), judge by tolerances (False), or
             (None, the default) demand it exactly where both sides run the same
-            kernels: a make_fx graph on one device in float32/64 without ops
+            kernels: a make_fx graph on one device, in any dtype, without ops
             whose accumulation order varies (see :func:`expects_exact`), and
             whose real strides stayed the traced ones (see
             :func:`jointlab.analysis.compare.layout.layout_drift`).
@@ -189,11 +193,14 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     defaulted = exact is None
     if exact is None:
         exact = rtol is None and atol is None and expects_exact(graph, {dev.type})
+    compiled = [n for n, c in cands.items() if c is not graph]
     results: dict[str, tuple] = {}
     runner = None
     for name, cand in cands.items():
         if cand is graph:
             keep = {p.node.name for p in probes} | set(uncertain_layout_nodes(graph))
+            if compiled or not exact:  # what the scale of each loss and gradient reads
+                keep |= {r for n in _value_nodes(graph).values() for r in scale_reads(n)}
             out, bufs, runner = _run_graph(graph, model, inputs, seed, dev, keep)
         else:
             out, bufs = _run_compiled(cand, model, inputs, seed, dev)
@@ -206,14 +213,14 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     checks = divergence_checks(graph, eager, probes)
     first = first_divergence(graph, runner, checks, tol)
     inexact = first_divergence(graph, runner, checks, Tolerance(exact=True))
-    notes = shard_note + _drift_notes(drift) + tol.reasons(graph, {dev.type})
+    notes = shard_note + _drift_notes(drift) + _judged_notes(tol, graph, dev, compiled)
     if exact and first is not None and close_by_dtype(runner, graph, checks, first, loose):
         notes.append(f"{first.node} differs by max rel err {first.max_rel_err:.3g}, within "
                      "dtype tolerance: a reordered reduction would look like this too, so "
                      "check it, or pass exact=False to judge by tolerance")
     tols = {name: tol if cand is graph else loose for name, cand in cands.items()}
-    comp = Comparison.build(results, eager, first, inexact, tols, notes, unpaired)
-    compiled = [n for n, c in cands.items() if c is not graph]
+    comp = Comparison.build(results, eager, first, inexact, tols, notes, unpaired,
+                            _scale_of(graph, runner))
     if compiled and not compiled_exact(comp, compiled):
         ref = fp64_reference(model, train_fn, inputs, graph.param_names, seed, dev)
         comp = dataclasses.replace(comp, fp64=fp64_table(results, eager, ref, compiled))
@@ -221,8 +228,96 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     kernels = {name: cands[name].first_diverging_kernel(model, inputs, loose, seed)
                for name in compiled if not candidate_ok(comp, name)
                and hasattr(cands[name], "first_diverging_kernel")}
-    return dataclasses.replace(comp, kernels=kernels) if kernels else comp
+    comp = dataclasses.replace(comp, kernels=kernels) if kernels else comp
+    return name_compiled_divergence(comp, graph, compiled)
 
+
+def _judged_notes(tol: Tolerance, graph: TracedGraph, dev: torch.device,
+                  compiled: list[str]) -> list[str]:
+    """What each candidate was held to: the graph's reasons, then the compiled code's."""
+    notes = tol.reasons(graph, {dev.type})
+    if not compiled:
+        return notes
+    if tol.exact and expects_exact(graph, {dev.type}):
+        notes = ["the graph: it runs the same ATen kernels as eager on the same device, so "
+                 "it is held to bitwise equality (exact=False judges it by dtype tolerances)"]
+    else:
+        notes = [f"the graph: {n}" for n in notes]
+    return [*notes, f"{', '.join(compiled)}: compiled code runs kernels of its own (fused, "
+            "reductions reordered), so it is judged by dtype tolerances relative to the "
+            "magnitudes that produced each value, never bitwise"]
+
+
+def _value_nodes(joint: TracedGraph) -> dict[tuple[str, str], fx.Node]:
+    """The loss node and each sole-term parameter gradient node, by ``(table, name)``."""
+    out = {("grads", name): terms[0] for name, terms in joint.grad_terms().items()
+           if len(terms) == 1}
+    loss = joint.outputs_and_tangents()[0][0]
+    if isinstance(loss, fx.Node):
+        out[("loss", "loss")] = loss
+    return out
+
+
+def _scale_of(joint: TracedGraph, runner: NodeRunner | None) -> Any:
+    """``scale(table, name)``: the magnitudes that produced that loss or gradient (or None)."""
+    nodes = _value_nodes(joint)
+
+    def scale(table: str, name: str) -> torch.Tensor | None:
+        node = nodes.get((table, name))
+        if node is None or runner is None:
+            return None
+        return produced_scale(node, runner.lookup)
+    return scale
+
+
+def name_compiled_divergence(comp: Comparison, joint: TracedGraph,
+                             compiled: list[str]) -> Comparison:
+    """A MISMATCH of a compiled candidate only, with ``first_divergence`` naming it.
+
+    The first diverging kernel where the kernel-by-kernel check found one, else
+    the first loss or gradient (in graph order) beyond tolerance.
+    """
+    if comp.ok or comp.first_divergence is not None:
+        return comp
+    for name in compiled:
+        check = (comp.kernels or {}).get(name)
+        if check is not None and check.first is not None:
+            return dataclasses.replace(comp, first_divergence=_kernel_divergence(
+                joint, name, check.first))
+        if (found := _first_bad_value(comp, joint, name)) is not None:
+            return dataclasses.replace(comp, first_divergence=found)
+    return comp
+
+
+def _kernel_divergence(joint: TracedGraph, candidate: str, k: Any) -> Divergence:
+    by_name = {n.name: n for n in joint.graph.nodes}
+    node = k.node if k.node in by_name else next(iter(k.nodes), k.node)
+    info = _meta.info(by_name[node]) if node in by_name else {}
+    return Divergence(node, k.modules[0] if k.modules else info.get("module", ""),
+                      info.get("source", "") or next(iter(k.sources), ""),
+                      info.get("phase", ""), "kernel output", k.max_abs_err, k.max_rel_err,
+                      candidate=candidate, kernel=k.kernel)
+
+
+def _first_bad_value(comp: Comparison, joint: TracedGraph, candidate: str
+                     ) -> Divergence | None:
+    order = {n.name: i for i, n in enumerate(joint.graph.nodes)}
+    nodes = _value_nodes(joint)
+    bad = []
+    for table in ("loss", "grads"):
+        t = getattr(comp, table)
+        for _, row in t[(t["candidate"] == candidate) & ~t["ok"].astype(bool)].iterrows():
+            node = nodes.get((table, row["name"]))
+            if node is not None:
+                bad.append((order[node.name], node, table, row))
+    if not bad:
+        return None
+    _, node, table, row = min(bad, key=lambda b: b[0])
+    info = _meta.info(node)
+    owner = _meta.TRAIN_FN if table == "loss" else row["name"].rpartition(".")[0]
+    what = "loss" if table == "loss" else "parameter gradient"
+    return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""), what,
+                      row["max_abs_err"], row["max_rel_err"], candidate=candidate)
 
 
 def _local_shards(results: dict[str, tuple], eager: EagerCapture
@@ -303,6 +398,8 @@ def first_divergence(joint: TracedGraph, runner: NodeRunner, checks: list, tol: 
             want = want.reshape(got.shape)
         if got is None or close(got, want, tol):
             continue
+        if not tol.exact and close(got, want, tol, produced_scale(node, runner.lookup)):
+            continue  # within tolerance of the magnitudes that produced it
         info = _meta.info(node)
         abs_err, rel_err, _ = errors(got, want)
         return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""),

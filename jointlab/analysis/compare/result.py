@@ -9,6 +9,7 @@ through :func:`jointlab.display.rich_html`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +33,11 @@ class Divergence:
     module: str
     source: str
     phase: str
-    what: str  # "module output", "output gradient", "parameter gradient", "loss"
+    what: str  # "module output", "output gradient", "parameter gradient", "loss", "kernel output"
     max_abs_err: float
     max_rel_err: float = 0.0
+    candidate: str = "graph"  # which candidate diverges: "graph" or a compiled backend
+    kernel: str = ""  # the first diverging kernel call of a compiled candidate, if named
 
     def __repr__(self) -> str:
         """``Divergence(<one line>)``: node, what, module, phase, source and errors."""
@@ -44,21 +47,28 @@ class Divergence:
         """One line naming node, the module the value belongs to, and source."""
         what = (f"the loss, computed in {self.module}" if self.what == "loss"
                 else f"{self.what} of module '{self.module or '(root)'}'")
-        return (f"{self.node} ({what}, {self.phase}, "
+        where = "" if self.candidate == "graph" else (
+            f"{self.candidate} kernel {self.kernel}, at " if self.kernel
+            else f"{self.candidate}: ")
+        return (f"{where}{self.node} ({what}, {self.phase}, "
                 f"{self.source or 'no source'}): max abs err {self.max_abs_err:.3g}, "
                 f"max rel err {self.max_rel_err:.3g}")
 
 
-def _rows(pairs: dict[str, tuple[Any, Any]], tol: Tolerance, candidate: str) -> list[dict]:
+def _rows(pairs: dict[str, tuple[Any, Any]], tol: Tolerance, candidate: str,
+          scale: Callable[[str], torch.Tensor | None] | None = None) -> list[dict]:
     rows = []
     for name, (got, want) in pairs.items():
         if want is None:  # eager has no gradient: graph must emit zeros
             want = torch.zeros_like(got)
         abs_err, rel_err, cos = errors(got, want)
+        ok = close(got, want, tol)
+        if not ok and scale is not None and not tol.exact:
+            ok = close(got, want, tol, scale(name))  # relative to what produced it
         rows.append({"candidate": candidate, "name": name, "shape": tuple(got.shape),
                      "dtype": str(got.dtype).removeprefix("torch."), "max_abs_err": abs_err,
                      "max_rel_err": rel_err, "cosine": cos, "exact": bit_exact(got, want),
-                     "ok": close(got, want, tol)})
+                     "ok": ok})
     return rows
 
 
@@ -106,14 +116,24 @@ class Comparison:
     @classmethod
     def build(cls, results: dict[str, tuple], eager: EagerCapture, first: Divergence | None,
               inexact: Divergence | None, tols: dict[str, Tolerance], notes: list[str],
-              unchecked: list[str]) -> Comparison:
-        """Assemble the tables from each candidate's ``(outputs, buffers)``."""
+              unchecked: list[str], scale: Callable[[str, str], Any] | None = None
+              ) -> Comparison:
+        """Assemble the tables from each candidate's ``(outputs, buffers)``.
+
+        ``scale(table, name)`` gives the magnitudes that produced a loss or
+        gradient (:mod:`jointlab.analysis.compare.scale`); a value beyond
+        tolerance of its own size but within tolerance of that scale is ok.
+        """
+        def of(table: str) -> Callable[[str], Any] | None:
+            return None if scale is None else (lambda name: scale(table, name))
+
         loss_rows, grad_rows, ld_rows, buf_rows = [], [], [], []
         for name, ((loss, grads, ld), bufs) in results.items():
             tol = tols[name]
-            loss_rows += _rows({"loss": (loss, eager.loss)}, tol, name)
+            loss_rows += _rows({"loss": (loss, eager.loss)}, tol, name, of("loss"))
             loss_rows[-1].update(value=float(loss), eager=float(eager.loss))
-            grad_rows += _rows({k: (g, eager.grads[k]) for k, g in grads.items()}, tol, name)
+            grad_rows += _rows({k: (g, eager.grads[k]) for k, g in grads.items()}, tol, name,
+                               of("grads"))
             ld_rows += _rows({k: (v, eager.loss_dict[k]) for k, v in ld.items()
                               if isinstance(v, torch.Tensor)}, tol, name)
             buf_rows += _rows({k: (v, eager.buffers[k]) for k, v in bufs.items()
