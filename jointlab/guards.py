@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sympy
 import torch
 
 from jointlab import torch_compat
 from jointlab.errors import GuardError, InputStructureError
-from jointlab.torch_compat import DimDynamic, FakeTensorMode, ShapeEnv, StatelessSymbolicContext
 from jointlab.trace.fake_cpu import cpu_fake, wants_cpu_fake
 from jointlab.units import source_location
+
+if TYPE_CHECKING:  # sympy and the shape environment load on first use: import jointlab stays light
+    import sympy
+
+    from jointlab.torch_compat import FakeTensorMode, ShapeEnv
 
 
 def resolve_dynamic_dims(
@@ -64,7 +67,8 @@ def resolve_dynamic_dims(
 
 def symbolic_fake_mode() -> FakeTensorMode:
     """A fake mode with a fresh shape environment for a dynamic trace."""
-    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    return torch_compat.FakeTensorMode(allow_non_fake_inputs=True,
+                                       shape_env=torch_compat.ShapeEnv())
 
 
 def symbolic_dispatch(dynamic: bool) -> contextlib.AbstractContextManager[Any]:
@@ -95,8 +99,9 @@ def fakeify(mode: FakeTensorMode, t: torch.Tensor, dyn: set[int] | None) -> torc
         return cpu_fake(mode, t)
     if not dyn or mode.shape_env is None:
         return mode.from_tensor(t, static_shapes=True)
-    sizes = [DimDynamic.DYNAMIC if d in dyn else DimDynamic.STATIC for d in range(t.dim())]
-    ctx = StatelessSymbolicContext(dynamic_sizes=sizes)
+    dim_dynamic = torch_compat.DimDynamic
+    sizes = [dim_dynamic.DYNAMIC if d in dyn else dim_dynamic.STATIC for d in range(t.dim())]
+    ctx = torch_compat.StatelessSymbolicContext(dynamic_sizes=sizes)
     return mode.from_tensor(t, symbolic_context=ctx)
 
 
@@ -150,6 +155,8 @@ class ShapeGuards:
         Returns:
             The recorded guards, independent of the fake mode.
         """
+        import sympy
+
         out = cls(traced_sizes=dict(real_sizes), dynamic_dims=dict(dynamic_dims))
         for path, fake in fakes:
             exprs = []
@@ -178,6 +185,8 @@ class ShapeGuards:
         Raises:
             GuardError: A size breaks a guard; the message names the dim.
         """
+        import sympy
+
         bindings: dict[sympy.Symbol, int] = {}
         where: dict[sympy.Symbol, str] = {}
         for path, exprs in self.dims.items():
@@ -210,10 +219,14 @@ class ShapeGuards:
 
     @staticmethod
     def _readable(expr: Any, where: dict[sympy.Symbol, str]) -> str:
+        import sympy
+
         names = {s: sympy.Symbol(f"<{where.get(s, s)}>") for s in expr.free_symbols}
         return str(expr.xreplace(names))
 
     def _bind(self, path, d, expr, got, bindings, where) -> None:
+        import sympy
+
         desc = f"dim {d} of '{path}'"
         traced = self.traced_sizes[path][d]
         if isinstance(expr, sympy.Symbol):

@@ -20,23 +20,20 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from jointlab import torch_compat
 from jointlab.core import GraphParts
 from jointlab.errors import DataDependentError, LossError, NoTrainableParametersError
 from jointlab.guards import ShapeGuards, resolve_dynamic_dims
 from jointlab.inputs import InputSpec, StateSpec, describe_inputs, describe_state, flatten_inputs
 from jointlab.passes.annotate import frame_text, innermost_user_frame
-from jointlab.torch_compat import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    GuardOnDataDependentSymNode,
-)
 from jointlab.trace.refusals import caller_line
 
-_DATA_DEPENDENT = (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    GuardOnDataDependentSymNode,
-)
+
+def _data_dependent() -> tuple[type, ...]:
+    """torch's data-dependent tracing errors, resolved on first use (they load sympy)."""
+    return (torch_compat.DataDependentOutputException,
+            torch_compat.DynamicOutputShapeException,
+            torch_compat.GuardOnDataDependentSymNode)
 
 
 @dataclass
@@ -109,7 +106,9 @@ def user_errors() -> Iterator[None]:
     """Turn data-dependent tracing failures into :class:`DataDependentError`."""
     try:
         yield
-    except _DATA_DEPENDENT as exc:
+    except Exception as exc:
+        if not isinstance(exc, _data_dependent()):
+            raise
         frame = innermost_user_frame(traceback.extract_tb(exc.__traceback__),
                                      also_skip=_generated)
         if frame is not None:
