@@ -64,3 +64,8 @@ __all__ = ["JointGraph", "RunResult", "errors", "trace", *_LAZY]
 
 
 __getattr__ = lazy_getattr(__name__, globals(), _LAZY)
+
+
+def __dir__() -> list[str]:
+    """The public API, lazy names included (tab completion offers them), nothing else."""
+    return sorted(__all__)

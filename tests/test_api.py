@@ -41,3 +41,11 @@ def test_load_resolves_to_the_graph_loader():
     from jointlab.graph import load
 
     assert jl.load is load and jl.RunResult._fields == ("loss", "grads", "loss_dict")
+
+
+def test_dir_lists_the_public_api_and_nothing_else():
+    names = dir(jl)
+    assert set(LAZY) <= set(names)  # tab completion offers the lazy names
+    assert set(names) == set(jl.__all__)
+    assert not {"graph", "guards", "torch_compat", "annotations", "lazy_getattr"} & set(names)
+    assert all(callable(getattr(jl, n)) or n == "errors" for n in names)
