@@ -91,9 +91,28 @@ def test_missing_private_module_is_a_clear_jointlab_error():
 def test_import_names_the_missing_torch_module():
     # a torch whose private module is gone: jointlab's import says so, not an ImportError
     code = ("import sys, torch\n"
-            "sys.modules['torch.fx.experimental.symbolic_shapes'] = None\n"
+            "sys.modules['torch.fx.experimental.proxy_tensor'] = None\n"
             "import jointlab")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "jointlab.errors.UnsupportedTorchError" in out.stderr, out.stderr[-2000:]
+    missing = f"torch {torch.__version__} has no torch.fx.experimental.proxy_tensor"
+    assert missing in out.stderr, out.stderr[-2000:]
+
+
+def test_module_needed_only_by_dynamic_shapes_is_named_when_first_needed():
+    # symbolic shapes load on first use (import jointlab stays light): a static trace
+    # works without them, a dynamic one names the missing module
+    code = ("import sys, torch\n"
+            "sys.modules['torch.fx.experimental.symbolic_shapes'] = None\n"
+            "import jointlab as jl\n"
+            "m = torch.nn.Linear(4, 2); x = torch.randn(3, 4)\n"
+            "fn = lambda m, x: m(x).sum()\n"
+            "jl.trace(m, fn, {'x': x})\n"
+            "print('static ok', flush=True)\n"
+            "jl.trace(m, fn, {'x': x}, dynamic=True)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert "static ok" in out.stdout, out.stderr[-2000:]
     assert out.returncode != 0
     assert "jointlab.errors.UnsupportedTorchError" in out.stderr, out.stderr[-2000:]
     missing = f"torch {torch.__version__} has no torch.fx.experimental.symbolic_shapes"

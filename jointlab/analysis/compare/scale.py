@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from jointlab import torch_compat
 from jointlab.meta import op_name
 
 __all__ = ["produced_scale", "scale_reads"]
@@ -139,7 +140,7 @@ def produced_scale(node: fx.Node, value_of: Callable[[fx.Node], Any],
     kwargs = {k: _abs(v) for k, v in node.kwargs.items() if not isinstance(v, fx.Node)}
     target = node.target
     if kind == "sub":  # |a| + |alpha|·|b|
-        target = getattr(torch.ops.aten.add, node.target._overloadname)
+        target = getattr(torch.ops.aten.add, torch_compat.op_parts(node.target)[2])
     try:
         with torch.no_grad():
             out = target(*args, **kwargs)
