@@ -64,6 +64,7 @@ class InductorGraph:
         source_code: Inductor's generated wrapper and kernels (None before).
         buffers: ``{buffer: (post-grad node, target, shape)}`` recorded while lowering.
         lowered: ``(post-grad graph, {buffer: node})`` per graph Inductor lowered.
+        copies: ``{buffer: buffer it copies}`` for the layout copies Inductor added.
         state: Inductor's configuration, lowerings and decompositions when it
             compiled (None before).
     """
@@ -76,6 +77,7 @@ class InductorGraph:
         self.source_code: str | None = None
         self.buffers: dict[str, tuple[str, str, tuple[int, ...]]] = {}
         self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
+        self.copies: dict[str, str] = {}
         self.state: torch_compat.InductorState | None = None
 
     def __call__(self, *args: Any) -> Any:
@@ -88,6 +90,7 @@ class InductorGraph:
                                                    options={**_MAPPED, **record["options"]})
             self.provenance, self.source_code = inductor_provenance(fn)
             self.lowered = record["lowered"]
+            self.copies = record["copies"]
             self.buffers = buffer_origins(self.lowered)
             self.fn = fn
         return self.fn(*args)
