@@ -43,7 +43,11 @@ from jointlab.trace.python_state import is_kv_cache_placeholder
 from jointlab.trace.refusals import wrap_exception
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import pandas as pd
+
+    from jointlab.analysis.repro import Repro
 
 __all__ = ["CompiledJoint", "compile_joint", "refuse_compiled_joint"]
 
@@ -257,6 +261,30 @@ class CompiledJoint:
             A :class:`jointlab.Bisection` (region by region, not kernel by kernel).
         """
         return bisect(self, model, inputs, **options)
+
+    def repro(self, path: str | Path, model: nn.Module, inputs: dict[str, Any], *,
+              comparison: Comparison | None = None) -> Repro:
+        """Write the smallest region that still diverges as one standalone Python file.
+
+        See :mod:`jointlab.analysis.repro`: ``python path`` (torch only) reruns the
+        region's generated code against its ATen ops and exits 1 on the divergence.
+
+        Args:
+            path: The Python file to write (inputs go beside it, suffix ``.pt``).
+            model: The live model (not changed).
+            inputs: Keyword inputs for the training step.
+            comparison: This compiled graph's :meth:`compare` result (compared now if None).
+
+        Returns:
+            A :class:`jointlab.analysis.repro.Repro`.
+
+        Raises:
+            jointlab.errors.ReproError: Nothing diverges, or no region diverges alone.
+        """
+        from jointlab.analysis.repro import write_repro
+
+        found = comparison if comparison is not None else self.compare(model, inputs)
+        return write_repro(self, model, inputs, path, found)
 
     def kernels(self) -> pd.DataFrame:
         """The kernel table (:func:`jointlab.analysis.kernels.kernel_table`), after a run.
