@@ -38,7 +38,6 @@ from jointlab.analysis.bisect import (
     _applied,
     _built_state,
     _check,
-    _refuse_random,
     bisect,
     compile_region,
     region_module,
@@ -101,8 +100,9 @@ def _diverging(compiled: Any, region: Region, values: dict[str, Any], tol: Toler
     gm = compiled.source.graph_module
     mod = region_module(gm, region)
     args = [values[n] for n in region.inputs]
-    if not all(isinstance(a, torch.Tensor) for a in args) or mod.graph.find_nodes(op="get_attr"):
-        return None, []
+    if (not all(isinstance(a, torch.Tensor) for a in args) or mod.graph.find_nodes(op="get_attr")
+            or any(_meta.draws_random(n) for n in mod.graph.nodes)):
+        return None, []  # tuples, constants or random draws do not stand alone in a file
     try:
         with _applied(state) as opts:
             fn = compile_region("inductor", mod, args,
@@ -224,13 +224,13 @@ def write_repro(compiled: Any, model: nn.Module, inputs: dict[str, Any],
     Raises:
         jointlab.errors.ReproError: The comparison found nothing to reproduce, or no
             region diverges when compiled alone.
-        jointlab.errors.CompiledGraphError: Not an Inductor compile, or random ops.
+        jointlab.errors.CompiledGraphError: Not an Inductor compile; or bisect was needed
+            and the graph draws random numbers.
     """
     if comparison.ok:
         raise ReproError(f"nothing to reproduce: the comparison's verdict is "
                          f"{comparison.verdict!r}; repro() writes a divergence, and there is none.")
     kernel_map(compiled)  # refuses a compile without Inductor's kernel map
-    _refuse_random(compiled.source.graph_module)
     tol = Tolerance(None, None, False, compute_dtype(compiled.source))
     region, kernel, fn, bad, values = _smallest(compiled, model, inputs, comparison, tol)
     path = pathlib.Path(path)
