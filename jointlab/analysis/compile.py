@@ -36,6 +36,7 @@ from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.compare.judge import Tolerance
 from jointlab.analysis.kernel_probe import KernelCheck, first_diverging_kernel
 from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_layer, kernel_table
+from jointlab.analysis.step.kernel_code import KernelPiece, kernel_pieces
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError, JointlabError, NodeExecutionError
 from jointlab.torch_compat import inductor_provenance
@@ -82,7 +83,20 @@ class InductorGraph:
         self.buffers: dict[str, tuple[str, str, tuple[int, ...]]] = {}
         self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
         self.copies: dict[str, str] = {}
+        self._pieces: list[KernelPiece] | None = None
         self.state: torch_compat.InductorState | None = None
+
+    def kernel_pieces(self) -> list[KernelPiece]:
+        """The generated wrapper cut per kernel call (:func:`kernel_pieces`), cut once.
+
+        Raises:
+            CompiledGraphError: Not compiled yet, or a wrapper that cannot be cut.
+        """
+        if self._pieces is None:
+            if self.source_code is None:
+                raise CompiledGraphError("not compiled yet: run the compiled joint once first")
+            self._pieces = kernel_pieces(self.source_code)
+        return self._pieces
 
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
@@ -97,6 +111,8 @@ class InductorGraph:
             self.copies = record["copies"]
             self.buffers = buffer_origins(self.lowered)
             self.fn = fn
+            with contextlib.suppress(CompiledGraphError):  # raised again where pieces are read
+                self.kernel_pieces()  # cut once here, not at each Stepper's creation
         return self.fn(*args)
 
 

@@ -91,15 +91,8 @@ def _provenance(compiled: Any) -> dict[str, Any]:
 
 
 def kernel_writes(compiled: Any) -> dict[str, tuple[str, ...]]:
-    """``kernel call -> buffers it writes``, read from the generated code (cached)."""
-    from jointlab.analysis.step.kernel_code import kernel_pieces
-
-    inner = compiled.compiled
-    cached = getattr(inner, "_jointlab_writes", None)
-    if cached is None:
-        cached = {p.kernel: p.writes for p in kernel_pieces(inner.source_code or "")}
-        inner._jointlab_writes = cached
-    return cached
+    """``kernel call -> buffers it writes``, read from the generated code (cut once)."""
+    return {p.kernel: p.writes for p in compiled.compiled.kernel_pieces()}
 
 
 def kernel_copies(compiled: Any) -> dict[str, tuple[str, ...]]:
