@@ -234,3 +234,7 @@ class MetaAttentionWarning(UserWarning):
 
 class UnsupportedWrapperError(TraceError):
     """The model is wrapped in a way jointlab cannot trace (e.g. FSDP2 ``fully_shard``)."""
+
+
+class ReproError(JointlabError, ValueError):
+    """``compiled.repro()`` has nothing to reproduce, or no region that still diverges alone."""

@@ -38,7 +38,7 @@ def test_inductor_compiles_the_traced_graph_and_compares_within_tolerance(tiny_c
 def test_kernel_table_covers_matmuls_with_extern_calls(tiny_compiled):
     *_, joint, compiled, _ = tiny_compiled
     tab = K.kernel_table(compiled)
-    assert list(tab.columns) == ["name", "kind", "nodes", "modules", "phase", "source"]
+    assert list(tab.columns) == ["name", "kind", "nodes", "modules", "phase", "copies", "source"]
     assert len(tab) > 10 and set(tab["kind"]) >= {"extern", "fused pointwise"}
     col = K.kernel_column(compiled)
     by_name = {n.name: n for n in joint.graph.nodes}

@@ -216,8 +216,7 @@ def uncompiled_values(source: Any, model: nn.Module, inputs: dict[str, Any]) -> 
 
 def _refuse_random(gm: fx.GraphModule) -> None:
     for n in gm.graph.nodes:
-        tags = getattr(n.target, "tags", ()) if n.op == "call_function" else ()
-        if torch.Tag.nondeterministic_seeded in tags:
+        if _meta.draws_random(n):  # attention with dropout_p=0 carries the tag, draws nothing
             raise CompiledGraphError(
                 f"jl.bisect cannot compare regions of a graph with random ops: node {n.name} "
                 f"({n.target}) would draw other numbers when its region runs alone, so a "

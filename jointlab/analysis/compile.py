@@ -36,6 +36,7 @@ from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.compare.judge import Tolerance
 from jointlab.analysis.kernel_probe import KernelCheck, first_diverging_kernel
 from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_layer, kernel_table
+from jointlab.analysis.step.kernel_code import KernelPiece, kernel_pieces
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError, JointlabError, NodeExecutionError
 from jointlab.torch_compat import inductor_provenance
@@ -43,7 +44,11 @@ from jointlab.trace.python_state import is_kv_cache_placeholder
 from jointlab.trace.refusals import wrap_exception
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import pandas as pd
+
+    from jointlab.analysis.repro import Repro
 
 __all__ = ["CompiledJoint", "compile_joint", "refuse_compiled_joint"]
 
@@ -64,6 +69,7 @@ class InductorGraph:
         source_code: Inductor's generated wrapper and kernels (None before).
         buffers: ``{buffer: (post-grad node, target, shape)}`` recorded while lowering.
         lowered: ``(post-grad graph, {buffer: node})`` per graph Inductor lowered.
+        copies: ``{buffer: buffer it copies}`` for the layout copies Inductor added.
         state: Inductor's configuration, lowerings and decompositions when it
             compiled (None before).
     """
@@ -76,7 +82,21 @@ class InductorGraph:
         self.source_code: str | None = None
         self.buffers: dict[str, tuple[str, str, tuple[int, ...]]] = {}
         self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
+        self.copies: dict[str, str] = {}
+        self._pieces: list[KernelPiece] | None = None
         self.state: torch_compat.InductorState | None = None
+
+    def kernel_pieces(self) -> list[KernelPiece]:
+        """The generated wrapper cut per kernel call (:func:`kernel_pieces`), cut once.
+
+        Raises:
+            CompiledGraphError: Not compiled yet, or a wrapper that cannot be cut.
+        """
+        if self._pieces is None:
+            if self.source_code is None:
+                raise CompiledGraphError("not compiled yet: run the compiled joint once first")
+            self._pieces = kernel_pieces(self.source_code)
+        return self._pieces
 
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""
@@ -88,8 +108,11 @@ class InductorGraph:
                                                    options={**_MAPPED, **record["options"]})
             self.provenance, self.source_code = inductor_provenance(fn)
             self.lowered = record["lowered"]
+            self.copies = record["copies"]
             self.buffers = buffer_origins(self.lowered)
             self.fn = fn
+            with contextlib.suppress(CompiledGraphError):  # raised again where pieces are read
+                self.kernel_pieces()  # cut once here, not at each Stepper's creation
         return self.fn(*args)
 
 
@@ -254,6 +277,30 @@ class CompiledJoint:
             A :class:`jointlab.Bisection` (region by region, not kernel by kernel).
         """
         return bisect(self, model, inputs, **options)
+
+    def repro(self, path: str | Path, model: nn.Module, inputs: dict[str, Any], *,
+              comparison: Comparison | None = None) -> Repro:
+        """Write the smallest region that still diverges as one standalone Python file.
+
+        See :mod:`jointlab.analysis.repro`: ``python path`` (torch only) reruns the
+        region's generated code against its ATen ops and exits 1 on the divergence.
+
+        Args:
+            path: The Python file to write (inputs go beside it, suffix ``.pt``).
+            model: The live model (not changed).
+            inputs: Keyword inputs for the training step.
+            comparison: This compiled graph's :meth:`compare` result (compared now if None).
+
+        Returns:
+            A :class:`jointlab.analysis.repro.Repro`.
+
+        Raises:
+            jointlab.errors.ReproError: Nothing diverges, or no region diverges alone.
+        """
+        from jointlab.analysis.repro import write_repro
+
+        found = comparison if comparison is not None else self.compare(model, inputs)
+        return write_repro(self, model, inputs, path, found)
 
     def kernels(self) -> pd.DataFrame:
         """The kernel table (:func:`jointlab.analysis.kernels.kernel_table`), after a run.

@@ -19,6 +19,15 @@ tied-weight gradient ``mm`` of a GPT) fell out of the map; the compile runs unde
 :func:`jointlab.torch_compat.complete_inductor_provenance`, which records them
 on the replacement, and Inductor's own mapping carries them to the kernel.
 
+Inductor also adds layout copies (a channels-last copy of a conv weight or of
+the input), and gives each the origins of the op that needed it, so the kernel
+writing only copies was credited with its consumer's whole fused chain. A
+kernel is credited with the nodes whose values it writes: one whose every
+written buffer is such a copy (recorded while lowering,
+:func:`jointlab.torch_compat.layout_copy_source`) is a ``copy`` kernel that
+covers no node; :func:`kernel_copies` says what it copies. A kernel that
+writes copies and computed values keeps Inductor's provenance.
+
 Everything here reads; nothing writes ``node.meta``.
 """
 
@@ -36,8 +45,8 @@ from jointlab.torch_compat import is_op_overload
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["KernelCoverage", "kernel_column", "kernel_coverage", "kernel_layer", "kernel_map",
-           "kernel_table"]
+__all__ = ["KernelCoverage", "kernel_column", "kernel_copies", "kernel_coverage", "kernel_layer",
+           "kernel_map", "kernel_table"]
 
 #: Node-table categories that compute values (the rest are views and bookkeeping).
 COMPUTE = frozenset({"matmul", "conv", "pointwise", "reduction", "norm", "rng", "copy"})
@@ -81,6 +90,39 @@ def _provenance(compiled: Any) -> dict[str, Any]:
     return prov
 
 
+def kernel_writes(compiled: Any) -> dict[str, tuple[str, ...]]:
+    """``kernel call -> buffers it writes``, read from the generated code (cut once)."""
+    return {p.kernel: p.writes for p in compiled.compiled.kernel_pieces()}
+
+
+def kernel_copies(compiled: Any) -> dict[str, tuple[str, ...]]:
+    """``kernel call -> what it copies`` for the kernels that write only layout copies.
+
+    Args:
+        compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
+
+    Returns:
+        Per copy kernel, the values it copies: a graph input by its placeholder
+        name, another buffer by the node it holds (else the buffer's name).
+    """
+    _provenance(compiled)
+    copies = getattr(compiled.compiled, "copies", {})
+    inputs = {n.name: _meta.info(n).get("fqn") or _meta.info(n).get("input_path") or n.name
+              for n in compiled.source.graph.find_nodes(op="placeholder")}
+    held = {b: origin[0] for b, origin in compiled.compiled.buffers.items()}
+    for copy, src in copies.items():  # a node's value copied out of an unnamed buffer
+        if copy in held and src not in held:
+            held[src] = held[copy]
+
+    def name(buf: str) -> str:
+        while buf in copies and buf not in held:  # a copy of a copy: name the original
+            buf = copies[buf]
+        return inputs.get(buf) or held.get(buf, buf)
+    return {k: tuple(dict.fromkeys(name(copies[b]) for b in writes))
+            for k, writes in kernel_writes(compiled).items()
+            if writes and all(b in copies for b in writes)}
+
+
 def kernel_map(compiled: Any) -> dict[str, list[str]]:
     """``kernel call -> joint-graph node names`` from Inductor's provenance.
 
@@ -89,7 +131,7 @@ def kernel_map(compiled: Any) -> dict[str, list[str]]:
 
     Returns:
         Kernel calls (``name:call number``) in generated-code order, each with the
-        joint-graph nodes it covers, in graph order.
+        joint-graph nodes it covers, in graph order (none for a layout-copy kernel).
 
     Raises:
         jointlab.errors.CompiledGraphError: No provenance (other backend, dynamic
@@ -98,17 +140,20 @@ def kernel_map(compiled: Any) -> dict[str, list[str]]:
     prov = _provenance(compiled)
     post_to_pre = prov.get("postToPre", {})
     order = {n.name: i for i, n in enumerate(compiled.source.graph.nodes)}
+    copy_kernels = kernel_copies(compiled)
     out: dict[str, list[str]] = {}
     for kernel, posts in prov.get("cppCodeToPost", {}).items():
         pre = {p for post in posts for p in post_to_pre.get(post, []) if p in order}
-        out[kernel] = sorted(pre, key=order.__getitem__)
+        out[kernel] = [] if kernel in copy_kernels else sorted(pre, key=order.__getitem__)
     return dict(sorted(out.items(), key=lambda kv: int(kv[0].rpartition(":")[2] or 0)))
 
 
-def kernel_kind(kernel: str, nodes: list[Any]) -> str:
-    """``extern``, ``fused reduction`` or ``fused pointwise`` for one kernel call."""
+def kernel_kind(kernel: str, nodes: list[Any], copies: bool = False) -> str:
+    """``extern``, ``copy``, ``fused reduction`` or ``fused pointwise`` for one kernel call."""
     if is_extern(kernel):
         return "extern"
+    if copies:
+        return "copy"
     cats = {_meta.info(n).get("category") for n in nodes}
     return "fused reduction" if cats & {"reduction", "norm"} else "fused pointwise"
 
@@ -123,7 +168,7 @@ def kernel_source(source_code: str, kernel: str) -> str:
 
 
 def kernel_table(compiled: Any) -> pd.DataFrame:
-    """One row per kernel call: name, kind, nodes, modules, phase, source.
+    """One row per kernel call: name, kind, nodes, modules, phase, copies, source.
 
     Args:
         compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
@@ -137,7 +182,7 @@ def kernel_table(compiled: Any) -> pd.DataFrame:
     """
     import pandas as pd
 
-    mapping = kernel_map(compiled)
+    mapping, copy_kernels = kernel_map(compiled), kernel_copies(compiled)
     by_name = {n.name: n for n in compiled.source.graph.nodes}
     code = compiled.compiled.source_code or ""
     rows = []
@@ -146,10 +191,11 @@ def kernel_table(compiled: Any) -> pd.DataFrame:
         mods = sorted({_meta.info(n).get("module", "") for n in nodes} - {""})
         phases = sorted({_meta.info(n).get("phase", "") for n in nodes} - {""})
         rows.append({"kernel": kernel, "name": kernel.rpartition(":")[0],
-                     "kind": kernel_kind(kernel, nodes), "nodes": tuple(names),
-                     "modules": tuple(mods), "phase": "+".join(phases),
+                     "kind": kernel_kind(kernel, nodes, kernel in copy_kernels),
+                     "nodes": tuple(names), "modules": tuple(mods), "phase": "+".join(phases),
+                     "copies": copy_kernels.get(kernel, ()),
                      "source": kernel_source(code, kernel)})
-    cols = ["kernel", "name", "kind", "nodes", "modules", "phase", "source"]
+    cols = ["kernel", "name", "kind", "nodes", "modules", "phase", "copies", "source"]
     table = pd.DataFrame(rows, columns=cols).set_index("kernel")
     table.attrs["coverage"] = kernel_coverage(compiled)
     return table

@@ -80,6 +80,7 @@ from jointlab.torch_compat.inductor import (
 )
 from jointlab.torch_compat.inductor import inductor_provenance as inductor_provenance
 from jointlab.torch_compat.inductor import inductor_wrapper_globals as inductor_wrapper_globals
+from jointlab.torch_compat.inductor import layout_copy_source as layout_copy_source
 from jointlab.torch_compat.inductor_state import InductorState as InductorState
 from jointlab.torch_compat.inductor_state import inductor_state as inductor_state
 from jointlab.torch_compat.inductor_state import (

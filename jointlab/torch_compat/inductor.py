@@ -95,7 +95,43 @@ def _recording_erase(original: Callable[..., Any], node_source: Any,
     return erase_nodes
 
 
-def _recording_codegen(original: Callable[..., Any], lowered: list[Any]) -> Callable[..., Any]:
+#: Ops whose own value is a copy: a buffer that copies for one of them computes that node.
+_COPY_OPS = frozenset({"clone", "copy", "copy_", "_to_copy", "contiguous", "alias",
+                       "lift_fresh_copy"})
+
+
+def layout_copy_source(buf: Any) -> str | None:
+    """The buffer a layout copy reads, for a buffer Inductor added to change a layout.
+
+    Inductor realizes a copy (``ExternKernel.copy_input``, ``require_stride_order``)
+    where a kernel needs another layout than a value has (a channels-last copy of
+    a conv weight); the copy carries the origins of the op that needed it, so
+    the kernel writing it is credited with that op's whole fused chain. Such a
+    buffer is a pointwise computation that only loads one buffer, made for no
+    copy op of the graph, into memory of its own (not a slice of a ``cat``).
+
+    Returns:
+        The name of the one buffer it loads, or None for any other buffer.
+    """
+    data = getattr(buf, "data", None)
+    if type(data).__name__ != "Pointwise" or not hasattr(data, "inner_fn_opcount"):
+        return None
+    if type(getattr(buf, "layout", None)).__name__ == "NonOwningLayout":
+        return None  # writes a slice of another buffer (a cat's part): that node's value
+    origin = getattr(buf, "origin_node", None)
+    target = getattr(origin, "target", None)
+    if origin is not None and getattr(target, "__name__", "").split(".")[0] in _COPY_OPS:
+        return None
+    try:
+        count = data.inner_fn_opcount()
+    except Exception:  # noqa: BLE001 - an IR node we cannot evaluate: not a known copy
+        return None
+    reads = list(dict.fromkeys(count.read_buffers))
+    return reads[0] if set(count.used_ops) <= {"load"} and len(reads) == 1 else None
+
+
+def _recording_codegen(original: Callable[..., Any], lowered: list[Any],
+                       copies: dict[str, str]) -> Callable[..., Any]:
     def codegen(graph: Any) -> Any:
         out = original(graph)
         names = {}
@@ -103,6 +139,9 @@ def _recording_codegen(original: Callable[..., Any], lowered: list[Any]) -> Call
             origin = getattr(buf, "origin_node", None)
             if origin is not None:
                 names[buf.get_name()] = origin.name
+            source = layout_copy_source(buf)
+            if source is not None:
+                copies[buf.get_name()] = source
         lowered.append((graph.module, names))
         return out
     return codegen
@@ -127,7 +166,8 @@ def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
 
     Yields:
         ``{"options": Inductor options to compile with, "lowered": [(post-grad
-        graph module, {buffer name: its node's name}), ...]}``.
+        graph module, {buffer name: its node's name}), ...], "copies": {layout-copy
+        buffer: the buffer it copies}}`` (see :func:`layout_copy_source`).
 
     Raises:
         UnsupportedTorchError: This torch lacks the pattern matcher's ``Match``,
@@ -140,9 +180,9 @@ def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
     action = torch_attr("torch.fx.traceback", "NodeSourceAction", purpose).REPLACE
     erase = required(match_cls, "erase_nodes", "Match.erase_nodes", purpose)
     codegen = required(lowering, "codegen", "GraphLowering.codegen", purpose)
-    record: dict[str, Any] = {"options": {"fx_graph_cache": False}, "lowered": []}
+    record: dict[str, Any] = {"options": {"fx_graph_cache": False}, "lowered": [], "copies": {}}
     match_cls.erase_nodes = _recording_erase(erase, node_source, action)
-    lowering.codegen = _recording_codegen(codegen, record["lowered"])
+    lowering.codegen = _recording_codegen(codegen, record["lowered"], record["copies"])
     try:
         yield record
     finally:

@@ -34,7 +34,7 @@ from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.boundary import boundary_table, node_of
 from jointlab.analysis.step.breakpoints import Breakpoint, BreakpointList, check_breakpoint
-from jointlab.analysis.step.kernel_code import OUTPUTS, KernelPiece, kernel_pieces
+from jointlab.analysis.step.kernel_code import OUTPUTS, KernelPiece
 from jointlab.analysis.step.kernel_timing import kernel_timings, module_timings
 from jointlab.analysis.step.rng import StepRng
 from jointlab.analysis.step.runner import check_call
@@ -123,7 +123,7 @@ class CompiledStepper(BreakpointList):
                 compiled.compiled(*self._fresh_args())
         inner = compiled.compiled
         self._globals = torch_compat.inductor_wrapper_globals(inner.fn)
-        self._pieces: list[KernelPiece] = kernel_pieces(inner.source_code or "")
+        self._pieces: list[KernelPiece] = inner.kernel_pieces()
         self.kernels = [p.kernel for p in self._pieces]
         cover = kernel_map(compiled)
         self.covers = {k: tuple(cover.get(k, ())) for k in self.kernels}
