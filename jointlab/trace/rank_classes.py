@@ -4,7 +4,11 @@ Ranks whose DTensor inputs have the same local shapes form a class
 (:func:`jointlab.trace.dtensor.rank_classes`). Each class is traced once,
 as its first rank: the model's DTensors hold that rank's shards and the
 world reports that rank (:mod:`jointlab.trace.rank_view`). Uneven sharding
-(6 rows over 4 ranks: 2, 2, 2, 0) gives two classes and two graphs.
+(6 rows over 4 ranks: 2, 2, 2, 0) gives two classes and two graphs. A
+class whose ranks read different values where the user's code reads the
+rank (``dist.get_rank()``, ``mesh.get_local_rank()``: the graph's ``rank``
+assumptions) is split: the ranks that read what its first rank read share
+its graph, the others are traced again as their own class.
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str
 
     Returns:
         A :class:`RankGraphs`: each rank class (tuple of ranks) to the graph
-        traced as its first rank. Its repr says which ranks share which graph.
+        traced as its first rank; ranks share a class when their local shapes
+        match and they read the same values wherever the user's code reads the
+        rank. Its repr says which ranks share which graph.
 
     Raises:
         StateMismatchError: The model's DTensors do not hold every rank's shard.
@@ -61,14 +67,21 @@ def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str
             modelled), or anything :func:`jointlab.trace` refuses.
     """
     ranks = model_ranks(model)
-    classes = _classes(model, ranks)
+    todo = list(_classes(model, ranks))
     graphs = {}
-    for cls in classes:
+    while todo:
+        cls = todo.pop(0)
         with as_rank(cls[0]), state_of_ranks(model, (cls[0],)):
-            graphs[cls] = trace(model, train_fn, inputs, **trace_kwargs)
-        traced = graphs[cls].runtime.rank_classes
-        if traced is None or cls not in traced:  # the trace must agree with the plan
+            joint = trace(model, train_fn, inputs, **trace_kwargs)
+        traced = joint.runtime.rank_classes
+        if traced is None or not any(set(cls) <= set(t) for t in traced):  # as planned
             raise UnsupportedWrapperError(
                 f"rank {cls[0]} was traced with local shapes that group the ranks as "
-                f"{traced}, not as {classes}; jointlab cannot say which ranks share its graph.")
+                f"{traced}, not as {tuple(graphs) + (cls, *todo)}; jointlab cannot say which "
+                "ranks share its graph.")
+        same = joint.assumptions.ranks_allowed(cls)  # the ranks that read what it read
+        graphs[same] = joint
+        rest = tuple(r for r in cls if r not in same)
+        if rest:  # they read another rank value: traced as their own class
+            todo.insert(0, rest)
     return RankGraphs(graphs, len(ranks))

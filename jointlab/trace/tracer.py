@@ -33,6 +33,7 @@ from jointlab.trace.python_state import (
     warn_baked_constants,
 )
 from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
+from jointlab.trace.rank_reads import rank_reads
 from jointlab.trace.refusals import refuse_compiled, torch_errors, tracing_guard
 from jointlab.trace.request import TraceRequest
 from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
@@ -84,7 +85,7 @@ def trace(
             hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
             fast_path_refusals(model), eager_rnn_kernels(model), \
             no_kernel_warnings() as no_kernel, \
-            meta_attention_calls() as sdpa_calls:
+            meta_attention_calls() as sdpa_calls, rank_reads() as ranks_read:
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         assumptions = Assumptions.record(model)  # before train_fn runs: what the user set
         if mode == "aot":
@@ -93,6 +94,7 @@ def trace(
             parts = trace_aot(model, train_fn, req)
         else:
             parts = trace_make_fx(model, train_fn, req)
+    assumptions = dataclasses.replace(assumptions, facts=assumptions.facts + tuple(ranks_read))
     parts = dataclasses.replace(parts, assumptions=assumptions)
     gm = parts.graph_module
     refuse_explicit_generators(gm)
