@@ -779,3 +779,29 @@ def test_stepper_and_record_run_a_dtensor_graph_like_eager(mode):
         assert rec.loss == float(_step(model, **inputs))
         described = rec.table.drop(index="output")
         assert (described["note"] == "").all()  # every value observed and described
+
+
+class _InPlaceAllReduce(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.fc(x)
+        dist.all_reduce(h)  # in place: no graph node would record it
+        return h
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_in_place_collective_is_refused_naming_it_its_line_and_funcol(mode):
+    from jointlab.errors import TrainFnMisuseError
+
+    model, inputs = _InPlaceAllReduce(), _inputs()
+    with jl.fake_world(4):
+        before = deep_state(model)
+        with pytest.raises(TrainFnMisuseError) as info:
+            jl.trace(model, _step, inputs, mode=mode)
+        assert_unchanged(before, model)
+    text = str(info.value)
+    assert "torch.distributed.all_reduce()" in text and "funcol.all_reduce(t" in text
+    assert "test_distributed.py" in text and "dist.all_reduce(h)" in text

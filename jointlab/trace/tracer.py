@@ -24,6 +24,7 @@ from jointlab.passes.repair import repair_views
 from jointlab.trace.distributed import refuse_dtensor_inputs, refuse_unsupported_wrappers
 from jointlab.trace.fast_paths import fast_path_refusals
 from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
+from jointlab.trace.inplace_collectives import inplace_collective_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
 from jointlab.trace.meta_attention import flag_meta_attention, meta_attention_calls
@@ -85,7 +86,8 @@ def trace(
             hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
             fast_path_refusals(model), eager_rnn_kernels(model), \
             no_kernel_warnings() as no_kernel, \
-            meta_attention_calls() as sdpa_calls, rank_reads() as ranks_read:
+            meta_attention_calls() as sdpa_calls, rank_reads() as ranks_read, \
+            inplace_collective_refusals():
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         assumptions = Assumptions.record(model)  # before train_fn runs: what the user set
         if mode == "aot":
