@@ -805,3 +805,29 @@ def test_in_place_collective_is_refused_naming_it_its_line_and_funcol(mode):
     text = str(info.value)
     assert "torch.distributed.all_reduce()" in text and "funcol.all_reduce(t" in text
     assert "test_distributed.py" in text and "dist.all_reduce(h)" in text
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+@pytest.mark.parametrize("where", ["train_fn", "around jl.trace"])
+def test_loss_parallel_is_refused_in_both_modes_naming_it(mode, where):
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    def step(model, x, y):
+        with loss_parallel():  # the line the refusal names
+            return F.cross_entropy(model(x), y.argmax(-1))
+
+    inputs = _inputs()
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        model = _sharded(_tp, world)
+        before = deep_state(model)
+        with pytest.raises(UnsupportedWrapperError, match="loss_parallel.. is not supported") as e:
+            if where == "train_fn":
+                jl.trace(model, step, inputs, mode=mode)
+            else:
+                with loss_parallel():
+                    jl.trace(model, _step, inputs, mode=mode)
+        assert_unchanged(before, model)
+    if where == "train_fn":
+        assert "with loss_parallel():  # the line the refusal names" in str(e.value)
+    else:
+        assert "jl.trace was called inside loss_parallel()" in str(e.value)

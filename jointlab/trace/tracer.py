@@ -21,7 +21,12 @@ from jointlab.errors import TraceError
 from jointlab.graph import JointGraph
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.repair import repair_views
-from jointlab.trace.distributed import refuse_dtensor_inputs, refuse_unsupported_wrappers
+from jointlab.trace.distributed import (
+    loss_parallel_refusals,
+    refuse_dtensor_inputs,
+    refuse_loss_parallel,
+    refuse_unsupported_wrappers,
+)
 from jointlab.trace.fast_paths import fast_path_refusals
 from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
 from jointlab.trace.inplace_collectives import inplace_collective_refusals
@@ -79,6 +84,7 @@ def trace(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
     refuse_unsupported_wrappers(model, mode, dynamic or bool(dynamic_arg_dims))
+    refuse_loss_parallel(mode)
     if mode == "make_fx":  # AOT mode names subclass inputs itself (trace/aot.py)
         refuse_dtensor_inputs(inputs)
     with python_rngs_kept(), no_tensor_printing(), torch_errors("jl.trace"), \
@@ -87,7 +93,7 @@ def trace(
             fast_path_refusals(model), eager_rnn_kernels(model), \
             no_kernel_warnings() as no_kernel, \
             meta_attention_calls() as sdpa_calls, rank_reads() as ranks_read, \
-            inplace_collective_refusals():
+            inplace_collective_refusals(), loss_parallel_refusals(mode):
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         assumptions = Assumptions.record(model)  # before train_fn runs: what the user set
         if mode == "aot":
