@@ -120,7 +120,7 @@ _LOSS_PARALLEL = (
 
 
 def refuse_loss_parallel(mode: str) -> None:
-    """Raise :class:`UnsupportedWrapperError` when ``jl.trace`` is called inside ``loss_parallel()``.
+    """Raise :class:`UnsupportedWrapperError` when ``jl.trace`` runs inside ``loss_parallel()``.
 
     Raises:
         UnsupportedWrapperError: Loss parallel is active now.
