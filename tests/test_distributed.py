@@ -831,3 +831,23 @@ def test_loss_parallel_is_refused_in_both_modes_naming_it(mode, where):
         assert "with loss_parallel():  # the line the refusal names" in str(e.value)
     else:
         assert "jl.trace was called inside loss_parallel()" in str(e.value)
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_uneven_tensor_parallel_shards_are_refused_as_uneven(mode):
+    import copy
+
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    ref, inputs = _uneven_reference(), _inputs()  # hidden 6 over 4 ranks: 2, 2, 2, 0
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = parallelize_module(copy.deepcopy(ref), world.mesh,
+                                            dict(zip(("0", "2"), _tp_plan().values())))
+        before = deep_state(every_rank)
+        with pytest.raises(UnsupportedWrapperError) as info:
+            jl.trace_ranks(every_rank, _seq_step, inputs, mode=mode)
+        assert_unchanged(before, every_rank)
+    text = str(info.value)
+    assert "'0.weight' (S(0)): 6 over 4 ranks" in text and "'2.weight' (S(1))" in text
+    assert "test_distributed.py" in text and "divisible" in text

@@ -13,12 +13,13 @@ its graph, the others are traced again as their own class.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
 
-from jointlab.errors import UnsupportedWrapperError
+from jointlab.errors import TraceError, UnsupportedWrapperError
 from jointlab.inputs import model_state
 from jointlab.trace.dtensor import ShardSpec, is_dtensor, rank_classes
 from jointlab.trace.rank_view import RankGraphs, as_rank, model_ranks, state_of_ranks
@@ -41,6 +42,38 @@ def _classes(model: nn.Module, ranks: tuple[int, ...]) -> tuple[tuple[int, ...],
             f"the model holds the shards of ranks {list(ranks)}, but its mesh has ranks "
             f"{covered}: build and shard it inside `with world.all_ranks():` of the same world.")
     return classes
+
+
+def _uneven(model: nn.Module) -> list[str]:
+    """``'fqn' (placement): n over m ranks`` for each DTensor split unevenly."""
+    out = []
+    for fqn, t in model_state(model).items():
+        if not is_dtensor(t):
+            continue
+        for mesh_dim, p in enumerate(t.placements):
+            size, n = t.shape[getattr(p, "dim", 0)], t.device_mesh.size(mesh_dim)
+            if p.is_shard() and size % n:
+                out.append(f"'{fqn}' ({p}): {size} over {n} ranks")
+    return out
+
+
+@contextlib.contextmanager
+def _uneven_named(model: nn.Module, cls: tuple[int, ...]) -> Iterator[None]:
+    """A torch failure of an unevenly sharded model, told as what it most likely is."""
+    try:
+        yield
+    except TraceError as exc:
+        uneven = _uneven(model)
+        if not uneven:
+            raise
+        raise UnsupportedWrapperError(
+            f"tracing rank {cls[0]}: {str(exc).splitlines()[0].rstrip('.')}. The model has "
+            f"uneven shards: {'; '.join(uneven[:4])}. torch's tensor-parallel styles "
+            "(ColwiseParallel, RowwiseParallel, SequenceParallel) rebuild DTensors from "
+            "local shards assuming even ones (DTensor.from_local without shape=), so an "
+            "uneven tensor-parallel split fails on real ranks too. Make each sharded "
+            "dimension divisible by its mesh dimension (e.g. hidden 8 over 4 ranks); "
+            "uneven SimpleFSDP-style (all-gather) sharding is supported.") from exc
 
 
 def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any],
@@ -71,7 +104,7 @@ def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str
     graphs = {}
     while todo:
         cls = todo.pop(0)
-        with as_rank(cls[0]), state_of_ranks(model, (cls[0],)):
+        with as_rank(cls[0]), state_of_ranks(model, (cls[0],)), _uneven_named(model, cls):
             joint = trace(model, train_fn, inputs, **trace_kwargs)
         traced = joint.runtime.rank_classes
         if traced is None or not any(set(cls) <= set(t) for t in traced):  # as planned
