@@ -94,9 +94,11 @@ def _graph_literals(gm: fx.GraphModule) -> list[Any]:
 
 
 def _value_args(node: fx.Node) -> list[Any]:
-    """``node``'s arguments that are values, not shapes: a size, dim or count argument
-    (schema type ``int``/``SymInt``/``int[]``..., e.g. ``view``'s sizes) cannot be
-    passed as a tensor or a buffer, so a number there is no state to warn about.
+    """``node``'s arguments that are values, not shapes.
+
+    A size, dim or count argument (schema type ``int``/``SymInt``/``int[]``...,
+    e.g. ``view``'s sizes) cannot be passed as a tensor or a buffer, so a number
+    there is no state to warn about.
     """
     if not is_op_overload(node.target):
         return [*node.args, *node.kwargs.values()]
