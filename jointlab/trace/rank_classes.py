@@ -64,7 +64,7 @@ def _uneven_named(model: nn.Module, cls: tuple[int, ...]) -> Iterator[None]:
         yield
     except TraceError as exc:
         uneven = _uneven(model)
-        if not uneven:
+        if not uneven or type(exc) is not TraceError:  # only a failure inside torch
             raise
         raise UnsupportedWrapperError(
             f"tracing rank {cls[0]}: {str(exc).splitlines()[0].rstrip('.')}. The model has "
