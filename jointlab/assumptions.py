@@ -20,6 +20,10 @@ Recorded (each row of :meth:`Assumptions.table`):
 - ``global``: process-wide settings the traced ops depend on (autocast per
   device type and its dtype, the default dtype, deterministic algorithms,
   float32 matmul precision, PyTorch's fused attention fast path).
+- ``rank``: every rank the user's code read while traced (``dist.get_rank()``,
+  ``mesh.get_local_rank("tp")``...; :mod:`jointlab.trace.rank_reads`), with
+  the value read, the user's line and the world ranks that read the same
+  value: the only ranks the graph may run as (a branch on the rank is baked).
 
 Values are plain Python data, so the record is saved with the graph.
 """
@@ -43,7 +47,7 @@ __all__ = ["Assumption", "Assumptions", "global_settings", "model_facts"]
 _PLAIN = (bool, int, float, str, type(None))
 _ROOT = "<the model>"
 _RETRACE = "The graph computes the step as traced; call jl.trace again with the model as it is now."
-KINDS = ("training", "requires_grad", "hyperparameter", "global")
+KINDS = ("training", "requires_grad", "hyperparameter", "global", "rank")
 
 
 @dataclass(frozen=True)
@@ -51,11 +55,17 @@ class Assumption:
     """One fact the graph was traced under.
 
     Attributes:
-        kind: ``"training"``, ``"requires_grad"``, ``"hyperparameter"`` or ``"global"``.
-        target: The module FQN (``"<the model>"`` for the root), parameter FQN or setting.
-        attr: The attribute or setting name (``"training"``, ``"p"``, ``"autocast[cpu]"``).
+        kind: ``"training"``, ``"requires_grad"``, ``"hyperparameter"``, ``"global"``
+            or ``"rank"``.
+        target: The module FQN (``"<the model>"`` for the root), parameter FQN, setting,
+            or the rank read (``"torch.distributed.get_rank()"``).
+        attr: The attribute or setting name (``"training"``, ``"p"``, ``"autocast[cpu]"``,
+            ``"rank"``).
         value: The value at trace time (plain Python data).
-        source: Where it came from (``"model at jl.trace"``, ``"torch at jl.trace"``).
+        source: Where it came from (``"model at jl.trace"``, ``"torch at jl.trace"``, the
+            user's line of a rank read).
+        ranks: For a ``rank`` fact, the world ranks that read ``value`` there (the ranks
+            the graph may run as); None for the other kinds.
     """
 
     kind: str
@@ -63,6 +73,7 @@ class Assumption:
     attr: str
     value: Any
     source: str
+    ranks: tuple[int, ...] | None = None
 
 
 def _is_plain(value: Any) -> bool:
@@ -229,6 +240,8 @@ class Assumptions:
         params = dict(model.named_parameters())
         out = []
         for fact in self.facts:
+            if fact.kind == "rank":
+                continue  # checked for the ranks a graph runs as: check_ranks
             now = _current(fact, modules, params)
             if now is _MISSING or now != fact.value or type(now) is not type(fact.value):
                 out.append((fact, now))
@@ -245,6 +258,7 @@ class Assumptions:
             AssumptionError: A fact differs; the message names each one (first five),
                 its traced value and its value now, and what to do.
         """
+        self.check_ranks(None, where)
         bad = self.violations(model)
         if not bad:
             return
@@ -254,6 +268,44 @@ class Assumptions:
             f"{_describe_all(bad)}. {_what_to_do(first, now)} See joint.guards for "
             "everything the graph assumes."
         )
+
+    def rank_facts(self) -> tuple[Assumption, ...]:
+        """The ranks the user's code read while traced (``rank`` facts), in read order."""
+        return tuple(f for f in self.facts if f.kind == "rank")
+
+    def ranks_allowed(self, world: tuple[int, ...]) -> tuple[int, ...]:
+        """The ranks of ``world`` that read what the trace read at every rank read."""
+        return tuple(r for r in world if all(r in (f.ranks or ()) for f in self.rank_facts()))
+
+    def check_ranks(self, ranks: tuple[int, ...] | None, where: str = "The joint graph"
+                    ) -> None:
+        """Refuse running as a rank that reads another value than the trace read.
+
+        Args:
+            ranks: The world ranks the graph is about to run as; None for this
+                process's rank (``torch.distributed.get_rank()``, as the world reports it).
+            where: What is refused, for the message.
+
+        Raises:
+            AssumptionError: One of ``ranks`` reads another value at a recorded rank
+                read (or no process group is initialised to say which rank this is).
+        """
+        facts = self.rank_facts()
+        if not facts:
+            return
+        if ranks is None:
+            ranks = _this_rank(where, facts[0])
+        for fact in facts:
+            other = [r for r in ranks if r not in (fact.ranks or ())]
+            if other:
+                raise AssumptionError(
+                    f"{where} cannot run as rank {other[0]}: the user's code read "
+                    f"{fact.target} = {fact.value!r} at {fact.source} when traced, which only "
+                    f"ranks {list(fact.ranks or ())} read; rank {other[0]} reads another value "
+                    "there, so the graph holds another rank's branch. Trace every rank with "
+                    "jl.trace_ranks(model, train_fn, inputs), which traces the ranks that "
+                    "read different values separately, and run them with jl.run_all_ranks. "
+                    "See joint.guards.")
 
     def headline(self) -> dict[str, Any]:
         """The few facts a summary card shows.
@@ -284,7 +336,9 @@ class Assumptions:
         import pandas as pd
 
         rows = [dict(kind=f.kind, target=f.target, attr=f.attr, traced=f.value,
-                     checks=_CHECKS[f.kind], source=f.source) for f in self.facts]
+                     checks=_CHECKS[f.kind] + (f" {list(f.ranks or ())}" if f.kind == "rank"
+                                               else ""),
+                     source=f.source) for f in self.facts]
         if not self.recorded:
             rows.append(dict(kind="unknown", target="", attr="", traced=None,
                              checks="nothing: this archive was saved before jointlab "
@@ -299,4 +353,17 @@ _CHECKS = {
     "requires_grad": "param.requires_grad on every run",
     "hyperparameter": "the attribute's value on every run",
     "global": "torch's setting on every run",
+    "rank": "the graph runs only as a rank that reads the same value: ranks",
 }
+
+
+def _this_rank(where: str, fact: Assumption) -> tuple[int, ...]:
+    """This process's world rank, as the (simulated) world reports it now."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise AssumptionError(
+            f"{where} was traced reading the rank ({fact.target} = {fact.value!r} at "
+            f"{fact.source}), but no process group is initialised now, so nothing says which "
+            "rank runs it. Run it inside the world it was traced in (jl.fake_world).")
+    return (int(dist.get_rank()),)

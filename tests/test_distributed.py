@@ -244,7 +244,7 @@ def test_run_all_ranks_matches_single_device_eager(kind):
         assert len({tuple(v.shape) for v in shards.values()}) == 1
 
 
-def test_run_all_ranks_finds_ranks_that_do_not_share_the_graph():
+def test_run_all_ranks_refuses_a_graph_of_another_ranks_read_and_trace_ranks_splits():
     def rank_scaled(model, x, y):
         # A Python int of the traced rank (0) is baked into the graph; other ranks differ.
         return F.mse_loss(model(x), y) * (1 + world.mesh["tp"].get_local_rank())
@@ -255,9 +255,19 @@ def test_run_all_ranks_finds_ranks_that_do_not_share_the_graph():
         assert joint.runtime.rank_classes == ((0, 1, 2, 3),)  # same shapes on every rank
         with world.all_ranks():
             every_rank = _sharded(_tp, world, ref)
-        result = jl.run_all_ranks(joint, every_rank, inputs)
-    # Reference: the tp coordinate is rank % 2 on a (dp=2, tp=2) mesh.
-    assert result.matches_eager == {0: True, 1: False, 2: True, 3: False}
+        # Reference: the tp coordinate is rank % 2 on a (dp=2, tp=2) mesh, so ranks 1
+        # and 3 read another value than the traced rank 0: refused before it runs.
+        from jointlab.errors import AssumptionError
+
+        with pytest.raises(AssumptionError, match=r"cannot run as rank 1.*only ranks \[0, 2\]"):
+            jl.run_all_ranks(joint, every_rank, inputs)
+        graphs = jl.trace_ranks(every_rank, rank_scaled, inputs)
+        result = jl.run_all_ranks(graphs, every_rank, inputs)
+    assert graphs.classes == ((0, 2), (1, 3))
+    assert result.matches_eager == dict.fromkeys(range(4), True)
+    loss = F.mse_loss(ref(inputs["x"]), inputs["y"]).detach()
+    for rank in range(4):
+        torch.testing.assert_close(result.loss[rank], loss * (1 + rank % 2), rtol=0, atol=1e-6)
 
 
 def test_run_all_ranks_refuses_a_one_rank_model():
@@ -439,11 +449,11 @@ def test_trace_ranks_traces_each_uneven_class_as_its_own_rank_and_matches_eager(
 
 
 @pytest.mark.parametrize("source", ["mesh", "dist"])
-def test_trace_ranks_bakes_each_class_representatives_rank(source):
+def test_trace_ranks_traces_ranks_that_read_another_rank_value_separately(source):
     import copy
 
     def rank_scaled(model, x, y):
-        # A Python int of the traced rank is baked; the world must report that rank.
+        # A Python int of the traced rank is baked: each rank needs its own graph.
         rank = world.mesh.get_local_rank() if source == "mesh" else dist.get_rank()
         return _seq_step(model, x, y) * (1 + rank)
 
@@ -453,16 +463,104 @@ def test_trace_ranks_bakes_each_class_representatives_rank(source):
             every_rank = _simple_fsdp(copy.deepcopy(ref), world.mesh)
         graphs = jl.trace_ranks(every_rank, rank_scaled, inputs)
         result = jl.run_all_ranks(graphs, every_rank, inputs)
-    # Reference: the single-device loss, scaled by 1 + rank in each rank's own step.
-    # Rank 3 was traced as itself (its graph bakes 1 + 3); ranks 1 and 2 run the graph
-    # traced as rank 0, which bakes 1 + 0.
-    loss = _seq_step(ref, **inputs).detach()
-    torch.testing.assert_close(result.loss[3], loss * 4, rtol=0, atol=1e-6)
-    for rank in (0, 1, 2):
-        torch.testing.assert_close(result.loss[rank], loss, rtol=0, atol=1e-7)
-    # The reduce-scatter averages every rank's gradient, so ranks 1 and 2's wrong scale
-    # reaches every rank's gradient: no rank may claim to match its eager step.
-    assert result.matches_eager == dict.fromkeys(range(4), False)
+    assert graphs.classes == ((0,), (1,), (2,), (3,))
+    facts = graphs[2].guards.query("kind == 'rank'")
+    assert list(facts.traced) == [2] and list(facts.attr) == ["rank"]
+    assert "rank = world.mesh.get_local_rank() if source" in facts.source.iloc[0]
+    # Reference: the single-device loss, scaled by 1 + rank in each rank's own step;
+    # the reduce-scatter averages the ranks' gradients: (1 + 2 + 3 + 4) / 4 = 2.5 times
+    # the single-device gradient.
+    loss = _seq_step(ref, **inputs)
+    loss.backward()
+    for rank in range(4):
+        torch.testing.assert_close(result.loss[rank], loss.detach() * (1 + rank), rtol=0,
+                                   atol=1e-6)
+    for fqn, p in zip(dict(every_rank.named_parameters()), ref.parameters()):
+        torch.testing.assert_close(result.grads[fqn], p.grad * 2.5, rtol=1e-6, atol=1e-6)
+    # Eager takes one rank's branch for every rank, and the reduce-scatter mixes the
+    # ranks: no eager step is any rank's own, so the check cannot say (None), not False.
+    assert result.matches_eager == dict.fromkeys(range(4), None)
+
+
+class _RankBranch(nn.Module):
+    """Issue #29's model: rank 0 doubles its output, the other ranks do not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32, bias=False), nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        y = self.b(F.gelu(self.a(x)))
+        return y * 2.0 if dist.get_rank() == 0 else y
+
+
+def _rank_branch_reference(rank, inputs):
+    """Single-device eager of rank ``rank``'s branch: (loss, grad of a, grad of b)."""
+    torch.manual_seed(0)
+    ref = _RankBranch()
+    y = ref.b(F.gelu(ref.a(inputs["x"])))
+    loss = F.mse_loss(y * 2.0 if rank == 0 else y, inputs["y"])
+    return (loss.detach(), *torch.autograd.grad(loss, [ref.a.weight, ref.b.weight]))
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_rank_branch_is_a_guard_and_each_rank_runs_its_own_branch(mode):
+    import copy
+
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from jointlab.errors import AssumptionError
+
+    torch.manual_seed(0)
+    model, inputs = _RankBranch(), _inputs()
+    plan = dict(zip("ab", _tp_plan().values()))  # a: Colwise, b: Rowwise
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = parallelize_module(copy.deepcopy(model), world.mesh, plan)
+        one_rank = parallelize_module(copy.deepcopy(model), world.mesh, plan)
+        # One graph traced as rank 0 holds rank 0's branch: it refuses to run as rank 1.
+        joint = jl.trace(one_rank, _step, inputs, mode=mode)
+        facts = joint.guards.query("kind == 'rank'")
+        assert list(facts.target) == ["torch.distributed.get_rank()"]
+        assert list(facts.traced) == [0] and "ranks [0]" in facts.checks.iloc[0]
+        assert "return y * 2.0 if dist.get_rank() == 0 else y" in facts.source.iloc[0]
+        with pytest.raises(AssumptionError, match=r"cannot run as rank 1.*get_rank\(\) = 0"):
+            jl.run_all_ranks(joint, every_rank, inputs)
+        graphs = jl.trace_ranks(every_rank, _step, inputs, mode=mode)
+        result = jl.run_all_ranks(graphs, every_rank, inputs)
+    assert graphs.classes == ((0,), (1,), (2,), (3,))
+    assert result.matches_eager == dict.fromkeys(range(4), True)
+    for rank in range(4):  # against a single-device eager step of that rank's branch
+        loss, grad_a, grad_b = _rank_branch_reference(rank, inputs)
+        torch.testing.assert_close(result.loss[rank], loss, rtol=0, atol=1e-6)
+        rows = slice(8 * rank, 8 * rank + 8)  # Colwise a: rows; Rowwise b: columns
+        torch.testing.assert_close(result.local_grads["a.weight"][rank], grad_a[rows],
+                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result.local_grads["b.weight"][rank], grad_b[:, rows],
+                                   rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(result.loss[0], result.loss[1])
+
+
+def test_a_rank_read_is_saved_and_checked_on_the_rank_that_runs_it(tmp_path):
+    from jointlab.errors import AssumptionError
+
+    def step(model, x, y):  # a plain model; the loss is weighted by the rank
+        return _step(model, x, y) * (1 + dist.get_rank())
+
+    model, inputs = _reference(), _inputs()
+    with jl.fake_world(4, rank=1):
+        joint = jl.trace(model, step, inputs)
+        joint.save(tmp_path / "g.jlg")
+        loaded = jl.load(tmp_path / "g.jlg")
+        assert loaded.guards.equals(joint.guards)
+        fact = loaded.assumptions.rank_facts()
+        assert [(f.value, f.ranks) for f in fact] == [(1, (1,))]
+        torch.testing.assert_close(loaded.run(model, inputs).loss, step(model, **inputs))
+    with jl.fake_world(4, rank=2):  # the same graph, run by rank 2
+        with pytest.raises(AssumptionError, match=r"cannot run as rank 2.*get_rank\(\) = 1"):
+            loaded.run(model, inputs)
+    with pytest.raises(AssumptionError, match="no process group"):
+        loaded.run(model, inputs)
 
 
 class _GatherDP(nn.Module):
@@ -681,3 +779,76 @@ def test_stepper_and_record_run_a_dtensor_graph_like_eager(mode):
         assert rec.loss == float(_step(model, **inputs))
         described = rec.table.drop(index="output")
         assert (described["note"] == "").all()  # every value observed and described
+
+
+class _InPlaceAllReduce(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.fc(x)
+        dist.all_reduce(h)  # in place: no graph node would record it
+        return h
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_in_place_collective_is_refused_naming_it_its_line_and_funcol(mode):
+    from jointlab.errors import TrainFnMisuseError
+
+    model, inputs = _InPlaceAllReduce(), _inputs()
+    with jl.fake_world(4):
+        before = deep_state(model)
+        with pytest.raises(TrainFnMisuseError) as info:
+            jl.trace(model, _step, inputs, mode=mode)
+        assert_unchanged(before, model)
+    text = str(info.value)
+    assert "torch.distributed.all_reduce()" in text and "funcol.all_reduce(t" in text
+    assert "test_distributed.py" in text and "dist.all_reduce(h)" in text
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+@pytest.mark.parametrize("where", ["train_fn", "around jl.trace"])
+def test_loss_parallel_is_refused_in_both_modes_naming_it(mode, where):
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    def step(model, x, y):
+        with loss_parallel():  # the line the refusal names
+            return F.cross_entropy(model(x), y.argmax(-1))
+
+    inputs = _inputs()
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        model = _sharded(_tp, world)
+        before = deep_state(model)
+        refused = pytest.raises(UnsupportedWrapperError, match="loss_parallel.. is not supported")
+        if where == "train_fn":
+            with refused as e:
+                jl.trace(model, step, inputs, mode=mode)
+        else:  # caught inside: torch's loss_parallel() stays on when an error leaves it
+            with loss_parallel(), refused as e:
+                jl.trace(model, _step, inputs, mode=mode)
+        assert_unchanged(before, model)
+    if where == "train_fn":
+        assert "with loss_parallel():  # the line the refusal names" in str(e.value)
+    else:
+        assert "jl.trace was called inside loss_parallel()" in str(e.value)
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_uneven_tensor_parallel_shards_are_refused_as_uneven(mode):
+    import copy
+
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    ref, inputs = _uneven_reference(), _inputs()  # hidden 6 over 4 ranks: 2, 2, 2, 0
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = parallelize_module(copy.deepcopy(ref), world.mesh,
+                                            dict(zip(("0", "2"), _tp_plan().values())))
+        before = deep_state(every_rank)
+        with pytest.raises(UnsupportedWrapperError) as info:
+            jl.trace_ranks(every_rank, _seq_step, inputs, mode=mode)
+        assert_unchanged(before, every_rank)
+    text = str(info.value)
+    assert "'0.weight' (S(0)): 6 over 4 ranks" in text and "'2.weight' (S(1))" in text
+    assert "test_distributed.py" in text and "divisible" in text

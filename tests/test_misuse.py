@@ -339,6 +339,33 @@ def test_global_and_forward_constants_are_warned():
         jl.trace(cnet, mse, inputs())
 
 
+HEADS = 2  # a module-level int used as a shape: it cannot be passed as a tensor or buffer
+OFFSET = 3  # the same kind of int used as a value: passing it as a tensor would work
+
+
+class _ShapeNet(nn.Module):
+    def __init__(self, value_int: bool) -> None:
+        super().__init__()
+        self.fc, self.value_int = nn.Linear(4, 4), value_int
+
+    def forward(self, x):
+        h = self.fc(x).view(x.shape[0], HEADS, 4 // HEADS).flatten(1)
+        return h + OFFSET if self.value_int else h
+
+
+@pytest.mark.parametrize("value_int", [False, True])
+def test_ints_are_warned_only_where_they_could_be_tensors(value_int):
+    net = _ShapeNet(value_int)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        jl.trace(net, mse, {"x": x, "y": y})
+    found = _baked(rec)
+    # Reference: HEADS only sizes a view; OFFSET is added to the values.
+    assert not any("HEADS" in m for m in found)
+    assert any("_ShapeNet.forward: OFFSET = 3" in m for m in found) == value_int
+
+
 def test_captured_tensor_is_warned_as_baked():
     net = make_net()
     offset = torch.tensor([0.5, -0.5])

@@ -28,6 +28,7 @@ from jointlab import torch_compat as compat  # LocalTensor names resolve on firs
 from jointlab.analysis.lockstep import per_rank, run_rank_classes
 from jointlab.errors import StateMismatchError
 from jointlab.trace.dtensor import DTensorRuntime, is_dtensor
+from jointlab.trace.rank_reads import rank_reads
 from jointlab.trace.rank_view import RankGraphs, model_ranks
 from jointlab.trace.request import split_loss
 
@@ -126,7 +127,12 @@ class AllRanksResult:
             share the graph. Through a collective such a difference can reach
             other ranks too (a reduce-scatter averages every rank's gradient).
             None when that cannot be checked (no ``train_fn``, as for a loaded
-            graph, or the graph draws random numbers).
+            graph, or the graph draws random numbers). Where the user's code
+            reads the rank, each rank class's eager step has every rank read it
+            as that class (Python takes one branch for all), which is that
+            class's own step only where no collective brings it another class's
+            values: a rank whose graph differs from it is None (cannot say), not
+            False.
         rank_classes: The ranks that ran each graph (one class per graph run).
     """
 
@@ -134,7 +140,7 @@ class AllRanksResult:
     loss: dict[int, torch.Tensor]
     grads: dict[str, torch.Tensor]
     local_grads: dict[str, dict[int, torch.Tensor]]
-    matches_eager: dict[int, bool] | None
+    matches_eager: dict[int, bool | None] | None
     rank_classes: tuple[tuple[int, ...], ...] = ()
 
 
@@ -155,8 +161,9 @@ def _graphs_by_class(joint: TracedGraph | RankGraphs, ranks: tuple[int, ...]
             raise StateMismatchError(
                 f"the rank classes {list(graphs)} cover ranks {covered}, but the model holds "
                 f"ranks {list(ranks)}: run it on the model (world) it was traced from.")
-        for g in graphs.values():
+        for cls, g in graphs.items():
             _check_dtensor_graph(g)
+            g.assumptions.check_ranks(cls, f"The graph of ranks {list(cls)}")
         return graphs
     _check_dtensor_graph(joint)
     classes = joint.runtime.rank_classes
@@ -166,6 +173,7 @@ def _graphs_by_class(joint: TracedGraph | RankGraphs, ranks: tuple[int, ...]
             f"{classes} (None: not modelled), but every rank {ranks} must for one graph to run "
             "them all. Trace every rank class with jl.trace_ranks(model, train_fn, inputs) "
             "(model built inside world.all_ranks()) and pass its result here.")
+    joint.assumptions.check_ranks(ranks, "jl.run_all_ranks' graph")
     return {tuple(ranks): joint}
 
 
@@ -206,29 +214,65 @@ def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dic
         local = {n: per_rank(g, ranks) for n, g in res.grads.items()}
     else:
         loss, local, full = run_rank_classes(graphs, model, inputs, ranks, is_collective)
-    same = _matches_eager(first, model, inputs, loss, local, ranks)
+    same = _matches_eager(graphs, model, inputs, loss, local, ranks)
     gathered = {n: per_rank(g, ranks)[ranks[0]] for n, g in full.items()}
     return AllRanksResult(ranks, loss, gathered, local, same, tuple(graphs))
 
 
-def _matches_eager(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any],
-                   loss: dict[int, torch.Tensor], grads: dict[str, dict[int, torch.Tensor]],
-                   ranks: tuple[int, ...]) -> dict[int, bool] | None:
-    """Each rank's eager step (autograd.grad, buffers put back) against the graph's."""
-    if joint.train_fn is None or _meta.graph_draws_random(joint.graph):
-        return None
+def _eager_runs(graphs: dict[tuple[int, ...], TracedGraph]
+                ) -> list[tuple[int | None, tuple[int, ...]]]:
+    """Which rank each eager step answers rank reads as, and the ranks it checks.
+
+    One step for every rank when no graph recorded a rank read; otherwise one
+    per rank class, in which the user's code reads the rank as the class's first
+    rank (the class's ranks read the same values: the graph's ``rank`` facts).
+    """
+    if not any(g.assumptions.rank_facts() for g in graphs.values()):
+        return [(None, tuple(r for cls in graphs for r in cls))]
+    return [(cls[0], cls) for cls in graphs]
+
+
+def _eager_step(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any],
+                ranks: tuple[int, ...], answer_as: int | None
+                ) -> tuple[dict[int, torch.Tensor], dict[str, dict[int, torch.Tensor]]]:
+    """Every rank's eager step (the user's rank reads answered as ``answer_as``)."""
     params = dict(model.named_parameters())
-    before = {n: b.detach().clone() for n, b in model.named_buffers()}
-    with compat.LocalTensorMode(frozenset(ranks)):
+    with compat.LocalTensorMode(frozenset(ranks)), rank_reads(answer_as):
         eager_loss, _ = split_loss(joint.train_fn(model, **inputs))
         eager = torch.autograd.grad(eager_loss, [params[n] for n in joint.param_names],
                                     allow_unused=True)
-        eager_loss = per_rank(eager_loss.detach(), ranks)
-        eager_grads = {n: per_rank(g, ranks) for n, g in zip(joint.param_names, eager)
-                       if g is not None}
-    with torch.no_grad():
-        for n, b in model.named_buffers():
-            b.copy_(before[n])
-    pairs = [(loss, eager_loss), *((grads[n], g) for n, g in eager_grads.items())]
-    return {r: all(tuple(a[r].shape) == tuple(b[r].shape) and torch.equal(a[r], b[r])
-                   for a, b in pairs) for r in ranks}
+        loss = per_rank(eager_loss.detach(), ranks)
+        grads = {n: per_rank(g, ranks) for n, g in zip(joint.param_names, eager)
+                 if g is not None}
+    return loss, grads
+
+
+def _matches_eager(graphs: dict[tuple[int, ...], TracedGraph], model: nn.Module,
+                   inputs: dict[str, Any], loss: dict[int, torch.Tensor],
+                   grads: dict[str, dict[int, torch.Tensor]], ranks: tuple[int, ...]
+                   ) -> dict[int, bool | None] | None:
+    """Each rank's eager step (autograd.grad, buffers put back) against the graph's.
+
+    Where the user's code reads the rank, each rank class's eager step reads it as
+    that class (:func:`_eager_runs`), every rank taking that class's branch: exact
+    for the class's own ranks unless a collective brings them another class's
+    branch. So there a rank that differs is None (cannot say), never False or True.
+    """
+    joint = next(iter(graphs.values()))
+    if joint.train_fn is None or any(_meta.graph_draws_random(g.graph)
+                                     for g in graphs.values()):
+        return None
+    before = {n: b.detach().clone() for n, b in model.named_buffers()}
+    out: dict[int, bool | None] = {}
+    runs = _eager_runs(graphs)
+    for answer_as, checked in runs:
+        eager_loss, eager_grads = _eager_step(joint, model, inputs, ranks, answer_as)
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(before[n])
+        pairs = [(loss, eager_loss), *((grads[n], g) for n, g in eager_grads.items())]
+        same = {r: all(tuple(a[r].shape) == tuple(b[r].shape) and torch.equal(a[r], b[r])
+                       for a, b in pairs) for r in checked}
+        out.update({r: True if ok else (False if len(runs) == 1 else None)
+                    for r, ok in same.items()})
+    return {r: out[r] for r in ranks}

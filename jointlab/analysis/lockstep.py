@@ -24,7 +24,7 @@ from jointlab import meta as _meta
 from jointlab import torch_compat as compat
 from jointlab.errors import NodeExecutionError, UnsupportedWrapperError
 from jointlab.trace.dtensor import is_dtensor
-from jointlab.trace.rank_view import state_of_ranks
+from jointlab.trace.rank_view import as_rank, state_of_ranks
 from jointlab.trace.refusals import torch_errors
 
 if TYPE_CHECKING:
@@ -152,8 +152,8 @@ def _start(cls: tuple[int, ...], graph: TracedGraph, model: nn.Module, inputs: d
             f"the graph of ranks {cls} draws random numbers; run side by side, the rank "
             "classes would not draw what eager draws. Run it without random ops (eval mode, "
             "dropout off) or with even sharding (one graph for every rank).")
-    with state_of_ranks(model, cls, local=True):
-        flat = graph.flat_args(model, inputs)
+    with as_rank(cls[0]), state_of_ranks(model, cls, local=True):
+        flat = graph.flat_args(model, inputs)  # checked as the class (its rank reads)
     args = graph.runtime.prepare(graph, flat)
     return _ClassRun(cls, graph, flat, _steps(graph.graph_module, args, stops_at))
 

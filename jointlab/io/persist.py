@@ -366,7 +366,7 @@ def _encode_assumptions(a: Assumptions) -> list[list[Any]] | None:
     if not a.recorded:
         return None
     return [[f.kind, f.target, f.attr, encode_value(f.value, f"assumption {f.target}.{f.attr}"),
-             f.source] for f in a.facts]
+             f.source, *([list(f.ranks)] if f.ranks is not None else [])] for f in a.facts]
 
 
 def _decode_assumptions(rows: Any) -> Assumptions:
@@ -374,11 +374,13 @@ def _decode_assumptions(rows: Any) -> Assumptions:
     if rows is None:
         return Assumptions(recorded=False)
     facts = []
-    for kind, target, attr, value, source in rows:
-        if kind not in KINDS:
-            raise PersistError(f"unknown assumption kind {kind!r} in the archive")
+    for row in rows:  # a rank fact has a sixth entry: the ranks that read the same value
+        if len(row) not in (5, 6) or row[0] not in KINDS or (row[0] == "rank") != (len(row) == 6):
+            raise PersistError(f"malformed assumption {row!r} in the archive")
+        kind, target, attr, value, source = row[:5]
+        ranks = tuple(int(r) for r in row[5]) if len(row) == 6 else None
         facts.append(Assumption(str(kind), str(target), str(attr), decode_value(value),
-                                str(source)))
+                                str(source), ranks))
     return Assumptions(tuple(facts))
 
 

@@ -49,6 +49,8 @@ from jointlab.torch_compat._base import unsupported as unsupported
 from jointlab.torch_compat._base import untested_message as untested_message
 from jointlab.torch_compat.distributed import aot_grad_subclass_metas as aot_grad_subclass_metas
 from jointlab.torch_compat.distributed import fsdp_mem_tracker as fsdp_mem_tracker
+from jointlab.torch_compat.distributed import loss_parallel_active as loss_parallel_active
+from jointlab.torch_compat.distributed import loss_parallel_entry as loss_parallel_entry
 from jointlab.torch_compat.distributed import mesh_coordinates as mesh_coordinates
 from jointlab.torch_compat.distributed import mesh_rank_methods as mesh_rank_methods
 from jointlab.torch_compat.distributed import opaque_real_object as opaque_real_object

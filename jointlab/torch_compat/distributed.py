@@ -200,3 +200,35 @@ def opaque_real_object(obj: Any) -> Any:
     if real is None:
         raise unsupported("FakeScriptObject.real_obj", _AOT_GRAD_META)
     return real
+
+
+# -- loss parallel ------------------------------------------------------------------
+def _loss_module() -> Any:
+    try:
+        from torch.distributed.tensor.parallel import loss
+    except ImportError:  # a torch without tensor parallelism: no loss parallel either
+        return None
+    return loss
+
+
+def loss_parallel_active() -> bool:
+    """True while ``torch.distributed.tensor.parallel.loss_parallel()`` is entered.
+
+    It registers custom DTensor handlers (``customized_loss_ops``) with DTensor's
+    op dispatcher; False on a torch without them.
+    """
+    loss = _loss_module()
+    ops = getattr(loss, "customized_loss_ops", None)
+    handlers = getattr(getattr(getattr(loss, "DTensor", None), "_op_dispatcher", None),
+                       "_custom_op_handlers", None)
+    if not isinstance(ops, dict) or not isinstance(handlers, dict):
+        return False
+    return any(handlers.get(op) is fn for op, fn in ops.items())
+
+
+def loss_parallel_entry() -> tuple[Any, str] | None:
+    """``(module, name)`` of the function ``loss_parallel()`` calls on entry, or None."""
+    loss = _loss_module()
+    if loss is None or not callable(getattr(loss, "_enable_custom_loss_ops", None)):
+        return None
+    return loss, "_enable_custom_loss_ops"

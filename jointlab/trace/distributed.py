@@ -111,6 +111,50 @@ def refuse_dtensor_state(model: nn.Module, mode: str = "make_fx", dynamic: bool 
                 "dimension (e.g. (Shard(1), Shard(0)) for dp x tp).")
 
 
+_LOSS_PARALLEL = (
+    "torch.distributed.tensor.parallel.loss_parallel() is not supported (mode={mode!r}): its "
+    "cross-entropy handlers run outside the ops jointlab traces as local shards, so the "
+    "graph is either refused by torch or wrong across ranks. Trace the step without "
+    "loss_parallel(): compute the loss on logits that are not sharded on the class "
+    "dimension.")
+
+
+def refuse_loss_parallel(mode: str) -> None:
+    """Raise :class:`UnsupportedWrapperError` when ``jl.trace`` runs inside ``loss_parallel()``.
+
+    Raises:
+        UnsupportedWrapperError: Loss parallel is active now.
+    """
+    from jointlab.torch_compat import loss_parallel_active
+
+    if loss_parallel_active():
+        raise UnsupportedWrapperError(
+            "jl.trace was called inside loss_parallel(). " + _LOSS_PARALLEL.format(mode=mode))
+
+
+@contextlib.contextmanager
+def loss_parallel_refusals(mode: str) -> Iterator[None]:
+    """Refuse ``loss_parallel()`` entered by ``train_fn`` while it is traced (its line named).
+
+    Yields:
+        Nothing; torch's function is back on exit.
+    """
+    from jointlab.torch_compat import loss_parallel_entry, patched_attrs
+    from jointlab.trace.refusals import caller_line
+
+    entry = loss_parallel_entry()
+    if entry is None:
+        yield
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise UnsupportedWrapperError(
+            f"train_fn enters loss_parallel(){caller_line()}. " + _LOSS_PARALLEL.format(mode=mode))
+
+    with patched_attrs([(*entry, refuse)]):
+        yield
+
+
 def shards_one_dim_twice(placements: Any) -> bool:
     """True when two mesh dimensions shard the same tensor dimension (nested sharding)."""
     dims = [getattr(p, "dim", None) for p in placements if p.is_shard()]

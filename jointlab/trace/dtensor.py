@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from jointlab import torch_compat as compat
 from jointlab.errors import StateMismatchError, UnsupportedWrapperError
 from jointlab.inputs import model_state
 from jointlab.runtime import MakeFxRuntime
@@ -59,7 +60,13 @@ def _mesh_dim_names(mesh: Any) -> tuple[str, ...]:
 
 
 def _storage_bytes(local: torch.Tensor) -> int:
-    """Bytes of the storage under ``local`` (at least the shard's own bytes)."""
+    """Bytes of the storage under ``local`` (at least the shard's own bytes).
+
+    For a ``LocalTensor`` (every rank's shard, ``world.all_ranks()``), the largest
+    rank's: its sizes are per-rank integers that cannot be compared as one.
+    """
+    if isinstance(local, compat.LocalTensor):
+        return max(map(_storage_bytes, compat.per_rank_values(local).values()), default=0)
     own = local.numel() * local.element_size()
     try:
         return max(own, local.untyped_storage().nbytes())

@@ -29,6 +29,7 @@ import contextlib
 import inspect
 import math
 import random
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ from torch import nn
 
 from jointlab.errors import BakedConstantWarning, DataDependentError
 from jointlab.passes.annotate import is_user_frame
+from jointlab.torch_compat import is_op_overload, op_schema
 from jointlab.units import source_location
 
 _SCALARS = (int, float)
@@ -84,11 +86,29 @@ def _graph_literals(gm: fx.GraphModule) -> list[Any]:
 
     for node in gm.graph.nodes:
         if node.op == "call_function":
-            visit(node.args)
-            visit(node.kwargs)
+            for arg in _value_args(node):
+                visit(arg)
         elif is_scalar_literal(gm, node):
             found.append(_constant(gm, node).reshape(()))
     return found
+
+
+def _value_args(node: fx.Node) -> list[Any]:
+    """``node``'s arguments that are values, not shapes.
+
+    A size, dim or count argument (schema type ``int``/``SymInt``/``int[]``...,
+    e.g. ``view``'s sizes) cannot be passed as a tensor or a buffer, so a number
+    there is no state to warn about.
+    """
+    if not is_op_overload(node.target):
+        return [*node.args, *node.kwargs.values()]
+    schema = op_schema(node.target).arguments
+    kinds = {a.name: str(a.type) for a in schema}
+    pairs = [*zip((a.name for a in schema), node.args), *node.kwargs.items()]
+    return [v for name, v in pairs if not _STRUCTURAL.match(kinds.get(name, ""))]
+
+
+_STRUCTURAL = re.compile(r"^(Optional\[)?(List\[)?(int|SymInt)\]?\]?$")
 
 
 def _matches(value: float, literal: Any) -> bool:

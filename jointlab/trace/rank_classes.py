@@ -4,17 +4,22 @@ Ranks whose DTensor inputs have the same local shapes form a class
 (:func:`jointlab.trace.dtensor.rank_classes`). Each class is traced once,
 as its first rank: the model's DTensors hold that rank's shards and the
 world reports that rank (:mod:`jointlab.trace.rank_view`). Uneven sharding
-(6 rows over 4 ranks: 2, 2, 2, 0) gives two classes and two graphs.
+(6 rows over 4 ranks: 2, 2, 2, 0) gives two classes and two graphs. A
+class whose ranks read different values where the user's code reads the
+rank (``dist.get_rank()``, ``mesh.get_local_rank()``: the graph's ``rank``
+assumptions) is split: the ranks that read what its first rank read share
+its graph, the others are traced again as their own class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
 
-from jointlab.errors import UnsupportedWrapperError
+from jointlab.errors import TraceError, UnsupportedWrapperError
 from jointlab.inputs import model_state
 from jointlab.trace.dtensor import ShardSpec, is_dtensor, rank_classes
 from jointlab.trace.rank_view import RankGraphs, as_rank, model_ranks, state_of_ranks
@@ -39,6 +44,38 @@ def _classes(model: nn.Module, ranks: tuple[int, ...]) -> tuple[tuple[int, ...],
     return classes
 
 
+def _uneven(model: nn.Module) -> list[str]:
+    """``'fqn' (placement): n over m ranks`` for each DTensor split unevenly."""
+    out = []
+    for fqn, t in model_state(model).items():
+        if not is_dtensor(t):
+            continue
+        for mesh_dim, p in enumerate(t.placements):
+            size, n = t.shape[getattr(p, "dim", 0)], t.device_mesh.size(mesh_dim)
+            if p.is_shard() and size % n:
+                out.append(f"'{fqn}' ({p}): {size} over {n} ranks")
+    return out
+
+
+@contextlib.contextmanager
+def _uneven_named(model: nn.Module, cls: tuple[int, ...]) -> Iterator[None]:
+    """A torch failure of an unevenly sharded model, told as what it most likely is."""
+    try:
+        yield
+    except TraceError as exc:
+        uneven = _uneven(model)
+        if not uneven or type(exc) is not TraceError:  # only a failure inside torch
+            raise
+        raise UnsupportedWrapperError(
+            f"tracing rank {cls[0]}: {str(exc).splitlines()[0].rstrip('.')}. The model has "
+            f"uneven shards: {'; '.join(uneven[:4])}. torch's tensor-parallel styles "
+            "(ColwiseParallel, RowwiseParallel, SequenceParallel) rebuild DTensors from "
+            "local shards assuming even ones (DTensor.from_local without shape=), so an "
+            "uneven tensor-parallel split fails on real ranks too. Make each sharded "
+            "dimension divisible by its mesh dimension (e.g. hidden 8 over 4 ranks); "
+            "uneven SimpleFSDP-style (all-gather) sharding is supported.") from exc
+
+
 def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any],
                 **trace_kwargs: Any) -> RankGraphs:
     """Trace every distinct rank class of a simulated world once (either mode).
@@ -53,7 +90,9 @@ def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str
 
     Returns:
         A :class:`RankGraphs`: each rank class (tuple of ranks) to the graph
-        traced as its first rank. Its repr says which ranks share which graph.
+        traced as its first rank; ranks share a class when their local shapes
+        match and they read the same values wherever the user's code reads the
+        rank. Its repr says which ranks share which graph.
 
     Raises:
         StateMismatchError: The model's DTensors do not hold every rank's shard.
@@ -61,14 +100,21 @@ def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str
             modelled), or anything :func:`jointlab.trace` refuses.
     """
     ranks = model_ranks(model)
-    classes = _classes(model, ranks)
+    todo = list(_classes(model, ranks))
     graphs = {}
-    for cls in classes:
-        with as_rank(cls[0]), state_of_ranks(model, (cls[0],)):
-            graphs[cls] = trace(model, train_fn, inputs, **trace_kwargs)
-        traced = graphs[cls].runtime.rank_classes
-        if traced is None or cls not in traced:  # the trace must agree with the plan
+    while todo:
+        cls = todo.pop(0)
+        with as_rank(cls[0]), state_of_ranks(model, (cls[0],)), _uneven_named(model, cls):
+            joint = trace(model, train_fn, inputs, **trace_kwargs)
+        traced = joint.runtime.rank_classes
+        if traced is None or not any(set(cls) <= set(t) for t in traced):  # as planned
             raise UnsupportedWrapperError(
                 f"rank {cls[0]} was traced with local shapes that group the ranks as "
-                f"{traced}, not as {classes}; jointlab cannot say which ranks share its graph.")
+                f"{traced}, not as {tuple(graphs) + (cls, *todo)}; jointlab cannot say which "
+                "ranks share its graph.")
+        same = joint.assumptions.ranks_allowed(cls)  # the ranks that read what it read
+        graphs[same] = joint
+        rest = tuple(r for r in cls if r not in same)
+        if rest:  # they read another rank value: traced as their own class
+            todo.insert(0, rest)
     return RankGraphs(graphs, len(ranks))

@@ -217,12 +217,13 @@ class RankGraphs:
     """One joint graph per rank class of a simulated world (``jl.trace_ranks``).
 
     Ranks are in one class when every DTensor input has the same local shape
-    on them (:attr:`DTensorRuntime.rank_classes`); each class was traced once,
-    as its first rank (that rank's shards and mesh coordinate). Equal shapes
-    are necessary for sharing a graph, not proof of it: a graph can also hold
-    a value of the rank it was traced as. ``jl.run_all_ranks(result, model,
-    inputs)`` runs every rank on its class's graph and checks each rank
-    against its own eager step (``matches_eager``).
+    on them (:attr:`DTensorRuntime.rank_classes`) and they read the same
+    values wherever the user's code reads the rank (the graph's ``rank``
+    assumptions); each class was traced once, as its first rank (that rank's
+    shards and mesh coordinate). A graph can still hold a value of the rank
+    it was traced as that no recorded read explains (torch's own reads).
+    ``jl.run_all_ranks(result, model, inputs)`` runs every rank on its class's
+    graph and checks each rank against its own eager step (``matches_eager``).
 
     Attributes:
         graphs: Rank class (tuple of ranks) to its joint graph, read-only.
@@ -270,6 +271,7 @@ class RankGraphs:
             share = "runs" if len(cls) == 1 else "share"
             lines.append(f"  graph {i}: {who} {share} it (traced as rank {cls[0]}, "
                          f"{nodes} nodes)")
-        lines.append("  Ranks share a graph when their local shapes match; jl.run_all_ranks "
-                     "checks every rank against its own eager step.")
+        lines.append("  Ranks share a graph when their local shapes match and they read the "
+                     "same rank values (joint.guards); jl.run_all_ranks checks every rank "
+                     "against its own eager step.")
         return "\n".join(lines)

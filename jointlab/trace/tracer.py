@@ -21,9 +21,15 @@ from jointlab.errors import TraceError
 from jointlab.graph import JointGraph
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.repair import repair_views
-from jointlab.trace.distributed import refuse_dtensor_inputs, refuse_unsupported_wrappers
+from jointlab.trace.distributed import (
+    loss_parallel_refusals,
+    refuse_dtensor_inputs,
+    refuse_loss_parallel,
+    refuse_unsupported_wrappers,
+)
 from jointlab.trace.fast_paths import fast_path_refusals
 from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
+from jointlab.trace.inplace_collectives import inplace_collective_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
 from jointlab.trace.meta_attention import flag_meta_attention, meta_attention_calls
@@ -33,6 +39,7 @@ from jointlab.trace.python_state import (
     warn_baked_constants,
 )
 from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
+from jointlab.trace.rank_reads import rank_reads
 from jointlab.trace.refusals import refuse_compiled, torch_errors, tracing_guard
 from jointlab.trace.request import TraceRequest
 from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
@@ -77,6 +84,7 @@ def trace(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     refuse_compiled(model)
     refuse_unsupported_wrappers(model, mode, dynamic or bool(dynamic_arg_dims))
+    refuse_loss_parallel(mode)
     if mode == "make_fx":  # AOT mode names subclass inputs itself (trace/aot.py)
         refuse_dtensor_inputs(inputs)
     with python_rngs_kept(), no_tensor_printing(), torch_errors("jl.trace"), \
@@ -84,7 +92,8 @@ def trace(
             hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
             fast_path_refusals(model), eager_rnn_kernels(model), \
             no_kernel_warnings() as no_kernel, \
-            meta_attention_calls() as sdpa_calls:
+            meta_attention_calls() as sdpa_calls, rank_reads() as ranks_read, \
+            inplace_collective_refusals(), loss_parallel_refusals(mode):
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         assumptions = Assumptions.record(model)  # before train_fn runs: what the user set
         if mode == "aot":
@@ -93,6 +102,7 @@ def trace(
             parts = trace_aot(model, train_fn, req)
         else:
             parts = trace_make_fx(model, train_fn, req)
+    assumptions = dataclasses.replace(assumptions, facts=assumptions.facts + tuple(ranks_read))
     parts = dataclasses.replace(parts, assumptions=assumptions)
     gm = parts.graph_module
     refuse_explicit_generators(gm)

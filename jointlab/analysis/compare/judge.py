@@ -145,15 +145,21 @@ def errors(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
     """Return ``(max abs err, max rel err, cosine similarity)`` of ``a`` against ``b``."""
     if a.shape != b.shape:
         return float("inf"), float("inf"), float("nan")
-    x, y = a.detach().double().flatten().cpu(), b.detach().double().flatten().cpu()
+    x, y = _wide(a).flatten().cpu(), _wide(b).flatten().cpu()
     if x.numel() == 0:
         return 0.0, 0.0, 1.0
-    diff = (x - y).abs()
+    diff = (x - y).abs()  # the modulus for complex values: both parts count
     abs_err = float(diff.max())
     rel_err = float((diff / y.abs().clamp_min(1e-12)).max())
-    denom = float(x.norm() * y.norm())
-    cos = float(x @ y) / denom if denom > 0 else (1.0 if abs_err == 0 else 0.0)
+    xr, yr = (torch.view_as_real(v).flatten() if v.is_complex() else v for v in (x, y))
+    denom = float(xr.norm() * yr.norm())
+    cos = float(xr @ yr) / denom if denom > 0 else (1.0 if abs_err == 0 else 0.0)
     return abs_err, rel_err, cos
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64, or complex128 when complex (``.double()`` drops the imaginary part)."""
+    return t.detach().to(torch.complex128 if t.is_complex() else torch.float64)
 
 
 def bit_exact(a: Any, b: Any) -> bool:
@@ -163,8 +169,8 @@ def bit_exact(a: Any, b: Any) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(torch.equal(a.to(b.device), b) or
-                (a.is_floating_point() and torch.isclose(a.to(b.device), b, 0.0, 0.0,
-                                                         equal_nan=True).all()))
+                ((a.is_floating_point() or a.is_complex())
+                 and torch.isclose(a.to(b.device), b, 0.0, 0.0, equal_nan=True).all()))
 
 
 def close(a: Any, b: Any, tol: Tolerance, scale: torch.Tensor | None = None) -> bool:
@@ -193,7 +199,7 @@ def close(a: Any, b: Any, tol: Tolerance, scale: torch.Tensor | None = None) -> 
         return True
     if scale is None or rtol == 0 or scale.numel() != b.numel():
         return False
-    x, y, s = a.double(), b.double(), scale.to(b.device).double().reshape(b.shape)
+    x, y, s = _wide(a), _wide(b), scale.to(b.device).double().reshape(b.shape)
     finite = torch.isfinite(x) & torch.isfinite(y)
     if not bool((finite | (x == y) | (x.isnan() & y.isnan())).all()):
         return False  # an infinity or NaN on one side only
