@@ -100,19 +100,18 @@ def test_import_names_the_missing_torch_module():
     assert missing in out.stderr, out.stderr[-2000:]
 
 
-def test_module_needed_only_by_dynamic_shapes_is_named_when_first_needed():
-    # symbolic shapes load on first use (import jointlab stays light): a static trace
-    # works without them, a dynamic one names the missing module
+def test_module_loaded_on_first_use_is_named_when_first_needed():
+    # symbolic shapes load on first use (import jointlab stays light); a torch without
+    # them imports jointlab, and jl.trace names the missing module instead of advising
+    # the other tracing mode
     code = ("import sys, torch\n"
             "sys.modules['torch.fx.experimental.symbolic_shapes'] = None\n"
             "import jointlab as jl\n"
+            "print('imported', flush=True)\n"
             "m = torch.nn.Linear(4, 2); x = torch.randn(3, 4)\n"
-            "fn = lambda m, x: m(x).sum()\n"
-            "jl.trace(m, fn, {'x': x})\n"
-            "print('static ok', flush=True)\n"
-            "jl.trace(m, fn, {'x': x}, dynamic=True)")
+            "jl.trace(m, lambda m, x: m(x).sum(), {'x': x})")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert "static ok" in out.stdout, out.stderr[-2000:]
+    assert "imported" in out.stdout, out.stderr[-2000:]
     assert out.returncode != 0
     assert "jointlab.errors.UnsupportedTorchError" in out.stderr, out.stderr[-2000:]
     missing = f"torch {torch.__version__} has no torch.fx.experimental.symbolic_shapes"

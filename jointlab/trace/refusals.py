@@ -329,6 +329,10 @@ def torch_errors(where: str, error: type[JointlabError] = TraceError,
         yield
     except JointlabError:
         raise
+    except ImportError as exc:  # a torch without a (private) module it imports on first use
+        if not (exc.name or "").startswith("torch"):
+            raise
+        raise torch_compat.unsupported(f"{exc.name} (or a name in it)", f"run {where}") from exc
     except Exception as exc:
         new = wrap_exception(exc, where, error, hint)
         if new is exc:
