@@ -49,6 +49,8 @@ class GraphParts:
     shape_guards: ShapeGuards | None = None
     runtime: Any = None
     assumptions: Assumptions | None = None
+    #: Tensor-argument shapes of each module's first call while traced (empty when loaded).
+    module_inputs: dict[str, list[tuple]] = field(default_factory=dict)
 
 
 class TracedGraph(Protocol):
@@ -64,6 +66,7 @@ class TracedGraph(Protocol):
     runtime: Any
     shape_guards: ShapeGuards | None
     assumptions: Assumptions
+    module_inputs: dict[str, list[tuple]]
     train_fn: Callable[..., Any] | None
 
     @property

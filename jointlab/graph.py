@@ -71,6 +71,7 @@ class JointGraph:
         shape_guards: ShapeGuards | None = None,
         runtime: Runtime | None = None,
         assumptions: Assumptions | None = None,
+        module_inputs: dict[str, list[tuple]] | None = None,
     ) -> None:
         """Assemble a JointGraph; use :func:`jointlab.trace` rather than this."""
         self.graph_module = graph_module
@@ -85,6 +86,8 @@ class JointGraph:
         self.assumptions = assumptions if assumptions is not None else Assumptions(
             recorded=False)
         self.runtime: Runtime = runtime or MakeFxRuntime()
+        #: Tensor-argument shapes of each module's first call while traced (empty if loaded).
+        self.module_inputs = dict(module_inputs or {})
         #: The training function that was traced (None for a loaded graph);
         #: :func:`jointlab.compare` re-runs it eagerly as the reference.
         self.train_fn: Callable[..., Any] | None = None
@@ -104,7 +107,7 @@ class JointGraph:
                    input_spec=parts.input_spec, param_names=parts.param_names,
                    loss_dict_keys=parts.loss_dict_keys, dynamic_dims=parts.dynamic_dims,
                    shape_guards=parts.shape_guards, runtime=parts.runtime,
-                   assumptions=parts.assumptions)
+                   assumptions=parts.assumptions, module_inputs=parts.module_inputs)
 
     # -- layout ---------------------------------------------------------------
     @property

@@ -169,3 +169,11 @@ def test_joint_summary_hand_off_refuses_mixed_arguments():
     with pytest.raises(TableQueryError, match="model="):
         joint.summary(inputs=inputs)
     assert "nodes_fwd" in joint.summary(by="module").columns  # without model=: the node summary
+
+
+def test_loaded_graph_says_why_it_has_no_input_shapes(tmp_path):
+    f, inputs, joint = traced_fixture("mlp", "make_fx")
+    assert jl.module_summary(joint, f.make_model()).attrs["in_shapes"] == ""
+    joint.save(tmp_path / "g.jlg")
+    df = jl.module_summary(jl.load(tmp_path / "g.jlg"), f.make_model(), inputs)
+    assert df["in_shapes"].isna().all() and "loaded from disk" in df.attrs["in_shapes"]

@@ -10,13 +10,10 @@ submodules* (the root row is the whole model):
   the other names of the same tensor (``weight=transformer.wte.weight``).
 - ``out_shapes``: the shapes of the tensors the module's first call returned,
   from the trace's probes (:mod:`jointlab.trace.probes`); ``calls`` counts its calls.
-- ``in_shapes``: the shapes of the tensor arguments of its first call, from
-  a forward pre-hook during a run of ``train_fn`` on fake tensors and fake
-  copies of the state, as the trace saw them (transformers, for one, builds
-  an explicit causal mask when it sees fake tensors where eager passes none).
-  The model, its buffers and the RNG are restored afterwards. None when
-  ``inputs`` are not given, or that run failed (``DataFrame.attrs["in_shapes"]``
-  says why).
+- ``in_shapes``: the shapes of the tensor arguments of its first call, recorded
+  by the trace's own module hooks (symbolic sizes as text in a dynamic trace).
+  Nothing is run again. None for a graph loaded from disk
+  (``DataFrame.attrs["in_shapes"]`` says why).
 - ``flops_fwd``/``flops_bwd``/``bytes_fwd``/``bytes_bwd``: from the node table.
 - ``time_fwd_s``/``time_bwd_s``: from a :class:`jointlab.analysis.record.Record`
   of the same graph; NaN without one.
@@ -28,15 +25,11 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import torch
 from torch import nn
 
 from jointlab.analysis.tables import node_table
-from jointlab.errors import RecordError, UnsupportedTorchError
+from jointlab.errors import RecordError
 from jointlab.meta import TRAIN_FN
-from jointlab.torch_compat import make_fx, pytree, torch_attr
-from jointlab.trace.hf_compat import hf_exact_branches
-from jointlab.trace.snapshot import ModelSnapshot
 
 if TYPE_CHECKING:
     from jointlab.analysis.record import Record
@@ -97,49 +90,11 @@ def _out_shapes(joint: TracedGraph, table: pd.DataFrame) -> tuple[dict[str, list
             {m: len(c) for m, c in calls.items()})
 
 
-def _in_shapes(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any]
-               ) -> tuple[dict[str, list], str]:
-    """First-call tensor-argument shapes per module, from a run on fake tensors."""
-    if joint.train_fn is None:
-        return {}, "this graph has no train_fn (loaded from disk)"
-    try:
-        fake_mode = torch_attr("torch._subclasses", "FakeTensorMode", "find input shapes")
-        reparametrize = torch_attr("torch.nn.utils.stateless", "_reparametrize_module",
-                                   "find input shapes")
-    except UnsupportedTorchError as exc:
-        return {}, str(exc)
-    found: dict[str, list] = {}
-
-    def pre_hook(name: str):
-        def fn(_mod: nn.Module, args: Any, kwargs: Any) -> None:
-            if name not in found:
-                found[name] = [tuple(int(d) for d in t.shape)
-                               for t in pytree.tree_leaves((args, kwargs))
-                               if isinstance(t, torch.Tensor)]
-        return fn
-
-    snapshot = ModelSnapshot.take(model)  # also the RNG state
-    handles = [m.register_forward_pre_hook(pre_hook(n), with_kwargs=True)
-               for n, m in model.named_modules()]
-    try:
-        with fake_mode(allow_non_fake_inputs=True) as mode, torch.no_grad():
-            # fake copies of the state: in-place buffer updates land on them, not the model
-            state = {n: mode.from_tensor(t) for n, t in (
-                *model.named_parameters(remove_duplicate=False),
-                *model.named_buffers(remove_duplicate=False))}
-            fake = pytree.tree_map(
-                lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v, inputs)
-            with reparametrize(model, state, tie_weights=True), hf_exact_branches():
-                # under a throwaway proxy trace, so transformers' data-dependent shortcuts
-                # take the branch the traced graph took (jointlab.trace.hf_compat)
-                make_fx(lambda: joint.train_fn(model, **fake))()
-    except Exception as exc:  # the summary still stands without input shapes
-        return {}, f"the fake-tensor run of train_fn raised {type(exc).__name__}: {exc}"
-    finally:
-        for h in handles:
-            h.remove()
-        snapshot.restore()
-    return found, ""
+def _in_shapes(joint: TracedGraph) -> tuple[dict[str, list], str]:
+    """First-call tensor-argument shapes per module, as the trace saw them."""
+    if joint.module_inputs:
+        return dict(joint.module_inputs), ""
+    return {}, "this graph has no recorded module inputs (loaded from disk)"
 
 
 def _node_sums(table: pd.DataFrame, record: Record | None, names: list[str]
@@ -170,7 +125,8 @@ def module_summary(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any] 
     Args:
         joint: A traced joint graph of ``model``.
         model: The model (read only; no state changes).
-        inputs: Example inputs for the fake-tensor run that finds input shapes.
+        inputs: Unused; kept for callers of the earlier signature (input shapes now
+            come from the trace itself, :attr:`TracedGraph.module_inputs`).
         record: A :func:`jointlab.record` of ``joint``, for the time columns.
         depth: Keep only modules with at most this many FQN components (0: the root).
 
@@ -192,8 +148,7 @@ def module_summary(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any] 
             if depth is None or (len(n.split(".")) if n else 0) <= depth]
     names = [n for n, _ in mods]
     outs, calls = _out_shapes(joint, table)
-    ins, why = _in_shapes(joint, model, inputs) if inputs is not None else (
-        {}, "no inputs given")
+    ins, why = _in_shapes(joint)
     df = pd.DataFrame({"type": [type(m).__name__ for _, m in mods],
                        **_param_columns(model, names),
                        "calls": [calls.get(n, 0) for n in names],

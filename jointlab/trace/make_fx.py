@@ -99,7 +99,8 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     annotate(gm, MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
                              len(box.keys)))
     write_probes(gm, probes.outputs, probes.grads)
-    return req.parts(gm, "make_fx", box, guards, layout.runtime(list(spec.fqns)))
+    return req.parts(gm, "make_fx", box, guards, layout.runtime(list(spec.fqns)),
+                     module_inputs=probes.in_shapes)
 
 
 def _fake_inputs(model, leaves, dyn_dims, layout):

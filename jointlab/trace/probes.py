@@ -88,12 +88,15 @@ class ProbeRecorder:
     outputs: dict[Key, fx.Node] = field(default_factory=dict)
     grads: dict[Key, fx.Node] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
+    #: Tensor-argument shapes of each module's first call (symbolic sizes as text).
+    in_shapes: dict[str, list[tuple]] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Forget everything (a new tracing pass starts)."""
         self.outputs.clear()
         self.grads.clear()
         self.calls.clear()
+        self.in_shapes.clear()
 
 
 def _grad_hook(rec: ProbeRecorder, key: Key):
@@ -104,12 +107,19 @@ def _grad_hook(rec: ProbeRecorder, key: Key):
     return hook
 
 
+def shape_of(t: torch.Tensor) -> tuple:
+    """``t``'s sizes: ints, a symbolic size as its text (never an ``int()`` that would guard)."""
+    return tuple(d if isinstance(d, int) else str(d) for d in t.shape)
+
+
 def _output_hook(rec: ProbeRecorder, fqn: str):
-    def hook(_mod: nn.Module, _args: Any, out: Any) -> None:
+    def hook(_mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
         if get_innermost_proxy_mode() is None:  # AOT's metadata pass: not the graph
             return
         call = rec.calls.get(fqn, 0)
         rec.calls[fqn] = call + 1
+        if call == 0:
+            rec.in_shapes[fqn] = [shape_of(t) for t in tensor_leaves((args, kwargs))]
         for leaf, t in enumerate(tensor_leaves(out)):
             node = traced_node(t)
             if node is None:
@@ -129,7 +139,7 @@ def _root_pre_hook(rec: ProbeRecorder):
 
 @contextlib.contextmanager
 def module_probes(model: nn.Module) -> Iterator[ProbeRecorder]:
-    """Record, while tracing ``model``, the node of every module output and its gradient.
+    """Record, while tracing ``model``, every module output's node, its gradient and inputs.
 
     Args:
         model: The model being traced (hooks are added and always removed).
@@ -142,7 +152,7 @@ def module_probes(model: nn.Module) -> Iterator[ProbeRecorder]:
         yield rec
         return
     handles = [model.register_forward_pre_hook(_root_pre_hook(rec))]
-    handles += [m.register_forward_hook(_output_hook(rec, fqn))
+    handles += [m.register_forward_hook(_output_hook(rec, fqn), with_kwargs=True)
                 for fqn, m in model.named_modules()]
     try:
         yield rec

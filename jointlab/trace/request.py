@@ -155,12 +155,14 @@ class TraceRequest:
                    describe_state(model), trainable_names(model))
 
     def parts(self, gm: fx.GraphModule, mode: str, box: LossBox,
-              guards: ShapeGuards | None, runtime: Any = None) -> GraphParts:
+              guards: ShapeGuards | None, runtime: Any = None,
+              module_inputs: dict[str, list[tuple]] | None = None) -> GraphParts:
         """The traced graph with this request's layout, ready for :class:`jointlab.JointGraph`."""
         return GraphParts(gm, mode=mode, state_spec=self.state_spec,
                           input_spec=self.input_spec, param_names=list(self.param_names),
                           loss_dict_keys=list(box.keys), dynamic_dims=dict(self.dyn_dims),
-                          shape_guards=guards, runtime=runtime)
+                          shape_guards=guards, runtime=runtime,
+                          module_inputs=dict(module_inputs or {}))
 
     def guards(self, shape_env: Any, fake_user: list[tuple[str, torch.Tensor]]
                ) -> ShapeGuards | None:
