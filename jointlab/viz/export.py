@@ -30,7 +30,7 @@ import numpy as np
 from jointlab.errors import ExportError
 from jointlab.passes.analyze import require_analyzed
 from jointlab.viz import _layout, _svg, _svgplot
-from jointlab.viz.dag import DagData, collapse, graph_data
+from jointlab.viz._dagdata import DagData, collapse, graph_data
 
 __all__ = ["dag_svg_text", "export_figure", "find_chromium"]
 
