@@ -358,3 +358,46 @@ def test_label_layer_groups_keep_a_label_only_when_all_nodes_share_it(joint):
             assert L[key][gid] == want, (name, key)
     with pytest.raises(ValueError, match="top"):
         dagview.dag_view(joint, color_by="nope", layers={"top": labels})
+
+
+KERNEL_NAMES = {  # Inductor's names (torch 2.13, CPU) and the legend's short form
+    "cpp_fused_add_native_layer_norm_native_layer_norm_backward_view_5:17":
+        "add_layer_norm+bwd #5@17",
+    "cpp_fused__log_softmax__log_softmax_backward_data_arange_eq_expand_nll_loss_backward"
+    "_nll_loss_forward_ones_like_scalar_tensor_view_6:19": "log_softmax+bwd_eq_nll_lo… #6@19",
+    "extern_kernels.addmm:56": "addmm @56",
+    "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:50":
+        "sdpa_bwd @50",
+    "cpp_fused_gelu_view_2:7, cpp_fused_gelu_backward_view_9:42": "gelu #2@7 +1",
+    "bf16": "bf16",
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_NAMES))
+def test_kernel_names_shorten_to_their_ops_and_numbers(name):
+    from jointlab.viz import _legend
+
+    assert _legend.short_label(name) == KERNEL_NAMES[name]
+    assert len(_legend.short_label(name * 5)) <= _legend.LABEL_MAX
+
+
+def test_label_layer_ranks_levels_and_shortens_only_the_legend(joint):
+    from collections import Counter
+
+    from jointlab.viz import _legend
+
+    nodes = [n.name for n in joint.graph.nodes]
+    fused = "cpp_fused_" + "_".join(["add", "mul", "native_layer_norm_backward"] * 8)
+    key = [i % 40 if i < len(nodes) // 2 else 39 for i in range(len(nodes))]  # 39: most, last
+    labels = {n: f"{fused}_{k}:{k}" for i, (n, k) in enumerate(zip(nodes, key)) if i % 5}
+    counts = Counter(labels.values())
+    L = dagview.build_payload(joint, layers={"kernel": labels})["layers"]["kernel"]
+    assert [counts[k] for k in L["levels"]] == sorted(counts.values(), reverse=True)
+    assert L["levels"][0].endswith("_39:39")
+    assert set(L["levels"]) == set(counts)  # full names: the detail panel and tooltips
+    assert len(L["short"]) == _legend.LEGEND_LEVELS < len(L["levels"])
+    assert all(len(s) <= _legend.LABEL_MAX for s in L["short"]), L["short"]
+    shown = L["colors"][:_legend.LEGEND_LEVELS]
+    assert len(set(shown)) == len(shown) and set(shown) <= set(dagview.PALETTE)
+    assert not any(c[1:3] == c[3:5] == c[5:7] for c in shown)  # greys mean mixed / none
+    assert len(L["colors"]) == len(L["levels"])

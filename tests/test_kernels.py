@@ -126,6 +126,63 @@ def test_kernel_layer_colours_the_dag_by_the_kernel_table(tiny_compiled):
     assert "extern_kernels.addmm" in view.html()
 
 
+
+def _rgb(hex_color):
+    return "rgb({}, {}, {})".format(*(int(hex_color[i:i + 2], 16) for i in (1, 3, 5)))
+
+
+def test_kernel_legend_is_capped_short_below_the_graph_with_full_names(tiny_compiled, tmp_path):
+    from collections import Counter
+
+    from jointlab.viz import _legend
+    from tests.chromium import PageErrors, browser, chromium_path, dag_state
+
+    *_, joint, compiled, _ = tiny_compiled
+    layer = compiled.kernel_layer()
+    counts = Counter(layer.values())  # nodes per label, counted here, not by the view
+    assert len(counts) > _legend.LEGEND_LEVELS and max(map(len, counts)) > 100
+    chromium_path()
+    path = jl.dag_view(joint, layers={"kernel": layer}, color_by="kernel",
+                       height=600).write_html(tmp_path / "kernels.html")
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1000, "height": 720})
+        errors = PageErrors(page)
+        page.goto(path.as_uri())
+        page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
+                               " return d && d.jlView && d.jlView.lastFrameMs !== undefined }")
+        dag_state(page)
+        entries = page.evaluate("""() => [...document.querySelectorAll('.jl-legend span')]
+            .filter(s => s.querySelector('i')).map(s => ({text: s.textContent, title: s.title,
+             bg: getComputedStyle(s.querySelector('i')).backgroundColor}))""")
+        boxes = page.evaluate("""() => { const q = s => document.querySelector(s)
+            .getBoundingClientRect().toJSON(); return {dag: q('.jl-dag'),
+            canvas: q('.jl-canvas'), legend: q('.jl-legend')}; }""")
+        kernels = [e for e in entries if e["title"] in counts]
+        # capped: the most frequent labels, each under its full name as the tooltip
+        assert len(kernels) == _legend.LEGEND_LEVELS
+        least_shown = min(counts[e["title"]] for e in kernels)
+        assert all(n <= least_shown for k, n in counts.items()
+                   if k not in {e["title"] for e in kernels})
+        more = [e for e in entries if e["text"].startswith("+")]
+        assert [e["text"] for e in more] == [f"+{len(counts) - len(kernels)} more kernels"]
+        assert all(len(e["text"]) <= _legend.LABEL_MAX for e in entries), entries
+        assert len({e["bg"] for e in kernels}) == len(kernels)  # one colour per entry
+        # a node of the top kernel is drawn in its entry's colour
+        top = kernels[0]
+        node = next(n for n, k in layer.items() if k == top["title"])
+        color = page.evaluate(f"() => {{ const v = document.querySelector('.jl-dag').jlView;"
+                              f" return v.nodeColor(v.P.nodes.name.indexOf({node!r})); }}")
+        assert _rgb(color) == top["bg"]
+        # the legend sits below the graph, which keeps most of the view
+        assert boxes["legend"]["top"] >= boxes["canvas"]["bottom"] - 0.5
+        assert boxes["canvas"]["height"] >= 0.6 * boxes["dag"]["height"], boxes
+        # the node's detail panel names its kernels in full
+        longest = max(layer, key=lambda n: len(layer[n]))
+        page.evaluate(f"() => {{ const v = document.querySelector('.jl-dag').jlView;"
+                      f" v.select(v.P.nodes.name.indexOf({longest!r}), true); }}")
+        assert page.locator(".jl-detail .jl-layer").text_content() == layer[longest]
+        assert errors.errors == [], errors.errors
+
 def test_no_kernel_map_without_inductor_provenance():
     f = zoo.FIXTURES["mlp"]
     model, inputs = f.make_model(), f.make_inputs(4)

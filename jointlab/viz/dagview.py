@@ -24,7 +24,7 @@ import numpy as np
 
 from jointlab import meta as _meta
 from jointlab.passes.analyze import require_analyzed
-from jointlab.viz import _hierarchy
+from jointlab.viz import _hierarchy, _legend
 
 JS_PATH = pathlib.Path(__file__).parent / "static" / "dagview.js"
 DEFAULT_BUDGET = 2000
@@ -148,15 +148,15 @@ def _category_layer(vals: list[Any], tree: _hierarchy.ModuleTree, is_bwd: np.nda
                     ) -> dict[str, Any]:
     """A categorical colouring: per node a level index, ``-1`` when unknown.
 
-    A group keeps a level only when every known node under it shares it; ``-2`` marks a
-    mixed group.
+    Levels are ranked by node count (:func:`jointlab.viz._legend.rank_levels`); each has
+    its colour (:func:`jointlab.viz._legend.level_colors`); the first
+    :data:`~jointlab.viz._legend.LEGEND_LEVELS` have a short legend name. A group keeps a
+    level only when every known node under it shares it; ``-2`` marks a mixed group.
     """
-    index: dict[str, int] = {}
-    code = np.full(len(vals), -1, dtype=np.int64)
-    for i, x in enumerate(vals):
-        if x is not None and x != "":
-            code[i] = index.setdefault(str(x), len(index))
-    levels = list(index)
+    labels = [None if x is None or x == "" else str(x) for x in vals]
+    levels = _legend.rank_levels(labels)
+    index = {x: k for k, x in enumerate(levels)}
+    code = np.asarray([-1 if x is None else index[x] for x in labels], dtype=np.int64)
     acc = np.full((len(tree.names), 2), -1, dtype=np.int64)
     for i in np.flatnonzero(code >= 0):
         gid, band = int(tree.node_group[i]), int(is_bwd[i])
@@ -165,7 +165,9 @@ def _category_layer(vals: list[Any], tree: _hierarchy.ModuleTree, is_bwd: np.nda
             acc[gid, band] = code[i] if cur in (-1, code[i]) else -2
             gid = int(tree.parent[gid])
     return {"kind": "cat", "levels": levels, "v": code.tolist(),
-            "gf": acc[:, 0].tolist(), "gb": acc[:, 1].tolist()}
+            "gf": acc[:, 0].tolist(), "gb": acc[:, 1].tolist(),
+            "colors": _legend.level_colors(levels, PALETTE),
+            "short": [_legend.short_label(x) for x in levels[:_legend.LEGEND_LEVELS]]}
 
 
 def _layers(nodes: list[Any], tree: _hierarchy.ModuleTree, is_bwd: np.ndarray,

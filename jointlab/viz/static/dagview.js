@@ -30,8 +30,8 @@
 .jl-dag .jl-detail td{padding:1px 4px;vertical-align:top;border-bottom:1px solid #f0f0f0;word-break:break-all}
 .jl-dag .jl-detail td:first-child{color:#666;white-space:nowrap;word-break:normal}
 .jl-dag .jl-link{color:#0645ad;cursor:pointer;text-decoration:underline;margin-right:6px}
-.jl-dag .jl-legend{padding:2px 6px;border-top:1px solid #eee;min-height:18px}
-.jl-dag .jl-legend span{display:inline-block;margin-right:10px}
+.jl-dag .jl-legend{padding:2px 6px;border-top:1px solid #eee;min-height:18px;flex:none;max-height:25%;overflow-y:auto}
+.jl-dag .jl-legend span{display:inline-block;margin-right:10px;white-space:nowrap}
 .jl-dag .jl-legend i{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:-1px}
 .jl-dag .jl-status{color:#555}`;
 
@@ -609,7 +609,7 @@
     }
     layer() { return (this.P.layers || {})[this.colorBy]; }
     layerColor(L, v) {  // a user layer: log (or linear) scale for numbers, palette for labels
-      if (L.kind === "cat") return v >= 0 ? this.P.palette[v % this.P.palette.length] : (v === -2 ? "#999" : "#ddd");
+      if (L.kind === "cat") return v >= 0 ? L.colors[v] : (v === -2 ? "#999" : "#ddd");
       if (v === null || v === undefined) return "#ddd";
       const lo = L.lo, hi = L.hi, lg = lo > 0;
       const t = hi <= lo ? 1 : lg ? Math.log(v / lo) / Math.log(hi / lo) : (v - lo) / (hi - lo);
@@ -674,13 +674,19 @@
       else if (this.colorBy === "module") entries = [...this.keyColor].slice(0, 24).map(([gid, c]) => [this.P.groups.name[gid] || "(root)", c]);
       else if (this.layer()) {
         const Ly = this.layer();
-        entries = Ly.kind === "cat" ? Ly.levels.slice(0, 24).map((c, k) => [c, this.P.palette[k % this.P.palette.length]]).concat([["(mixed)", "#999"], ["(none)", "#ddd"]])
+        entries = Ly.kind === "cat" ? this._catLegend(Ly)
           : [[this.colorBy + " " + Number(Ly.lo).toPrecision(3), this.layerColor(Ly, Ly.lo)], [Number(Ly.hi).toPrecision(3), this.layerColor(Ly, Ly.hi)], ["unknown", "#ddd"]];
       }
       else if (this.colorBy === "category") entries = this.P.tables.cat.map((c, k) => [c || "(none)", this.P.palette[k % this.P.palette.length]]);
       else entries = [["low " + this.colorBy, this.scaleColor(0, 1)], ["high " + this.colorBy, this.scaleColor(1, 1)]];
-      for (const [name, c] of entries) { const s = el("span"); const i = el("i"); i.style.background = c; s.appendChild(i); s.appendChild(document.createTextNode(name)); L.appendChild(s); }
+      for (const [name, c, full] of entries) { const s = el("span"); const i = el("i"); i.style.background = c; s.appendChild(i); s.appendChild(document.createTextNode(name)); if (full) s.title = full; L.appendChild(s); }
       L.appendChild(el("span", "jl-status", "↑ forward · ↓ backward · click a box to open it, a group title to close it · wheel zooms, drag pans"));
+    }
+    _catLegend(Ly) {  // the ranked levels with a colour of their own (short names, full ones as tooltips), then "+N more"
+      const out = Ly.short.map((s, k) => [s, Ly.colors[k], Ly.levels[k]]), more = Ly.levels.length - out.length;
+      const swatch = `linear-gradient(90deg,${Ly.colors.slice(out.length, out.length + 4).join(",")},${Ly.colors[Ly.levels.length - 1]})`;
+      if (more > 0) out.push([`+${more} more ${this.colorBy}${more === 1 ? "" : "s"}`, swatch, `${more} with fewer nodes, in paler colours: click a node for its ${this.colorBy}`]);
+      return out.concat([["(mixed)", "#999"], ["(none)", "#ddd"]]);
     }
     // -- view transform --------------------------------------------------------
     fit(initial) {  // fit everything, or (first paint of a very long graph) its left part at readable size
