@@ -24,6 +24,10 @@ Recorded (each row of :meth:`Assumptions.table`):
   ``mesh.get_local_rank("tp")``...; :mod:`jointlab.trace.rank_reads`), with
   the value read, the user's line and the world ranks that read the same
   value: the only ranks the graph may run as (a branch on the rank is baked).
+  Also (attr ``"coordinate"``) each mesh coordinate torch's DTensor read to
+  choose values (the chunk a ``Replicate -> Shard`` redistribute keeps, a
+  vocab-parallel embedding's mask offset), sequence parallel's and torchtitan's
+  plans among them.
 
 Values are plain Python data, so the record is saved with the graph.
 """
@@ -298,11 +302,14 @@ class Assumptions:
         for fact in facts:
             other = [r for r in ranks if r not in (fact.ranks or ())]
             if other:
+                who, holds = (("torch read", "the piece of a tensor it chose for them")
+                              if fact.attr == "coordinate" else
+                              ("the user's code read", "another rank's branch"))
                 raise AssumptionError(
-                    f"{where} cannot run as rank {other[0]}: the user's code read "
+                    f"{where} cannot run as rank {other[0]}: {who} "
                     f"{fact.target} = {fact.value!r} at {fact.source} when traced, which only "
                     f"ranks {list(fact.ranks or ())} read; rank {other[0]} reads another value "
-                    "there, so the graph holds another rank's branch. Trace every rank with "
+                    f"there, so the graph holds {holds}. Trace every rank with "
                     "jl.trace_ranks(model, train_fn, inputs), which traces the ranks that "
                     "read different values separately, and run them with jl.run_all_ranks. "
                     "See joint.guards.")

@@ -852,3 +852,106 @@ def test_uneven_tensor_parallel_shards_are_refused_as_uneven(mode):
     text = str(info.value)
     assert "'0.weight' (S(0)): 6 over 4 ranks" in text and "'2.weight' (S(1))" in text
     assert "test_distributed.py" in text and "divisible" in text
+
+
+# -- torch's own rank reads: sequence parallel, vocab-parallel embedding (issue #29) ----
+class _FFN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32, bias=False), nn.Linear(32, 16, bias=False)
+
+    def forward(self, h):
+        return self.fc2(F.gelu(self.fc1(h)))
+
+
+class _TinyTitan(nn.Module):
+    """A torchtitan-style block: embedding, norm, residual MLP, final norm, output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(32, 16)
+        self.norm, self.ffn, self.final_norm = nn.LayerNorm(16), _FFN(), nn.LayerNorm(16)
+        self.out = nn.Linear(16, 32, bias=False)
+
+    def forward(self, tok):
+        h = self.tok_embeddings(tok)  # the line the embedding's reads name
+        h = h + self.ffn(self.norm(h))
+        return self.out(self.final_norm(h))
+
+
+def _titan_step(model, tok, y):
+    return F.cross_entropy(model(tok).flatten(0, 1), y.flatten())
+
+
+def _titan_plan(case):
+    """torchtitan's plan (sequence parallel), its Shard(1) embedding output two ways."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    if case == "colwise_replicate_output":
+        return {"out": ColwiseParallel(output_layouts=Replicate())}
+    embedding = {
+        "sequence_parallel": PrepareModuleOutput(output_layouts=Replicate(),
+                                                 desired_output_layouts=Shard(1)),
+        "vocab_parallel_embedding": RowwiseParallel(input_layouts=Replicate(),
+                                                    output_layouts=Shard(1)),
+    }[case]
+    return {"tok_embeddings": embedding, "norm": SequenceParallel(),
+            "final_norm": SequenceParallel(),
+            "ffn": PrepareModuleInput(input_layouts=(Shard(1),),
+                                      desired_input_layouts=(Replicate(),)),
+            "ffn.fc1": ColwiseParallel(), "ffn.fc2": RowwiseParallel(output_layouts=Shard(1)),
+            "out": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+
+
+# What torch reads the coordinate for, and where (the reference: torch's redistribute keeps
+# this rank's chunk of a replicated tensor; _MaskPartial masks the indices of other ranks'
+# vocabulary rows; a Replicate output's gradient is sliced back to this rank's columns).
+_TITAN_READS = {
+    "sequence_parallel": ("redistribute_local_tensor() (R -> S(1))", "self.tok_embeddings(tok)"),
+    "vocab_parallel_embedding": ("_MaskPartial._partition_value()", "self.tok_embeddings(tok)"),
+    "colwise_replicate_output": ("redistribute_local_tensor() (R -> S(2))",
+                                 "autograd's RedistributeBackward"),
+}
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+@pytest.mark.parametrize("case", list(_TITAN_READS))
+def test_torch_rank_reads_split_the_ranks_and_every_rank_matches_single_device(case, mode):
+    import copy
+
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from jointlab.errors import AssumptionError
+
+    torch.manual_seed(0)
+    ref, gen = _TinyTitan(), torch.Generator().manual_seed(1)
+    inputs = {"tok": torch.randint(0, 32, (2, 8), generator=gen),
+              "y": torch.randint(0, 32, (2, 8), generator=gen)}
+    with jl.fake_world(4) as world:
+        with world.all_ranks():
+            every_rank = parallelize_module(copy.deepcopy(ref), world.mesh, _titan_plan(case))
+        one_rank = parallelize_module(copy.deepcopy(ref), world.mesh, _titan_plan(case))
+        # One graph traced as rank 0 keeps rank 0's chunk: it refuses to run as rank 1.
+        joint = jl.trace(one_rank, _titan_step, inputs, mode=mode)
+        with pytest.raises(AssumptionError, match="cannot run as rank 1: torch read"):
+            jl.run_all_ranks(joint, every_rank, inputs)
+        before = deep_state(every_rank)
+        graphs = jl.trace_ranks(every_rank, _titan_step, inputs, mode=mode)
+        result = jl.run_all_ranks(graphs, every_rank, inputs)
+        assert_unchanged(before, every_rank)
+    assert graphs.classes == ((0,), (1,), (2,), (3,))
+    reader, where = _TITAN_READS[case]
+    facts = graphs[2].guards.query("kind == 'rank'")
+    assert any(reader in t for t in facts.target), list(facts.target)
+    assert any(where in s for s in facts.source), list(facts.source)
+    assert set(facts.traced) == {2}  # rank 2's graph holds rank 2's choices
+    loss = _titan_step(ref, **inputs)
+    loss.backward()
+    _assert_like_single_device(result, every_rank, ref, loss)

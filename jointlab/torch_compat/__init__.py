@@ -48,6 +48,8 @@ from jointlab.torch_compat._base import torch_module as torch_module
 from jointlab.torch_compat._base import unsupported as unsupported
 from jointlab.torch_compat._base import untested_message as untested_message
 from jointlab.torch_compat.distributed import aot_grad_subclass_metas as aot_grad_subclass_metas
+from jointlab.torch_compat.distributed import backward_node_name as backward_node_name
+from jointlab.torch_compat.distributed import coordinate_reader as coordinate_reader
 from jointlab.torch_compat.distributed import fsdp_mem_tracker as fsdp_mem_tracker
 from jointlab.torch_compat.distributed import loss_parallel_active as loss_parallel_active
 from jointlab.torch_compat.distributed import loss_parallel_entry as loss_parallel_entry

@@ -96,6 +96,62 @@ def mesh_rank_methods() -> tuple[str, ...]:
     return _MESH_RANK_METHODS
 
 
+#: torch functions that read the mesh coordinate only to size a rank's piece (membership,
+#: local shard sizes, padding), the same on every rank whose DTensor state has the same
+#: local shapes (a rank class). Every other coordinate read by torch may choose values
+#: (which chunk a Replicate -> Shard redistribute keeps, a vocab-parallel embedding's
+#: mask offset) and is recorded as a rank read.
+_SIZE_ONLY_COORDINATE_READERS = {
+    "_reduce_shard_tensor": "placement_types.py",  # None check; unpadding an uneven shard
+    "generate_greedy_transform_infos": "_redistribute.py",  # logical shapes of uneven shards
+    "_compute_local_shape_and_global_offset": "_utils.py",  # with skip_offset=True only
+}
+
+
+def coordinate_reader(frame: Any) -> str | None:
+    """What torch's function at ``frame`` reads the mesh coordinate for, or None if only sizes.
+
+    Args:
+        frame: The Python frame that called a ``DeviceMesh`` coordinate method.
+
+    Returns:
+        None for a read that only sizes the rank's piece (see
+        ``_SIZE_ONLY_COORDINATE_READERS``) or one made by DTensor's C++ dispatch (its
+        caller is then not torch.distributed's Python: it asks whether the rank is in the
+        mesh); otherwise ``"redistribute_local_tensor
+        (Replicate() -> Shard(dim=1))"``-style text: the function, and the placements
+        it converts between when its locals name them.
+    """
+    code = frame.f_code
+    if "/torch/distributed/" not in code.co_filename.replace("\\", "/"):
+        return None  # DTensor's C++ dispatch (no Python frame of its own): membership only
+    file = _SIZE_ONLY_COORDINATE_READERS.get(code.co_name)
+    if file and code.co_filename.endswith(f"distributed/tensor/{file}"):
+        if code.co_name != "_compute_local_shape_and_global_offset":
+            return None
+        if frame.f_locals.get("skip_offset") is True:
+            return None
+    local = frame.f_locals
+    what = f"{code.co_name}()"
+    if "current" in local and "target" in local:
+        return f"{what} ({local['current']} -> {local['target']})"
+    owner = local.get("self")
+    if owner is not None and not isinstance(owner, (int, str)):
+        return f"{type(owner).__name__}.{what}"
+    return what
+
+
+def backward_node_name() -> str | None:
+    """The autograd node whose backward runs now (``"RedistributeBackward"``), or None.
+
+    Raises:
+        UnsupportedTorchError: This torch has no ``torch._C._current_autograd_node``.
+    """
+    node = torch_attr("torch._C", "_current_autograd_node", "name the backward step "
+                      "that read the mesh coordinate")()
+    return None if node is None else str(node.name())
+
+
 @contextlib.contextmanager
 def patched_attrs(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
     """Set ``obj.name = value`` for each patch; put every original back on exit, even on error."""

@@ -6,9 +6,12 @@ as its first rank: the model's DTensors hold that rank's shards and the
 world reports that rank (:mod:`jointlab.trace.rank_view`). Uneven sharding
 (6 rows over 4 ranks: 2, 2, 2, 0) gives two classes and two graphs. A
 class whose ranks read different values where the user's code reads the
-rank (``dist.get_rank()``, ``mesh.get_local_rank()``: the graph's ``rank``
-assumptions) is split: the ranks that read what its first rank read share
-its graph, the others are traced again as their own class.
+rank (``dist.get_rank()``, ``mesh.get_local_rank()``), or where torch's
+DTensor reads the mesh coordinate to choose values (sequence parallel's
+``Replicate -> Shard(1)``, a vocab-parallel embedding's mask offset, the
+backward of a ``Replicate`` output layout): the graph's ``rank`` assumptions,
+is split: the ranks that read what its first rank read share its graph, the
+others are traced again as their own class.
 """
 
 from __future__ import annotations

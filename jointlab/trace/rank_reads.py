@@ -33,11 +33,14 @@ import torch
 from jointlab import torch_compat as compat
 from jointlab.assumptions import Assumption
 from jointlab.errors import UnsupportedWrapperError
-from jointlab.passes.annotate import frame_text, is_user_frame
+from jointlab.passes.annotate import frame_text, innermost_user_frame, is_user_frame
 
 __all__ = ["rank_reads"]
 
-_MESH_READS = ("get_rank", "get_local_rank", "get_coordinate")
+_MESH_READS = ("get_rank", "get_local_rank", "get_coordinate", "_sym_get_coordinate")
+#: Reads by which torch's own code may choose values (recorded when torch makes them).
+_TORCH_COORDINATE_READS = ("mesh.get_local_rank", "mesh.get_coordinate",
+                           "mesh._sym_get_coordinate")
 
 
 def _user_caller() -> traceback.FrameSummary | None:
@@ -74,7 +77,7 @@ def _mesh_answers(name: str, mesh: Any, args: tuple[Any, ...], kwargs: dict[str,
         return {r: r for r in coords}
     if name == "get_coordinate":
         return {r: tuple(c) for r, c in coords.items()}
-    dim = args[0] if args else kwargs.get("mesh_dim")
+    dim = args[0] if args else kwargs.get("mesh_dim", kwargs.get("index"))
     dim = mesh.mesh_dim_names.index(dim) if isinstance(dim, str) else dim or 0
     return {r: c[dim] for r, c in coords.items()}
 
@@ -84,17 +87,49 @@ def _spelled(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return f"({', '.join(shown)})"
 
 
+def _torch_read(caller: Any, call: str, value: Any, per_rank: dict[int, Any]
+                ) -> Assumption | None:
+    """A ``rank`` fact for torch's own coordinate read at ``caller``, unless it only sizes.
+
+    DTensor picks values by the coordinate (the chunk a ``Replicate -> Shard``
+    redistribute keeps, a vocab-parallel embedding's mask offset); a graph traced as
+    one rank holds that rank's choice, so only the ranks that read the same value may
+    run it. The fact's source is the user's line that led there.
+    """
+    reader = compat.coordinate_reader(caller)
+    if reader is None:
+        return None
+    value = _plain(value)
+    ranks = tuple(sorted(r for r, v in per_rank.items() if v == value))
+    backward = compat.backward_node_name()
+    user = innermost_user_frame(traceback.extract_stack(caller),
+                                also_skip=lambda path: path == "<string>")  # generated code
+    if backward is not None:  # the user's innermost frame is only the jl.trace call
+        where = f"the backward, in autograd's {backward}"
+    else:
+        where = frame_text(user) if user is not None else "torch at jl.trace"
+    return Assumption("rank", f"{call} in torch's DTensor {reader}", "coordinate", value,
+                      where, ranks)
+
+
 def _wrap(original: Callable[..., Any], spelled: str, answers: Callable[..., dict[int, Any]],
-          facts: list[Assumption], answer_as: int | None) -> Callable[..., Any]:
+          facts: list[Assumption], answer_as: int | None, torch_reads: bool
+          ) -> Callable[..., Any]:
     method = spelled.startswith("mesh.")
+    coordinate = torch_reads and spelled in _TORCH_COORDINATE_READS
 
     @functools.wraps(original)
     def read(*args: Any, **kwargs: Any) -> Any:
         frame = _user_caller()
-        if frame is None:
-            return original(*args, **kwargs)
-        per_rank = answers(*args, **kwargs)
         call = spelled + _spelled(args[1:] if method else args, kwargs)
+        if frame is None:
+            value = original(*args, **kwargs)
+            if coordinate:
+                fact = _torch_read(sys._getframe(1), call, value, answers(*args, **kwargs))
+                if fact is not None:
+                    facts.append(fact)
+            return value
+        per_rank = answers(*args, **kwargs)
         if answer_as is not None:
             if answer_as not in per_rank:
                 raise UnsupportedWrapperError(
@@ -109,12 +144,14 @@ def _wrap(original: Callable[..., Any], spelled: str, answers: Callable[..., dic
     return read
 
 
-def _patches(facts: list[Assumption], answer_as: int | None) -> list[tuple[Any, str, Any]]:
+def _patches(facts: list[Assumption], answer_as: int | None, torch_reads: bool
+             ) -> list[tuple[Any, str, Any]]:
     import torch.distributed as dist
     from torch.distributed import device_mesh, distributed_c10d
 
     current = dist.get_rank
-    get_rank = _wrap(current, "torch.distributed.get_rank", _world_answers, facts, answer_as)
+    get_rank = _wrap(current, "torch.distributed.get_rank", _world_answers, facts, answer_as,
+                     False)
     out = [(mod, "get_rank", get_rank) for mod in (dist, distributed_c10d, device_mesh)
            if getattr(mod, "get_rank", None) is current]
     for name in _MESH_READS:
@@ -122,17 +159,21 @@ def _patches(facts: list[Assumption], answer_as: int | None) -> list[tuple[Any, 
             return _mesh_answers(_name, self, args, kwargs)
         method = getattr(device_mesh.DeviceMesh, name)
         out.append((device_mesh.DeviceMesh, name,
-                    _wrap(method, f"mesh.{name}", mesh, facts, answer_as)))
+                    _wrap(method, f"mesh.{name}", mesh, facts, answer_as, torch_reads)))
     return out
 
 
 @contextlib.contextmanager
-def rank_reads(answer_as: int | None = None) -> Iterator[list[Assumption]]:
+def rank_reads(answer_as: int | None = None, torch_reads: bool = False
+               ) -> Iterator[list[Assumption]]:
     """Record (or answer as ``answer_as``) every rank read by the user's code inside.
 
     Args:
         answer_as: None to record each read (value, line, ranks that read the same);
             a world rank to answer every read as that rank instead.
+        torch_reads: Also record torch's own coordinate reads that may choose values
+            (``compat.coordinate_reader``), as tracing needs; not while every rank runs
+            at once under ``LocalTensorMode``, where torch answers each rank itself.
 
     Yields:
         The recorded ``rank`` facts (deduplicated on exit); nothing is recorded
@@ -144,6 +185,6 @@ def rank_reads(answer_as: int | None = None) -> Iterator[list[Assumption]]:
     if not (dist.is_available() and dist.is_initialized()):
         yield facts
         return
-    with compat.patched_attrs(_patches(facts, answer_as)):
+    with compat.patched_attrs(_patches(facts, answer_as, torch_reads and answer_as is None)):
         yield facts
     facts[:] = list(dict.fromkeys(facts))

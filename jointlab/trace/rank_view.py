@@ -136,6 +136,8 @@ def model_ranks(model: nn.Module) -> tuple[int, ...]:
         if is_dtensor(p):
             local = p.to_local()
             if not isinstance(local, compat.LocalTensor):
+                if all(x.is_replicate() for x in p.placements):
+                    continue  # one plain replica serves every rank (SequenceParallel's norms)
                 raise StateMismatchError(
                     f"this needs a model whose DTensors hold every rank's shard, but "
                     f"'{type(local).__name__}' holds one rank's: build and shard the model "
@@ -218,10 +220,11 @@ class RankGraphs:
 
     Ranks are in one class when every DTensor input has the same local shape
     on them (:attr:`DTensorRuntime.rank_classes`) and they read the same
-    values wherever the user's code reads the rank (the graph's ``rank``
-    assumptions); each class was traced once, as its first rank (that rank's
-    shards and mesh coordinate). A graph can still hold a value of the rank
-    it was traced as that no recorded read explains (torch's own reads).
+    values wherever the user's code reads the rank, or torch's DTensor reads
+    the mesh coordinate to choose values (the graph's ``rank`` assumptions: a
+    ``Replicate -> Shard`` redistribute of sequence parallel, a vocab-parallel
+    embedding's mask); each class was traced once, as its first rank (that
+    rank's shards and mesh coordinate).
     ``jl.run_all_ranks(result, model, inputs)`` runs every rank on its class's
     graph and checks each rank against its own eager step (``matches_eager``).
 

@@ -92,7 +92,7 @@ def trace(
             hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
             fast_path_refusals(model), eager_rnn_kernels(model), \
             no_kernel_warnings() as no_kernel, \
-            meta_attention_calls() as sdpa_calls, rank_reads() as ranks_read, \
+            meta_attention_calls() as sdpa_calls, rank_reads(torch_reads=True) as ranks_read, \
             inplace_collective_refusals(), loss_parallel_refusals(mode):
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
         assumptions = Assumptions.record(model)  # before train_fn runs: what the user set
