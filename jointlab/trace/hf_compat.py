@@ -75,6 +75,13 @@ def is_functional_fake(x: Any) -> bool:
     return isinstance(inner, torch_compat.FakeTensor)
 
 
+def _loaded(module: str, name: str) -> tuple[Any, Callable[..., Any] | None]:
+    """transformers' ``module`` if the user has imported it, and its function ``name``."""
+    mod = sys.modules.get(module)
+    fn = getattr(mod, name, None) if mod is not None else None
+    return mod, fn if callable(fn) else None
+
+
 def _holders(original: Callable[..., Any]) -> list[Any]:
     """transformers' loaded modules that hold ``original`` under its own name."""
     return [mod for name, mod in list(sys.modules.items())
@@ -91,9 +98,8 @@ def hf_tracing_compat() -> Iterator[None]:
     Yields:
         Nothing; the patch is active inside the block and removed on exit.
     """
-    utils = sys.modules.get(_IMPORT_UTILS)
-    original = getattr(utils, _NAME, None) if utils is not None else None
-    if not callable(original):
+    _utils, original = _loaded(_IMPORT_UTILS, _NAME)
+    if original is None:
         yield
         return
 
@@ -178,11 +184,11 @@ def hf_exact_branches() -> Iterator[None]:
     Yields:
         Nothing; the patch is active inside the block and removed on exit.
     """
-    masking = sys.modules.get(_MASKING_UTILS)
-    original = getattr(masking, _PACKED, None) if masking is not None else None
-    if not callable(original):
+    masking, original = _loaded(_MASKING_UTILS, _PACKED)
+    if original is None:
         yield
         return
+
     def find_packed_sequence_indices(position_ids: Any) -> Any:
         if rows_count_up_by_one(traced_node(position_ids)):
             return None  # eager's answer for rows that count up by one: nothing packed
