@@ -123,11 +123,13 @@ def find_python(version: str) -> tuple[pathlib.Path, str]:
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here == version:
         return pathlib.Path(sys.executable), f"Python {version}"
-    found = shutil.which(f"python{version}")
     pattern = os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")
-    pyenv = sorted(glob.glob(pattern))
-    for cand in ([found] if found else []) + pyenv:
-        return pathlib.Path(cand), f"Python {version}"
+    found = shutil.which(f"python{version}")  # may be a pyenv shim set to another version
+    for cand in sorted(glob.glob(pattern)) + ([found] if found else []):
+        runs = subprocess.run([cand, "-c", "import sys, venv; print(sys.version)"],
+                              capture_output=True, text=True)
+        if runs.returncode == 0 and runs.stdout.startswith(version + "."):
+            return pathlib.Path(cand), f"Python {runs.stdout.split()[0]}"
     return (pathlib.Path(sys.executable),
             f"Python {here}: no Python {version} on this machine (Colab has {version})")
 
@@ -170,6 +172,9 @@ def host_env(name: str, python: pathlib.Path, packages: list[str]) -> pathlib.Pa
                           text=True)
     assert done.returncode == 0, f"building the {name} host failed:\n{done.stderr[-4000:]}"
     (build / ".complete").write_text(json.dumps({"python": version, "packages": packages}))
+    if (final / ".complete").exists():  # another run built it meanwhile: keep that one
+        shutil.rmtree(build, ignore_errors=True)
+        return final
     shutil.rmtree(final, ignore_errors=True)
     build.rename(final)
     return final

@@ -45,8 +45,7 @@ def test_installed_torch_is_a_tested_one():
 
 @pytest.mark.parametrize(("version", "tested"), [
     ("2.13.0", True), ("2.13.0+cpu", True), ("2.14.1+cu130", True), ("2.14.0", True),
-    ("2.11.0+cpu", True), ("2.11.0+cu128", True), ("2.12.1", True),
-    ("2.10.2", False), ("2.16.0", False), ("3.0", False)])
+    ("2.11.0+cpu", False), ("2.12.1", False), ("2.15.0", False), ("3.0", False)])
 def test_tested_range(version, tested):
     assert _torch_version.is_tested(version) is tested
 
@@ -77,7 +76,7 @@ def test_tested_torch_does_not_warn(monkeypatch):
     monkeypatch.setattr(_torch_version, "_warned", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for version in ("2.11.0+cpu", "2.14.1"):
+        for version in ("2.13.0+cpu", "2.14.1"):
             assert _torch_version.warn_if_untested(version) is False
 
 
@@ -319,6 +318,8 @@ def test_compiled_module_check_refuses_without_the_marker(monkeypatch):
         _torch_version.is_compiled_module(lin)
 
 
+@pytest.mark.skipif(_torch_version.release(torch.__version__) < (2, 13, 0),
+                    reason="before torch 2.13 jointlab uses its rebuild of the anchor")
 def test_trace_without_the_stack_trace_anchor_refuses(monkeypatch):
     model, train_fn, inputs = _small_step()
     before = deep_state(model)

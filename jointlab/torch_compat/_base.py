@@ -18,8 +18,11 @@ import torch
 
 from jointlab.errors import UnsupportedTorchError
 
-#: Oldest and newest torch releases the whole test suite passed on.
-OLDEST_TESTED = (2, 11, 0)
+#: Oldest and newest torch releases the whole test suite passed on. jointlab installs
+#: and imports on torch 2.11 (Colab's; pyproject's floor), and its default trace works
+#: there through torch_compat.backport, but the suite does not pass whole on 2.11
+#: (distributed, DTensor AOT, checkpoint and explicit-generator features): it warns.
+OLDEST_TESTED = (2, 13, 0)
 NEWEST_TESTED = (2, 14, 1)
 
 _RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
