@@ -66,7 +66,7 @@ def _requirements(extra: str | None = None) -> list[Requirement]:
     return reqs
 
 
-def test_colab_extra_needs_nothing_colab_lacks():
+def test_colab_extra_needs_nothing_colab_lacks(tmp_path):
     """jointlab[colab] is satisfied by Colab's own versions, so pip upgrades none of them."""
     reqs = _requirements(hostsim.COLAB_EXTRA)
     names = {r.name for r in reqs}
@@ -80,6 +80,7 @@ def test_colab_extra_needs_nothing_colab_lacks():
     pins = [f"{k}=={v}" for k, v in hostsim.COLAB_HOST.items() if k != "torch"]
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
            "--report", "-", "--only-binary=:all:", "--python-version", hostsim.COLAB_PYTHON,
+           "--target", str(tmp_path / "target"),  # older pips want it with --python-version
            *[str(r) for r in reqs if r.name != "torch"], *pins]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                          env={**hostsim._env(pathlib.Path(sys.executable)),
