@@ -3,10 +3,12 @@
 Neither host can be reached from CI, so this does what each would do, as far as
 one machine allows:
 
-* **Colab**: a venv with a preinstalled torch and the notebook stack; then the
-  notebook's own setup cell runs, its ``%pip install`` pointed at this checkout
-  instead of the git URL, with ``google.colab`` stubbed so the cell takes its
-  Colab branch.
+* **Colab**: a venv with Colab's published stack (:data:`COLAB_HOST`: torch
+  2.11.0, ipywidgets 7.7.1, plotly 5.24.1, ... on Python 3.13 where this machine
+  has it), built once and cached (:func:`host_env`), then cloned with hard links
+  for each run; the notebook's own setup cell runs, its git URL pointed at this
+  checkout, with a stub ``google.colab`` imported first so the cell takes its
+  Colab branch. :func:`pip_list` before and after shows what the install changed.
 * **Binder** (repo2docker): a venv built from ``binder/requirements.txt`` (torch
   from local disk instead of the unreachable CPU index), then ``binder/postBuild``,
   then every notebook with ``BINDER_*`` set.
@@ -19,9 +21,12 @@ its top level imports only the standard library.
 from __future__ import annotations
 
 import argparse
+import glob
+import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -29,10 +34,30 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 GIT_URL = "git+https://github.com/jointlab/jointlab"
-TORCH_PIN = "torch==2.13.0"  # the CPU build on local disk stands in for the host's torch
-# What Colab preinstalls that the notebooks touch (pandas, plotly, ipywidgets, a
-# kernel), plus nbclient to run the notebook with.
-COLAB_STACK = ["numpy", "pandas", "plotly", "ipywidgets", "ipykernel", "nbclient", "nbformat"]
+TORCH_PIN = "torch==2.13.0"  # the CPU build on local disk (dev, CI, Binder)
+# Colab's published package list (googlecolab/backend-info, pip-freeze.txt, August
+# 2026 snapshot, "Upgrade to Python 3.13"): the packages the notebooks touch, at
+# Colab's versions. torch 2.11.0 is Colab's +cpu build there; here the registry's
+# CUDA-linked wheel of the same release, which runs on the CPU.
+COLAB_PYTHON = "3.13"
+COLAB_HOST = {
+    "torch": "2.11.0", "numpy": "2.1.3", "pandas": "2.2.3", "plotly": "5.24.1",
+    "ipywidgets": "7.7.1", "widgetsnbextension": "3.6.10", "jupyterlab_widgets": "3.0.16",
+    "anywidget": "0.9.21", "ipykernel": "6.17.1",
+}
+# Also on Colab (nbclient/nbformat come with its nbconvert); they run the notebook here.
+COLAB_RUNNER = ["nbclient", "nbformat"]
+# The lighter stack of the always-on check: Colab's pins on this Python with the dev
+# torch from local disk (no 2.6 GB download in `make test`).
+COLAB_LIGHT = [TORCH_PIN] + [f"{k}=={v}" for k, v in COLAB_HOST.items() if k != "torch"]
+# What jointlab[colab] may add to such a host: jointlab itself, nothing Colab has.
+COLAB_EXTRA = "colab"
+# Mimetypes Colab's output area renders (the widget view through its custom
+# widget manager); a DAG or widget output must carry one of these.
+COLAB_RENDERS = {"text/html", "application/vnd.jupyter.widget-view+json", "image/png",
+                 "image/svg+xml", "image/jpeg", "text/markdown", "text/latex"}
+CACHE = pathlib.Path(os.environ.get("JOINTLAB_HOSTSIM_CACHE",
+                                    pathlib.Path.home() / ".cache" / "jointlab-hostsim"))
 PIP_TIMEOUT_S = 900
 STUB_COLAB = {
     "google/__init__.py": "",
@@ -79,18 +104,90 @@ def torch_stamp(python: pathlib.Path) -> dict:
 
 
 def setup_command(notebook: pathlib.Path) -> str:
-    """The ``%pip install`` line of ``notebook``'s setup cell (its first cell)."""
+    """The requirement the setup cell (first cell) of ``notebook`` installs (``JOINTLAB = ...``)."""
     cell = json.loads(notebook.read_text())["cells"][0]
     lines = [ln.strip() for ln in "".join(cell["source"]).splitlines()]
-    installs = [ln for ln in lines if ln.startswith("%pip install")]
-    assert len(installs) == 1, f"{notebook.name}: expected one %pip install line, got {installs}"
-    return installs[0]
+    specs = [ln for ln in lines if ln.startswith("JOINTLAB = ")]
+    assert len(specs) == 1, f"{notebook.name}: expected one JOINTLAB = line, got {specs}"
+    return specs[0].split("=", 1)[1].strip().strip('"')
 
 
 def local_command(command: str, checkout: pathlib.Path = ROOT) -> str:
     """``command`` with the git URL replaced by ``checkout`` (a ``file://`` URL)."""
     assert command.count(GIT_URL) == 1, command
     return command.replace(GIT_URL, checkout.as_uri())
+
+
+def find_python(version: str) -> tuple[pathlib.Path, str]:
+    """An interpreter of ``version`` (this one, PATH, pyenv), else this one; and a note."""
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if here == version:
+        return pathlib.Path(sys.executable), f"Python {version}"
+    pattern = os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")
+    found = shutil.which(f"python{version}")  # may be a pyenv shim set to another version
+    for cand in sorted(glob.glob(pattern)) + ([found] if found else []):
+        runs = subprocess.run([cand, "-c", "import sys, venv; print(sys.version)"],
+                              capture_output=True, text=True)
+        if runs.returncode == 0 and runs.stdout.startswith(version + "."):
+            return pathlib.Path(cand), f"Python {runs.stdout.split()[0]}"
+    return (pathlib.Path(sys.executable),
+            f"Python {here}: no Python {version} on this machine (Colab has {version})")
+
+
+def pip_list(python: pathlib.Path) -> dict[str, str]:
+    """``{name: version}`` of every distribution ``python`` sees (pip list; names normalised)."""
+    out = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], check=True,
+                         capture_output=True, text=True, env=_env(python))
+    return {d["name"].lower().replace("_", "-"): d["version"] for d in json.loads(out.stdout)}
+
+
+def list_diff(before: dict[str, str], after: dict[str, str]) -> dict[str, list[str]]:
+    """What changed between two :func:`pip_list` results: added, removed, changed."""
+    return {"added": sorted(f"{k} {after[k]}" for k in after.keys() - before.keys()),
+            "removed": sorted(f"{k} {before[k]}" for k in before.keys() - after.keys()),
+            "changed": sorted(f"{k} {before[k]} -> {after[k]}"
+                              for k in before.keys() & after.keys() if before[k] != after[k])}
+
+
+def host_env(name: str, python: pathlib.Path, packages: list[str]) -> pathlib.Path:
+    """A venv of ``python`` with ``packages``, built once under :data:`CACHE` and kept.
+
+    Keyed by the interpreter's version and the package list; built in a temporary
+    folder and renamed into place, so an interrupted build is never reused. Clone
+    it with :func:`clone_env` for each run: the cached one is never installed into.
+    """
+    version = subprocess.run([str(python), "-c", "import sys; print(sys.version)"], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    key = hashlib.sha256(json.dumps([version, packages]).encode()).hexdigest()[:12]
+    final = CACHE / f"{name}-{key}"
+    if (final / ".complete").exists():
+        return final
+    CACHE.mkdir(parents=True, exist_ok=True)
+    build = CACHE / f".{name}-{key}-{os.getpid()}"
+    shutil.rmtree(build, ignore_errors=True)
+    subprocess.run([str(python), "-m", "venv", str(build)], check=True)
+    env = {**_env(build / "bin" / "python"), "PIP_CONSTRAINT": "/dev/null"}
+    done = subprocess.run([str(build / "bin" / "python"), "-m", "pip", "install", "-q",
+                           *packages], env=env, timeout=3 * PIP_TIMEOUT_S, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, f"building the {name} host failed:\n{done.stderr[-4000:]}"
+    (build / ".complete").write_text(json.dumps({"python": version, "packages": packages}))
+    if (final / ".complete").exists():  # another run built it meanwhile: keep that one
+        shutil.rmtree(build, ignore_errors=True)
+        return final
+    shutil.rmtree(final, ignore_errors=True)
+    build.rename(final)
+    return final
+
+
+def clone_env(base: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """A copy of the venv ``base`` at ``dest`` made of hard links (seconds, no disk); its Python.
+
+    pip replaces files (new inodes) and never writes into an installed one, so
+    installing into the clone leaves ``base`` as it was.
+    """
+    subprocess.run(["cp", "-al", str(base), str(dest)], check=True)
+    return dest / "bin" / "python"
 
 
 def write_colab_stub(where: pathlib.Path) -> pathlib.Path:
@@ -156,7 +253,39 @@ def _run(notebook: pathlib.Path, workdir: pathlib.Path, colab: bool) -> dict:
         "setup_seconds": seconds.get(setup),
         "setup_output": "".join(o.get("text", "") for o in nb.cells[setup].get("outputs", [])),
         "probe": json.loads(text.split("JL-PROBE ", 1)[1]) if "JL-PROBE " in text else None,
+        "outputs": output_mimetypes(nb, skip=setup + 1),
     }
+
+
+def output_mimetypes(nb, skip: int = 0) -> list[dict]:
+    """Per rich output (display data, results) of the code cells after the first ``skip``:
+    the cell's index among the notebook's own cells, its source's first line, the
+    mimetypes and the plain-text form."""
+    rows = []
+    for index, cell in enumerate(nb.cells[skip:-1]):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") in ("display_data", "execute_result"):
+                rows.append({"cell": index + 1, "code": cell.source.strip().splitlines()[-1][:80],
+                             "mimetypes": sorted(out["data"]),
+                             "text": str(out["data"].get("text/plain", ""))[:120]})
+    return rows
+
+
+def unrendered(rows: list[dict]) -> list[dict]:
+    """The outputs of :func:`output_mimetypes` that Colab would show as bare text.
+
+    An output with a rich mimetype must carry one of :data:`COLAB_RENDERS`; one with
+    only ``text/plain`` must not be an object's repr standing in for a view
+    (``<DagFigure: ...>``, ``Figure(...)``, ``VBox(...)``, ``DagWidget(...)``).
+    """
+    bad = []
+    for row in rows:
+        rich = set(row["mimetypes"]) - {"text/plain"}
+        looks_like_view = row["text"].startswith(("<DagFigure", "Figure(", "VBox(", "HBox(",
+                                                  "DagWidget(", "DagCursor(", "<jointlab"))
+        if (rich and not rich & COLAB_RENDERS) or (not rich and looks_like_view):
+            bad.append(row)
+    return bad
 
 
 def _main(argv: list[str]) -> None:

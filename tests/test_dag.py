@@ -229,6 +229,11 @@ def test_first_plot_dag_displays_without_the_renderer_import_chain():
     spec = got["sent"][0]["application/vnd.plotly.v1+json"]
     assert spec["data"] == got["want"]  # the same traces as plotly's own serialisation
     assert spec["config"]["scrollZoom"] is True
+    # Colab (and any frontend without plotly's extension) renders the HTML: the same
+    # figure, plotly.js from its CDN, not the "<DagFigure: N traces>" text
+    page = got["sent"][0]["text/html"]
+    assert "cdn.plot.ly" in page and "Plotly.newPlot" in page, page[:500]
+    assert all(f'"type":"{trace["type"]}"' in page for trace in got["want"]), page[:500]
 
 
 # -- dag_view: the bundled renderer's payload ------------------------------------------

@@ -35,7 +35,7 @@ def test_all_notebooks_present_and_clean():
             f"{path.name} is committed with outputs"
         first = nb.cells[0]
         assert first.cell_type == "code", f"{path.name} must start with the setup cell"
-        assert "google.colab" in first.source and "%pip install" in first.source
+        assert "google.colab" in first.source and '"-m", "pip", "install"' in first.source
 
 
 def _errors(nb) -> list[str]:

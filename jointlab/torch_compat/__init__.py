@@ -71,7 +71,9 @@ from jointlab.torch_compat.graphs import is_compiled_module as is_compiled_modul
 from jointlab.torch_compat.graphs import is_op_overload as is_op_overload
 from jointlab.torch_compat.graphs import keep_stack_frames_of as keep_stack_frames_of
 from jointlab.torch_compat.graphs import kineto_event_tree as kineto_event_tree
+from jointlab.torch_compat.graphs import make_fx_joint_supported as make_fx_joint_supported
 from jointlab.torch_compat.graphs import module_stores as module_stores
+from jointlab.torch_compat.graphs import non_strict_tracing_context as non_strict_tracing_context
 from jointlab.torch_compat.graphs import op_parts as op_parts
 from jointlab.torch_compat.graphs import op_schema as op_schema
 from jointlab.torch_compat.graphs import record_module_stack_of as record_module_stack_of

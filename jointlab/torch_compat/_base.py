@@ -18,7 +18,10 @@ import torch
 
 from jointlab.errors import UnsupportedTorchError
 
-#: Oldest and newest torch releases the whole test suite passed on.
+#: Oldest and newest torch releases the whole test suite passed on. jointlab installs
+#: and imports on torch 2.11 (Colab's; pyproject's floor), and its default trace works
+#: there through torch_compat.backport, but the suite does not pass whole on 2.11
+#: (distributed, DTensor AOT, checkpoint and explicit-generator features): it warns.
 OLDEST_TESTED = (2, 13, 0)
 NEWEST_TESTED = (2, 14, 1)
 
@@ -56,32 +59,56 @@ def is_tested(version: str) -> bool:
     return OLDEST_TESTED <= release(version) <= NEWEST_TESTED
 
 
+def on_hosted_notebook() -> bool:
+    """Whether this is a hosted notebook whose torch came with it (Colab, Kaggle).
+
+    There, replacing torch means a multi-GB download and a runtime restart, and
+    the host's torchvision/torchaudio are pinned to its torch: advice never says
+    to install another torch.
+    """
+    import os
+    import sys
+
+    return "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ
+
+
 def untested_message(version: str) -> str:
     """The warning text for an untested torch ``version``."""
     side = "newer" if release(version) > NEWEST_TESTED else "older"
+    advice = ("keep this notebook's torch (replacing it here is a multi-GB download and a "
+              "runtime restart) and check a trace against eager autograd with jl.compare "
+              "before you rely on it" if on_hosted_notebook() else
+              "check a trace against eager autograd with jl.compare before you rely on it, "
+              "or use a tested torch")
     return (
         f"jointlab is tested with torch {TESTED}; this is torch {version}, {side}. "
-        "jointlab relies on private torch APIs: where one is missing it raises "
-        "jointlab.errors.UnsupportedTorchError, but where one changed its behaviour the "
-        "results are unverified. Check a trace against eager autograd with jl.compare "
-        "before you rely on it, or install a tested torch. Silence this warning with "
-        "warnings.filterwarnings('ignore', category=jointlab.errors.UntestedTorchWarning).")
+        "Where a private torch API jointlab uses is missing it raises "
+        "jointlab.errors.UnsupportedTorchError; where one changed its behaviour the results "
+        f"are unverified: {advice}. Silence this with warnings.filterwarnings('ignore', "
+        "category=jointlab.errors.UntestedTorchWarning).")
 
 
-def unsupported(api: str, purpose: str) -> UnsupportedTorchError:
+def unsupported(api: str, purpose: str, since: str | None = None) -> UnsupportedTorchError:
     """The error for a torch that lacks ``api``, which jointlab needs for ``purpose``.
 
     Args:
         api: The missing torch name, e.g. ``"torch.compiler._patch_engine_backward"``.
         purpose: What jointlab needs it for, completing "which jointlab needs to ...".
+        since: The first torch release that has it, when known (``"2.13"``).
 
     Returns:
         The error to raise (chain torch's own with ``raise ... from exc``).
     """
+    need = (f"torch {since} or newer has it" if since
+            else f"jointlab is tested with torch {TESTED}")
+    if on_hosted_notebook():
+        advice = ("the rest of jointlab works with this notebook's torch; keep it (replacing "
+                  "it here is a multi-GB download and a runtime restart)")
+    else:
+        advice = f"pip install 'torch=={_dotted(NEWEST_TESTED)}' to use it"
     return UnsupportedTorchError(
-        f"torch {torch.__version__} has no {api}, which jointlab needs to {purpose}. "
-        f"jointlab is tested with torch {TESTED}: install one of those "
-        f"(pip install 'torch=={_dotted(NEWEST_TESTED)}').")
+        f"torch {torch.__version__} has no {api}, which jointlab needs to {purpose}; "
+        f"{need}: {advice}.")
 
 
 def torch_module(name: str, purpose: str) -> ModuleType:
@@ -163,8 +190,6 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                                     "explain data-dependent branches"),
     "reparametrize_module": ("torch.nn.utils.stateless", "_reparametrize_module",
                              "trace with the parameters as graph inputs"),
-    "non_strict_tracing_context": ("torch.compiler", "_non_strict_tracing_context",
-                                   "trace a training step"),
     "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore",
                   "simulate a distributed world with the fake process group"),
     "LocalTensorMode": ("torch.distributed._local_tensor", "LocalTensorMode",
@@ -203,8 +228,9 @@ def resolve(name: str) -> Any:
     return value
 
 
-def required(obj: Any, attr: str, api: str, purpose: str) -> Any:
+def required(obj: Any, attr: str, api: str, purpose: str, since: str | None = None) -> Any:
+    """``obj.attr``, or :func:`unsupported`'s error naming ``api`` (and ``since``)."""
     value = getattr(obj, attr, None)
     if value is None:
-        raise unsupported(api, purpose)
+        raise unsupported(api, purpose, since)
     return value

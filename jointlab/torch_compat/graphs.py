@@ -181,28 +181,78 @@ def free_unused_values(interp: torch.fx.Interpreter) -> None:
             table.setdefault(node, []).append(node)
 
 
+def _before_2_13() -> bool:
+    from jointlab.torch_compat._base import release
+
+    return release(torch.__version__) < (2, 13, 0)
+
+
 def engine_backward_patch() -> Callable[[], Any]:
     """``torch.compiler._patch_engine_backward``: tags backward nodes while make_fx traces.
 
+    torch 2.11 and 2.12 lack it: there, :mod:`jointlab.torch_compat.backport`'s rebuild
+    of it from the pieces they have.
+
     Raises:
-        UnsupportedTorchError: This torch has no such patch (phases guessed from
-            structure would put some forward nodes in the backward).
+        UnsupportedTorchError: This torch has no such patch and is not one the rebuild
+            serves (phases guessed from structure would put some forward nodes in the
+            backward).
     """
+    if _before_2_13() and not hasattr(torch.compiler, "_patch_engine_backward"):
+        from jointlab.torch_compat import backport
+
+        return backport.patch_engine_backward
     return required(torch.compiler, "_patch_engine_backward",
-                     "torch.compiler._patch_engine_backward",
-                     "tell the backward nodes of a make_fx trace from the forward ones")
+                    "torch.compiler._patch_engine_backward",
+                    "tell the backward nodes of a make_fx trace from the forward ones "
+                    "(jl.trace's default mode; mode='aot' does not need it)", since="2.11")
 
 
-def keep_stack_frames_of(fn: Callable[..., Any]) -> None:
+def non_strict_tracing_context() -> Any:
+    """``torch.compiler._non_strict_tracing_context()`` (the backport's before torch 2.13).
+
+    Raises:
+        UnsupportedTorchError: This torch has no such context.
+    """
+    if _before_2_13() and not hasattr(torch.compiler, "_non_strict_tracing_context"):
+        from jointlab.torch_compat import backport
+
+        return backport.non_strict_tracing_context()
+    return required(torch.compiler, "_non_strict_tracing_context",
+                    "torch.compiler._non_strict_tracing_context",
+                    "trace a training step with make_fx (jl.trace's default mode; "
+                    "mode='aot' does not need it)", since="2.11")()
+
+
+def make_fx_joint_supported() -> None:
+    """Raise before any work when this torch cannot make a make_fx joint trace."""
+    engine_backward_patch()
+    if not _before_2_13():
+        required(torch.compiler, "_non_strict_tracing_context",
+                 "torch.compiler._non_strict_tracing_context",
+                 "trace a training step with make_fx (jl.trace's default mode; "
+                 "mode='aot' does not need it)", since="2.11")
+    keep_stack_frames_of(None, check_only=True)
+
+
+def keep_stack_frames_of(fn: Callable[..., Any] | None, check_only: bool = False) -> None:
     """Keep ``fn``'s frame in make_fx stack traces (by default only ``forward`` frames).
 
     Raises:
         UnsupportedTorchError: This torch cannot register the frame, so the loss's
             ops would have no source line.
     """
-    required(torch.fx.proxy, "_register_stack_trace_anchor",
-              "torch.fx.proxy._register_stack_trace_anchor",
-              "give the ops of train_fn a source line")(fn)
+    if _before_2_13() and not hasattr(torch.fx.proxy, "_register_stack_trace_anchor"):
+        from jointlab.torch_compat import backport
+
+        if not check_only and fn is not None:
+            backport.register_stack_trace_anchor(fn)
+        return
+    register = required(torch.fx.proxy, "_register_stack_trace_anchor",
+                        "torch.fx.proxy._register_stack_trace_anchor",
+                        "give the ops of train_fn a source line", since="2.11")
+    if not check_only:
+        register(fn)
 
 
 def is_compiled_module(mod: torch.nn.Module) -> bool:

@@ -128,7 +128,7 @@ def _marking_recompute(original: Callable[..., Any]) -> Callable[..., Any]:
         if mode is None:
             return original(fn, *args, **kwargs)
         graph = mode.tracer.graph
-        last = next(reversed(graph.nodes), None)
+        last = next(iter(reversed(graph.nodes)), None)  # torch 2.11's reversed() is no iterator
         try:
             return original(fn, *args, **kwargs)
         finally:

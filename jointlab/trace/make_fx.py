@@ -30,6 +30,7 @@ from jointlab.torch_compat import (
     engine_backward_patch,
     keep_stack_frames_of,
     make_fx,
+    make_fx_joint_supported,
     non_strict_tracing_context,
     pytree,
     record_module_stack_of,
@@ -65,6 +66,7 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     Returns:
         The annotated graph and its layout (``mode="make_fx"``).
     """
+    make_fx_joint_supported()  # torch before 2.13: refused here, before any work
     leaves, dyn_dims = req.leaves, req.dyn_dims
     snapshot = ModelSnapshot.take(model)
     layout = DTensorLayout.of(model)  # DTensor state: traced as its local shards

@@ -46,20 +46,26 @@ class DagFigure(go.Figure):
 
     ``go.Figure`` displays through ``plotly.io._renderers``, which imports
     ``nbformat`` -> ``jsonschema`` -> ``rfc3987_syntax`` (38 Lark grammars,
-    8-15 s in a fresh kernel). This figure hands Jupyter the plotly mime
-    bundle itself (JupyterLab's bundled plotly extension renders it), with
-    :data:`FIGURE_CONFIG`; everything else is ``go.Figure``.
+    8-15 s in a fresh kernel). This figure hands Jupyter its mime bundle itself,
+    with :data:`FIGURE_CONFIG`: the plotly mimetype (JupyterLab's bundled plotly
+    extension renders it) and ``text/html`` (the figure with plotly.js from its
+    CDN), which frontends without the plotly extension render: Colab, VS Code,
+    classic Notebook. Everything else is ``go.Figure``.
     """
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any
                           ) -> dict[str, Any]:
         import json
 
+        from plotly.io._html import to_html
         from plotly.io.json import to_json_plotly
 
         fig = self.to_plotly_json()
         fig["config"] = dict(FIGURE_CONFIG)
+        page = to_html(fig, config=dict(FIGURE_CONFIG), include_plotlyjs="cdn",
+                       full_html=False, validate=False)
         return {"application/vnd.plotly.v1+json": json.loads(to_json_plotly(fig)),
+                "text/html": page,
                 "text/plain": f"<DagFigure: {len(self.data)} traces>"}
 
     def _ipython_display_(self) -> None:

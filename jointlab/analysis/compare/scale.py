@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from jointlab import torch_compat
 from jointlab.meta import op_name
+from jointlab.torch_compat import op_parts
 
 __all__ = ["produced_scale", "scale_reads"]
 
@@ -140,7 +140,7 @@ def produced_scale(node: fx.Node, value_of: Callable[[fx.Node], Any],
     kwargs = {k: _abs(v) for k, v in node.kwargs.items() if not isinstance(v, fx.Node)}
     target = node.target
     if kind == "sub":  # |a| + |alpha|·|b|
-        target = getattr(torch.ops.aten.add, torch_compat.op_parts(node.target)[2])
+        target = getattr(torch.ops.aten.add, op_parts(node.target)[2])
     try:
         with torch.no_grad():
             out = target(*args, **kwargs)
