@@ -82,6 +82,20 @@ def _loaded(module: str, name: str) -> tuple[Any, Callable[..., Any] | None]:
     return mod, fn if callable(fn) else None
 
 
+@contextlib.contextmanager
+def _swapped(mods: list[Any], name: str, original: Callable[..., Any],
+             replacement: Callable[..., Any]) -> Iterator[None]:
+    """``mod.name = replacement`` on each module inside the block; ``original`` back after."""
+    replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    try:
+        for mod in mods:
+            setattr(mod, name, replacement)
+        yield
+    finally:
+        for mod in mods:
+            setattr(mod, name, original)
+
+
 def _holders(original: Callable[..., Any]) -> list[Any]:
     """transformers' loaded modules that hold ``original`` under its own name."""
     return [mod for name, mod in list(sys.modules.items())
@@ -106,15 +120,8 @@ def hf_tracing_compat() -> Iterator[None]:
     def is_fake_tensor(x: Any) -> bool:
         return bool(original(x)) or is_functional_fake(x)
 
-    is_fake_tensor.__wrapped__ = original  # type: ignore[attr-defined]
-    holders = _holders(original)
-    try:
-        for mod in holders:
-            setattr(mod, _NAME, is_fake_tensor)
+    with _swapped(_holders(original), _NAME, original, is_fake_tensor):
         yield
-    finally:
-        for mod in holders:
-            setattr(mod, _NAME, original)
 
 
 # -- data-dependent shortcuts taken as eager takes them ------------------------------------
@@ -194,12 +201,8 @@ def hf_exact_branches() -> Iterator[None]:
             return None  # eager's answer for rows that count up by one: nothing packed
         return original(position_ids)
 
-    find_packed_sequence_indices.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(masking, _PACKED, find_packed_sequence_indices)
-    try:
+    with _swapped([masking], _PACKED, original, find_packed_sequence_indices):
         yield
-    finally:
-        setattr(masking, _PACKED, original)
 
 
 # -- mixture-of-experts refusals ----------------------------------------------------------
