@@ -14,14 +14,10 @@ graph nodes. Calls made by torch itself pass through.
 from __future__ import annotations
 
 import contextlib
-import functools
-import sys
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from jointlab.errors import TrainFnMisuseError
-from jointlab.passes.annotate import frame_text, is_user_frame
+from jointlab.trace.user_calls import refuse_user_calls
 
 __all__ = ["INPLACE_COLLECTIVES", "inplace_collective_refusals"]
 
@@ -40,21 +36,13 @@ INPLACE_COLLECTIVES: dict[str, str] = {
 }
 
 
-def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        caller = traceback.extract_stack(sys._getframe(1), limit=1)
-        if not caller or not is_user_frame(caller[-1].filename):
-            return original(*args, **kwargs)
-        raise TrainFnMisuseError(
-            f"train_fn calls the in-place collective torch.distributed.{name}() at "
-            f"{frame_text(caller[-1])}. It changes its tensor through the process group, "
+def _collective_refusal(_module: Any, name: str, line: str) -> str:
+    return (f"train_fn calls the in-place collective torch.distributed.{name}() at "
+            f"{line}. It changes its tensor through the process group, "
             "outside the traced ops, so the joint graph would silently lack it (and "
             "collectives() would list no row). Use the functional collective, which both "
             "modes trace as a graph node: import torch.distributed._functional_collectives "
             f"as funcol; {INPLACE_COLLECTIVES[name]}.")
-
-    return call
 
 
 @contextlib.contextmanager
@@ -70,12 +58,6 @@ def inplace_collective_refusals() -> Iterator[None]:
     except ImportError:  # a torch without distributed: nothing to refuse
         yield
         return
-    saved = [(mod, name, getattr(mod, name)) for mod in (dist, distributed_c10d)
-             for name in INPLACE_COLLECTIVES if hasattr(mod, name)]
-    try:
-        for mod, name, original in saved:
-            setattr(mod, name, _refusing(name, original))
+    targets = [(mod, name) for mod in (dist, distributed_c10d) for name in INPLACE_COLLECTIVES]
+    with refuse_user_calls(targets, _collective_refusal):
         yield
-    finally:
-        for mod, name, original in reversed(saved):
-            setattr(mod, name, original)

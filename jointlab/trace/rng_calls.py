@@ -16,16 +16,12 @@ jointlab (``fork_rng``, checkpointing's RNG replay) pass through untouched.
 from __future__ import annotations
 
 import contextlib
-import functools
-import sys
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from jointlab.errors import TrainFnMisuseError
-from jointlab.passes.annotate import frame_text, is_user_frame
+from jointlab.trace.user_calls import refuse_user_calls
 
 #: (module, function) pairs that seed or set a torch generator's state.
 SEED_CALLS: tuple[tuple[Any, str], ...] = (
@@ -36,29 +32,12 @@ SEED_CALLS: tuple[tuple[Any, str], ...] = (
 )
 
 
-def _called_by_user() -> traceback.FrameSummary | None:
-    """The frame that called the seeding function, if it is the user's code."""
-    caller = traceback.extract_stack(sys._getframe(2), limit=1)
-    return caller[-1] if caller and is_user_frame(caller[-1].filename) else None
-
-
-def _refusing(module: Any, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    spelled = f"{module.__name__}.{name}"
-
-    @functools.wraps(original)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        frame = _called_by_user()
-        if frame is None:
-            return original(*args, **kwargs)
-        raise TrainFnMisuseError(
-            f"train_fn calls {spelled}() at {frame_text(frame)}. A seed call is Python "
+def _seed_refusal(module: Any, name: str, line: str) -> str:
+    return (f"train_fn calls {module.__name__}.{name}() at {line}. A seed call is Python "
             "state: the joint graph cannot replay it, so every random op after it would "
             "draw another stream than eager does, silently. Seed outside train_fn, before "
             "each step (torch.manual_seed(s); joint.run(model, inputs)), or pass seed=s "
-            "to jl.compare / jl.Stepper, which seed eager and the graph alike."
-        )
-
-    return call
+            "to jl.compare / jl.Stepper, which seed eager and the graph alike.")
 
 
 @contextlib.contextmanager
@@ -68,11 +47,5 @@ def seed_call_refusals() -> Iterator[None]:
     Yields:
         Nothing; the originals are back when the block exits, whatever happens.
     """
-    saved = [(mod, name, getattr(mod, name)) for mod, name in SEED_CALLS if hasattr(mod, name)]
-    try:
-        for mod, name, original in saved:
-            setattr(mod, name, _refusing(mod, name, original))
+    with refuse_user_calls(SEED_CALLS, _seed_refusal):
         yield
-    finally:
-        for mod, name, original in saved:
-            setattr(mod, name, original)
