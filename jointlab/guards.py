@@ -126,12 +126,9 @@ class ShapeGuards:
 
     def rows(self) -> list[dict[str, Any]]:
         """One ``joint.guards`` row per dynamic dim and per recorded size guard."""
-        out = [dict(kind="shape", target=path, attr=f"dim {d}",
-                    traced=self.traced_sizes.get(path, ())[d] if d < len(
-                        self.traced_sizes.get(path, ())) else None,
+        out = [dict(kind="shape", target=path, attr=f"dim {d}", traced=self.traced_sizes[path][d],
                     checks=f"size is {self.dims[path][d]}", source="jl.trace(dynamic=...)")
-               for path, dims in self.dynamic_dims.items() for d in sorted(dims)
-               if d < len(self.dims.get(path, ()))]
+               for path, dims in self.dynamic_dims.items() for d in sorted(dims)]
         out.extend(dict(kind="shape", target="inputs", attr="guard", traced=True,
                         checks=str(expr), source=str(sloc)) for expr, sloc in self.guards)
         return out

@@ -142,6 +142,16 @@ def test_guard_table_lists_every_module_flag_and_parameter(name):
     assert "traced under" in joint._repr_html_() and "joint.guards" in joint._repr_html_()
 
 
+def test_guard_table_holds_a_dynamic_traces_shape_guards():
+    model, inputs = _mlp(), _inputs()
+    joint = jl.trace(model, _mse, inputs, dynamic_arg_dims={"x": 0, "y": 0})
+    shape = joint.guards[joint.guards["kind"] == "shape"]
+    dims = shape[shape["attr"] == "dim 0"]
+    assert dict(zip(dims["target"], dims["traced"])) == {"x": 4, "y": 4}
+    assert len(set(dims["checks"])) == 1  # x and y share one size symbol (unified)
+    assert f"{len(joint.guards):,} guards checked on every run" in joint._repr_html_()
+
+
 def test_batch_norm_momentum_change_is_refused():
     f, model, inputs, joint = traced_real("resnet", "make_fx")
     m = copy.deepcopy(model)
