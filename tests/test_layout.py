@@ -24,6 +24,8 @@ RENDERERS = ("jointlab.viz", "jointlab.widgets")
 HANDOFFS: set[tuple[str, str, str]] = {
     # Stepper.widget() builds the stepper panel: the one documented widget hand-off
     ("jointlab.analysis.step.stepper", "jointlab.widgets._stepper", "widget"),
+    # HumanFrame._repr_html_: joint.nodes and the summaries shown in human units, unwrapped
+    ("jointlab.analysis.tables", "jointlab.viz.tables", "_repr_html_"),
 }
 MAX_HANDOFFS = 3
 

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 import torch.fx as fx
 
+from jointlab.analysis.tables import HumanFrame
 from jointlab.analysis.value_stats import NAN_ROW, STAT_COLUMNS, ValueObserver, instrument
 from jointlab.errors import RecordError, ValueNotAvailableError
 from jointlab.meta import in_module, node_error, node_info
@@ -181,7 +182,7 @@ def _table(names: list[str], rec: ValueObserver) -> pd.DataFrame:
     df["kept"] = df["kept"].astype(bool)
     df.insert(STAT_COLUMNS.index("time_s"), "time_s",
               [rec.times.get(i, math.nan) for i in range(len(names))])
-    return df
+    return HumanFrame(df)  # shown in human units, no number wrapped
 
 
 def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,

@@ -27,7 +27,8 @@ from jointlab.passes.analyze import require_analyzed
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
 
-__all__ = ["COLUMNS", "ModuleSummary", "card_facts", "node_table", "select", "summary"]
+__all__ = ["COLUMNS", "HumanFrame", "ModuleSummary", "card_facts", "node_table", "select",
+           "summary"]
 
 #: Column order of :func:`node_table`; short columns first, long text last.
 COLUMNS = (
@@ -45,6 +46,25 @@ _INT_COLUMNS = ("numel", "bytes", "flops", "num_users", "comm_bytes")
 
 
 # -- the node table -------------------------------------------------------------
+class HumanFrame(pd.DataFrame):
+    """A plain DataFrame of raw numbers whose notebook display uses human units.
+
+    Computation sees the raw ``int64``/``float`` columns; only ``_repr_html_``
+    formats (bytes as ``3 MiB``, FLOPs as ``1.2 GFLOP``, seconds as ``45 µs``,
+    no number wrapped: :func:`jointlab.viz.tables.frame_html`). Slices, filters
+    and joins keep the class, so ``joint.nodes[cols].head()`` displays the same way.
+    """
+
+    @property
+    def _constructor(self) -> type[HumanFrame]:
+        return HumanFrame
+
+    def _repr_html_(self) -> str | None:
+        from jointlab.viz.tables import frame_html  # the hand-off to the renderer
+
+        return frame_html(self)
+
+
 def node_table(joint: TracedGraph) -> pd.DataFrame:
     """Build the node table of ``joint`` (uncached; use ``joint.nodes``).
 
@@ -94,7 +114,7 @@ def node_table(joint: TracedGraph) -> pd.DataFrame:
     for c in ("is_view", "inplace", "flops_unknown", "saved_for_backward", "recompute"):
         data[c] = pd.array(cols[c], dtype="bool")
     data["seq_nr"] = pd.array(cols["seq_nr"], dtype="Int64")
-    return pd.DataFrame(data, index=pd.Index(names, name="node"), columns=list(COLUMNS))
+    return HumanFrame(data, index=pd.Index(names, name="node"), columns=list(COLUMNS))
 
 
 _NO_DIST = (None, None, "", "", 0)
@@ -223,7 +243,7 @@ def _side_by_side(df: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
     return out.fillna(0).astype("int64")
 
 
-class ModuleSummary(pd.DataFrame):
+class ModuleSummary(HumanFrame):
     """A by-module summary: a plain DataFrame whose display names the root module.
 
     The index keeps the FQN ``""`` for the root module's own ops (``s.loc[""]``);
@@ -248,7 +268,7 @@ class ModuleSummary(pd.DataFrame):
         return repr(self.shown())
 
     def _repr_html_(self) -> str | None:
-        return self.shown()._repr_html_()
+        return HumanFrame(self.shown())._repr_html_()
 
 
 def _module_summary(df: pd.DataFrame, key: pd.Series) -> ModuleSummary:
@@ -306,7 +326,7 @@ def _by_phase(df: pd.DataFrame) -> pd.DataFrame:
     grouped = parts.groupby("phase", sort=False)[cols].sum()
     order = [p for p in PHASES if p in grouped.index]
     order += [p for p in grouped.index if p not in PHASES]
-    return grouped.loc[order].astype("int64")
+    return HumanFrame(grouped.loc[order].astype("int64"))
 
 
 # -- the card's numbers --------------------------------------------------------------

@@ -1,4 +1,10 @@
-"""The module summary (:func:`jointlab.module_summary`) as a styled HTML table with human units.
+"""jointlab's tables in a notebook: human units, numbers never wrapped.
+
+:func:`frame_html` draws any jointlab DataFrame (``joint.nodes``, ``joint.summary()``,
+``rec.table``, their slices and joins) as pandas draws it, with the columns that
+:func:`jointlab.units.column_unit` recognises shown in human units (``3 MiB``,
+``1.2 GFLOP``, ``45.6 µs``) and ``white-space: nowrap`` on every cell, so a number
+such as ``-7.275958e-12`` never breaks across lines. The frame keeps its raw numbers.
 
 :func:`module_summary_html` lays out the DataFrame ``jl.module_summary``
 returns: modules indented by nesting, parameter counts as ``166.7 k``,
@@ -18,9 +24,9 @@ from typing import Any
 
 import pandas as pd
 
-from jointlab.units import human_bytes, human_count
+from jointlab.units import column_unit, human_bytes, human_count, human_seconds, human_value
 
-__all__ = ["ModuleTable", "human_seconds", "module_summary_html"]
+__all__ = ["FRAME_STYLE", "ModuleTable", "frame_html", "module_summary_html"]
 
 _STYLE = (
     "<style>.jl-mods{border-collapse:collapse;font:12px system-ui,sans-serif}"
@@ -30,6 +36,9 @@ _STYLE = (
     "font-variant-numeric:tabular-nums;white-space:nowrap}"
     ".jl-mods tr.root td{font-weight:600;background:#fafbfc}"
     ".jl-mods .ty{color:#777}.jl-mods .tied{color:#b36b00}</style>")
+#: Scoped to the ``jl-frame`` class that :func:`frame_html` gives its tables.
+FRAME_STYLE = ("<style>table.jl-frame td,table.jl-frame th{white-space:nowrap}"
+               "table.jl-frame td{font-variant-numeric:tabular-nums}</style>")
 #: (header, column(s), formatter kind); ``share`` kinds draw a bar of the root's total.
 COLUMNS = (
     ("params", "params", "count"), ("trainable", "trainable", "count"),
@@ -40,21 +49,29 @@ COLUMNS = (
 )
 
 
-def human_seconds(s: float) -> str:
-    """Format seconds as ``1.23 s``, ``45.6 ms`` or ``789 µs`` (``—`` when unknown).
+def frame_html(df: pd.DataFrame) -> str:
+    """``df`` as pandas' notebook HTML, in human units, no cell wrapped.
+
+    Rows and columns are truncated as pandas truncates them (``display.max_rows``,
+    ``display.min_rows``, ``display.max_columns``); only the shown cells are formatted.
 
     Args:
-        s: Seconds, or NaN.
+        df: Any DataFrame; columns named by jointlab's conventions get units.
 
     Returns:
-        The formatted text.
+        HTML text: a scoped style and the table (class ``dataframe jl-frame``).
     """
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return "—"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if abs(s) >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s * 1e9:.3g} ns" if s else "0 s"
+    formatters = {c: (lambda v, u=u: human_value(u, v))
+                  for c in df.columns if (u := column_unit(c)) is not None
+                  and pd.api.types.is_numeric_dtype(df[c].dtype)}
+    max_rows = pd.get_option("display.max_rows")
+    if max_rows and len(df) > max_rows:
+        max_rows = pd.get_option("display.min_rows") or max_rows
+    table = pd.DataFrame(df).to_html(
+        formatters=formatters, max_rows=max_rows, notebook=True, classes="jl-frame",
+        max_cols=pd.get_option("display.max_columns"),
+        show_dimensions=pd.get_option("display.show_dimensions"))
+    return FRAME_STYLE + table
 
 
 def _shapes(v: Any) -> str:

@@ -284,8 +284,10 @@ class Stepper(BreakpointList):
                 "ranges at once), so no node has its own time. Step node by node with "
                 "step(n) to time them, or use jl.record(joint, model, inputs) for every node.")
 
-        df = pd.DataFrame.from_dict(self.timings, orient="index",
-                                    columns=["step_s", "step_mem_delta", "step_mem_peak"])
+        from jointlab.analysis.tables import HumanFrame
+
+        df = HumanFrame(pd.DataFrame.from_dict(
+            self.timings, orient="index", columns=["step_s", "step_mem_delta", "step_mem_peak"]))
         df.index.name = "node"  # as joint.nodes (README "Naming")
         return df
 
