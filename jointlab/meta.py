@@ -210,6 +210,22 @@ def op_name(node: fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
+def value_name(node: fx.Node) -> str:
+    """The name a user knows a node's value by: ``transformer.h.0.ln_1.weight``, ``batch.x``.
+
+    A parameter or buffer placeholder gives its state FQN, a user input its input
+    path; every other node (and an unannotated placeholder) its graph name.
+
+    Args:
+        node: A graph node.
+
+    Returns:
+        The name.
+    """
+    m = info(node)
+    return str(m.get("fqn") or m.get("input_path") or node.name)
+
+
 def _dropout_p(node: fx.Node) -> Any:
     """The ``dropout_p`` argument of ``node``'s op (None when it has none)."""
     names = [a.name for a in op_schema(node.target).arguments]

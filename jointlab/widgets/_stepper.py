@@ -152,6 +152,8 @@ class StepperPanel:
         self.stepper, self.train_fn = stepper, train_fn
         self.cursor = DagCursor(stepper.joint) if dag else None
         self.twins = backward_twins(stepper.nodes)
+        self.value_names = {n.name: _meta.value_name(n) for n in stepper.nodes
+                            if n.op == "placeholder"}  # arg0_1 -> h.0.ln_1.weight
         html_box = {"layout": W.Layout(width="100%")}
         self.style, self.message = W.HTML(CSS), W.HTML(**html_box)
         self.current, self.inspector = W.HTML(**html_box), W.HTML(**html_box)
@@ -199,7 +201,8 @@ class StepperPanel:
         except Exception as exc:  # noqa: BLE001 - shown to the user
             self.inspector.value = f"<div class='jl-sp'><i>{html.escape(str(exc))}</i></div>"
             return
-        self.inspector.value = stats_card(name, value_summary(v), _histogram_html(v))
+        shown = self.value_names.get(name, name)
+        self.inspector.value = stats_card(shown, value_summary(v), _histogram_html(v))
 
     def refresh(self, last: str | None = None) -> None:
         """Position, current node, chips, ring and inspector from the stepper's state."""
@@ -229,7 +232,7 @@ class StepperPanel:
             if hit is not None:
                 when = "after" if hit[0].when is not None else "before"
                 msg += (f"<div class='jl-sp'>stopped {when} <code>"
-                        f"{html.escape(hit[1].name)}</code> by breakpoint "
+                        f"{html.escape(_meta.value_name(hit[1]))}</code> by breakpoint "
                         f"<b>{html.escape(breakpoint_label(hit[0]))}</b></div>")
             self.refresh(last)
             self.message.value = msg

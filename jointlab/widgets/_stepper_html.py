@@ -61,6 +61,13 @@ def _shape(node: Any) -> str:
     return f"({', '.join(map(str, m['shape']))}) {m.get('dtype', '')}"
 
 
+def _name_code(node: fx.Node) -> str:
+    """``<code>h.0.ln_1.weight</code>`` for a placeholder (graph name on hover), else its name."""
+    name = _meta.value_name(node)
+    hover = f" title='graph node {_esc(node.name)}'" if name != node.name else ""
+    return f"<code{hover}>{_esc(name)}</code>"
+
+
 def source_text(node: fx.Node, source: str) -> str:
     """The code line of the stack frame that ``source`` (``file.py:87``) names, or ``""``."""
     lines = (node.meta.get("stack_trace") or "").splitlines()
@@ -95,16 +102,16 @@ def node_card(node: fx.Node | None, backward_twins: dict[str, list[str]]) -> str
     where = (f"in <code>{_esc(module)}</code> {_esc(m.get('module_type', ''))}" if module
              else f"in (root) {_esc(m.get('module_type', ''))}")
     head = (f"<div class='jl-head'>next: <span class='jl-op'>{_esc(_meta.op_name(node))}"
-            f"</span> <code>{_esc(node.name)}</code> {tag} {where}</div>")
+            f"</span> {_name_code(node)} {tag} {where}</div>")
     rows = []
     args = [a for a in node.args if isinstance(a, fx.Node)] or list(node.args)[:4]
     for k, a in enumerate(args[:6]):
-        label = a.name if isinstance(a, fx.Node) else f"arg {k}"
-        rows.append(("input" if k == 0 else "", f"<code>{_esc(label)}</code> {_esc(_shape(a))}"))
+        label = _name_code(a) if isinstance(a, fx.Node) else f"<code>arg {k}</code>"
+        rows.append(("input" if k == 0 else "", f"{label} {_esc(_shape(a))}"))
     if len(args) > 6:
         rows.append(("", f"… {len(args) - 6} more inputs"))
     if node.op == "placeholder":
-        what = m.get("fqn") or m.get("input_path") or node.name
+        what = _meta.value_name(node)
         rows.append(("value", f"<code>{_esc(what)}</code> {_esc(_shape(node))}"))
     elif node.op != "output":
         rows.append(("output", _esc(_shape(node))))

@@ -321,6 +321,23 @@ class Stepper(BreakpointList):
         return stepper_widget(self, train_fn=train_fn, comparison=comparison, dag=dag)
 
     def __repr__(self) -> str:
-        """Where the stepper stands."""
-        where = "done" if self.done else f"at {self.position}: {self.current.format_node()}"
-        return f"Stepper({len(self.nodes)} nodes, {where})"
+        """Where the stepper stands, in one line.
+
+        ``<Stepper 'GPT2LMHeadModel' graph: at node 57/445 'addmm_3' (forward,
+        transformer.h.0.attn.c_attn), breakpoints: 2>``: the node number is
+        :attr:`position` (the next node to run is ``nodes[57]``); a parameter,
+        buffer or input placeholder is named by its FQN or input path.
+        """
+        total = len(self.nodes)
+        if self.done:
+            where = f"done ({total}/{total} nodes run)"
+        else:
+            node = self.current
+            m = _meta.info(node)
+            name = _meta.value_name(node)
+            named = f"{node.name!r} = {name}" if name != node.name else repr(node.name)
+            owner = m.get("module") or "(root)"
+            where = (f"at node {self.position}/{total} {named} "
+                     f"({m.get('phase', '?')}, {owner})")
+        return (f"<Stepper {type(self.model).__name__!r} graph: {where}, "
+                f"breakpoints: {len(self.breakpoints)}>")

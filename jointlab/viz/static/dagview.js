@@ -820,7 +820,8 @@
       D.appendChild(el("b", "jl-detail-name", n.name[i]));
       const tb = el("table"); D.appendChild(tb);
       const row = (k, v) => { const tr = el("tr"); tr.appendChild(el("td", null, k)); const td = el("td"); if (v instanceof Node) td.appendChild(v); else td.textContent = v; tr.appendChild(td); tb.appendChild(tr); return td; };
-      const links = list => { const s = el("span"); for (const j of list.slice(0, 30)) { const a = el("span", "jl-link", n.name[j]); a.onclick = () => this.select(j, true); s.appendChild(a); } if (list.length > 30) s.appendChild(document.createTextNode(`… ${list.length - 30} more`)); return s; };
+      const valueName = j => { const e = P.nodes.extra[String(j)] || {}; return e.fqn || e.input_path || n.name[j]; };  // arg5_1 -> h.0.ln_1.weight
+      const links = list => { const s = el("span"); for (const j of list.slice(0, 30)) { const a = el("span", "jl-link", valueName(j)); a.title = n.name[j]; a.onclick = () => this.select(j, true); s.appendChild(a); } if (list.length > 30) s.appendChild(document.createTextNode(`… ${list.length - 30} more`)); return s; };
       const extra = P.nodes.extra[String(i)] || {};
       row("op", T.target[n.target[i]]); row("phase", T.phase[n.ph[i]]);
       row("module", (P.groups.name[this.g[i]] || "(root)") + " " + (P.groups.mtype[this.g[i]] || ""));
