@@ -10,17 +10,26 @@ STAMP  := $(VENV)/.jointlab-installed
 
 .PHONY: install demo test lint fuzz bench binder colab notebooks clean
 
+# Each step says what it does; pip shows its own progress (no -q: a fresh install
+# takes minutes, and a silent terminal looks hung).
 $(STAMP): pyproject.toml
+	@echo "==> [1/4] virtual environment $(VENV)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev]" "$(TORCH_PIN)"
+	@echo "==> [2/4] upgrading pip"
+	$(PY) -m pip install --progress-bar on --upgrade pip
+	@echo "==> [3/4] installing $(TORCH_PIN) (a large download on a fresh machine: this takes a few minutes)"
+	$(PY) -m pip install --progress-bar on "$(TORCH_PIN)"
+	@echo "==> [4/4] installing jointlab with its notebook and dev extras (JupyterLab, pytest, transformers, ...)"
+	$(PY) -m pip install --progress-bar on -e ".[dev]" "$(TORCH_PIN)"
 	touch $(STAMP)
+	@echo "==> installed. Open the notebooks with: $(VENV)/bin/jupyter lab notebooks/"
 
 install: $(STAMP)
 
 demo: $(STAMP)
+	@echo "==> demo: trace the demo GPT, check it against eager autograd, write out/jointlab-demo.html"
 	$(PY) -m jointlab demo --out out/jointlab-demo.html
+	@echo "==> open out/jointlab-demo.html in a browser, or the notebooks: $(VENV)/bin/jupyter lab notebooks/"
 
 lint: $(STAMP)
 	$(PY) -m ruff check jointlab tests bench

@@ -21,20 +21,24 @@ def demo(out: str) -> int:
     Returns:
         A process exit code.
     """
+    print("importing torch and jointlab...", flush=True)
     import jointlab as jl
     from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
 
     model = make_gpt2(n_layer=2, d=64, n_head=4, vocab=256, seq=32)
     inputs = lm_inputs(4, 256, 32)
+    print("tracing the demo GPT (2 layers, 64-dim, batch 4 x 32 tokens)...", flush=True)
     t0 = time.perf_counter()
     joint = jl.trace(model, lm_train_fn, inputs)
     dt = time.perf_counter() - t0
     print(f"traced demo GPT in {dt:.2f} s: {joint!r}")
+    print("running the graph and eager autograd from the same state...", flush=True)
     comparison = jl.compare(joint, model, inputs)
     worst = max(float(comparison.loss["max_abs_err"].max()),
                 float(comparison.grads["max_abs_err"].max()))
     status = "matches" if comparison.ok else "DIFFERS FROM"
     print(f"joint graph {status} eager autograd (max abs diff {worst:.2e})")
+    print("writing the report (memory measured by running the graph)...", flush=True)
     path = jl.report(joint, out, model=model, inputs=inputs, comparison=comparison)
     print(f"report written to {path}")
     return 0 if comparison.ok else 1
