@@ -9,8 +9,10 @@ printed (visible with ``pytest -s`` or in the report's captured output).
 
 from __future__ import annotations
 
+import html
 import json
 import pathlib
+import re
 import sys
 import time
 
@@ -38,6 +40,58 @@ def test_all_notebooks_present_and_clean():
         assert "google.colab" in first.source and '"-m", "pip", "install"' in first.source
 
 
+#: Numbers the prose of a notebook states, and the text its executed outputs must show for
+#: them: (a phrase of the markdown, [strings of the outputs]). A rerun that computes other
+#: numbers, or prose edited away from them, fails the notebook's test.
+CLAIMS = {
+    "05_teaching_autodiff": [
+        ("born at step 8 and last\nread at step 24",
+         ["tanh act aten.tanh (256, 512) 512 KiB 8 24"]),
+        ("read by\n`mse_loss_backward` at step 14",
+         ["addmm_1 fc2 aten.addmm (256, 1) 1 KiB 11 14"]),
+        ("The predicted peak is 1.52 MiB, at `tanh_backward`",
+         ["peak 1.52 MiB at 'tanh_backward'"]),
+        ("drop from 18 MiB to 10 MiB", ["plain forward 37 1.08 GFLOP 18 MiB",
+                                        "checkpointed forward 33 1.08 GFLOP 10 MiB"]),
+        ("grow from 2.15 GFLOP to 3.23 GFLOP",
+         ["backward 96 2.15 GFLOP", "backward 172 3.23 GFLOP"]),
+        ("falls from 22.6 MiB to 16.6 MiB", ["peak 22.6 MiB", "peak 16.6 MiB"]),
+        ("The same loss and the same gradients, bit for bit",
+         ["same loss: True", "largest gradient difference: 0.0"]),
+        ("(144 B, 2,304 B, 36,864 B)", ["6 1104 144 0.13", "24 6144 2304 0.38",
+                                        "96 52224 36864 0.71"]),
+        ("`_softmax` has `_softmax_backward_data`",
+         ["_softmax (root) detach_1, _softmax_backward_data"]),
+        ("`tanh_backward` reads `mm`", ["tanh_backward tanh_backward tanh mm, detach_1"]),
+    ],
+}
+
+
+def _output_text(nb) -> str:
+    """Every output as plain text, HTML tags and styles removed, whitespace collapsed to spaces."""
+    parts = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            if "text/html" in data:
+                text = re.sub(r"<style.*?</style>", " ", "".join(data["text/html"]), flags=re.S)
+                parts.append(html.unescape(re.sub(r"<[^>]+>", " ", text)))
+            else:
+                parts.append("".join(o.get("text") or data.get("text/plain") or ""))
+    return re.sub(r"\s+", " ", " ".join(parts))
+
+
+def _unmet_claims(nb, name: str) -> list[str]:
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    shown = _output_text(nb)
+    bad = []
+    for phrase, outputs in CLAIMS.get(name, []):
+        if phrase not in prose:
+            bad.append(f"prose no longer says {phrase!r}")
+        bad += [f"{phrase!r}: outputs do not show {o!r}" for o in outputs if o not in shown]
+    return bad
+
+
 def _errors(nb) -> list[str]:
     out = []
     for cell in nb.cells:
@@ -60,6 +114,7 @@ def test_notebook_runs_without_errors(path, tmp_path, capsys):
     with capsys.disabled():
         print(f"\n[notebook] {path.name}: {elapsed:.1f} s")
     assert _errors(nb) == []
+    assert _unmet_claims(nb, path.stem) == []
     probe = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     exe, prefix = json.loads(probe.split("JL-PROBE ", 1)[1])
     assert pathlib.Path(prefix).resolve() == pathlib.Path(sys.prefix).resolve(), (exe, prefix)
