@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import math
+import uuid
 from typing import Any
 
 import pandas as pd
@@ -37,8 +38,8 @@ _STYLE = (
     ".jl-mods tr.root td{font-weight:600;background:#fafbfc}"
     ".jl-mods .ty{color:#777}.jl-mods .tied{color:#b36b00}</style>")
 #: Scoped to the ``jl-frame`` class that :func:`frame_html` gives its tables.
-FRAME_STYLE = ("<style>table.jl-frame td,table.jl-frame th{white-space:nowrap}"
-               "table.jl-frame td{font-variant-numeric:tabular-nums}</style>")
+FRAME_STYLE = ("<style>table.jl-frame td{font-variant-numeric:tabular-nums}"
+               "table.jl-frame th{white-space:nowrap}</style>")
 #: (header, column(s), formatter kind); ``share`` kinds draw a bar of the root's total.
 COLUMNS = (
     ("params", "params", "count"), ("trainable", "trainable", "count"),
@@ -49,11 +50,35 @@ COLUMNS = (
 )
 
 
+def _unbroken(col: pd.Series) -> bool:
+    """A column of numbers or shapes (tuples): its cells must not break across lines."""
+    if pd.api.types.is_numeric_dtype(col.dtype):
+        return True
+    first = col.dropna().head(1)
+    return bool(len(first)) and isinstance(first.iloc[0], tuple)
+
+
+def _nowrap_css(df: pd.DataFrame, table_id: str, max_cols: int | None) -> str:
+    """``white-space: nowrap`` on the cells of number and shape columns of table ``table_id``.
+
+    Text columns (modules, sources, names) may wrap. When pandas truncates the columns,
+    positions shift, so every cell is kept on one line instead.
+    """
+    if max_cols and len(df.columns) > max_cols:
+        return f"#{table_id} td{{white-space:nowrap}}"
+    skip = df.index.nlevels  # the index's header cells come first in every row
+    cells = [f"#{table_id} td:nth-child({skip + k + 1})"
+             for k, c in enumerate(df.columns) if _unbroken(df[c])]
+    return ",".join(cells) + "{white-space:nowrap}" if cells else ""
+
+
 def frame_html(df: pd.DataFrame) -> str:
-    """``df`` as pandas' notebook HTML, in human units, no cell wrapped.
+    """``df`` as pandas' notebook HTML, in human units, no number or shape wrapped.
 
     Rows and columns are truncated as pandas truncates them (``display.max_rows``,
     ``display.min_rows``, ``display.max_columns``); only the shown cells are formatted.
+    Cells of number and shape columns never break across lines (``white-space:
+    nowrap``), so ``-7.275958e-12`` stays whole; text columns may wrap.
 
     Args:
         df: Any DataFrame; columns named by jointlab's conventions get units.
@@ -67,11 +92,13 @@ def frame_html(df: pd.DataFrame) -> str:
     max_rows = pd.get_option("display.max_rows")
     if max_rows and len(df) > max_rows:
         max_rows = pd.get_option("display.min_rows") or max_rows
+    max_cols = pd.get_option("display.max_columns")
+    table_id = f"jl-frame-{uuid.uuid4().hex[:12]}"
     table = pd.DataFrame(df).to_html(
         formatters=formatters, max_rows=max_rows, notebook=True, classes="jl-frame",
-        max_cols=pd.get_option("display.max_columns"),
+        max_cols=max_cols, table_id=table_id,
         show_dimensions=pd.get_option("display.show_dimensions"))
-    return FRAME_STYLE + table
+    return f"{FRAME_STYLE}<style>{_nowrap_css(df, table_id, max_cols)}</style>{table}"
 
 
 def _shapes(v: Any) -> str:
