@@ -103,6 +103,9 @@ def test_summaries_show_human_units(joint):
             assert re.search(r"[A-Za-z]", row[col]) or row[col] == "0", (phase, col, row[col])
             assert _number(row[col]) == pytest.approx(by_phase.loc[phase, col], rel=5e-3)
         assert row["nodes"] == str(by_phase.loc[phase, "nodes"])  # a count stays a count
+    by_op = joint.summary(by="op")
+    _, cells = _parse(by_op._repr_html_())
+    assert cells["aten.addmm"]["flops_fwd"] == "403 MFLOP"  # 402,653,184 + 2*256*768*2
     by_module = joint.summary(by="module")
     _, cells = _parse(by_module._repr_html_())
     assert cells["0"]["flops_fwd"] == "403 MFLOP"

@@ -313,7 +313,7 @@ def summary(joint: TracedGraph, by: str = "module", depth: int | None = None) ->
         nodes = out["nodes_fwd"] + out["nodes_bwd"]
         order = pd.DataFrame({"t": total, "n": nodes}).sort_values(["t", "n"], ascending=False,
                                                                    kind="stable")
-        return out.loc[order.index]
+        return HumanFrame(out.loc[order.index])
     key = df["module"]
     if depth is not None:
         key = key.map(lambda f: truncate_module(f, depth))
