@@ -69,6 +69,10 @@ class Layout:
         layer: Forward layer per forward item (0 for backward items).
         bucket: Bucket (mirrored forward layer) per backward item (0 for forward items).
         band: ``FORWARD`` or ``BACKWARD`` per item.
+        left: Left edge of every forward layer, and the right edge of the last (columns);
+            a backward item lies inside its bucket's span.
+        half: The offset of the slot positions from 0 (``y = half + slot`` forward,
+            ``-(half + slot)`` backward).
         edge_x: Edge polylines' x coordinates, NaN between edges (:func:`route_edges`).
         edge_y: Edge polylines' y coordinates, NaN between edges.
     """
@@ -78,6 +82,8 @@ class Layout:
     layer: np.ndarray
     bucket: np.ndarray
     band: np.ndarray
+    left: np.ndarray
+    half: float
     edge_x: np.ndarray
     edge_y: np.ndarray
 
@@ -185,8 +191,13 @@ def backward_buckets(band: Sequence[int], preds: list[list[int]], twin: Sequence
 
 
 def columns_of(band: Sequence[int], w: Sequence[float], layer: list[int], top: int,
-               bucket: list[int], depth: list[int]) -> tuple[list[float], list[int]]:
-    """Centre ``x`` (columns) and column key of every item; the bands never share a column."""
+               bucket: list[int], depth: list[int]
+               ) -> tuple[list[float], list[int], list[float]]:
+    """Centre ``x`` and column key of every item, and the left edge of every layer.
+
+    The bands never share a column key; ``left`` has one more entry, the right
+    edge of the last layer.
+    """
     n = len(band)
     deep = [0] * (top + 1)
     for v in range(n):
@@ -220,7 +231,7 @@ def columns_of(band: Sequence[int], w: Sequence[float], layer: list[int], top: i
             x[v], col[v] = right[d] - sub[d] / 2, top + 1 + d
         else:
             x[v], col[v] = left[layer[v]] + span[layer[v]] / 2, layer[v]
-    return x, col
+    return x, col, left
 
 
 def _stack(columns: list[list[int]], key: Sequence[float], h: Sequence[float],
@@ -301,7 +312,7 @@ def layered_layout(is_bwd: Sequence[bool], src: Sequence[int], dst: Sequence[int
     succs, preds = _lists(n, src, dst, fwd), _lists(n, dst, src, fwd)
     layer = forward_layers(band, preds, succs)
     top, bucket, depth = backward_buckets(band, preds, tw, layer)
-    x, colof = columns_of(band, wv, layer, top, bucket, depth)
+    x, colof, left = columns_of(band, wv, layer, top, bucket, depth)
     cols: dict[int, list[int]] = {}
     for v in range(n):
         cols.setdefault(colof[v], []).append(v)
@@ -321,7 +332,8 @@ def layered_layout(is_bwd: Sequence[bool], src: Sequence[int], dst: Sequence[int
     ex, ey = route_edges(xa, ya, sa, da)
     return Layout(x=xa, y=ya, layer=np.asarray(layer, dtype=np.int64),
                   bucket=np.asarray(bucket, dtype=np.int64),
-                  band=np.asarray(band, dtype=np.int8), edge_x=ex, edge_y=ey)
+                  band=np.asarray(band, dtype=np.int8), left=np.asarray(left, dtype=float),
+                  half=half, edge_x=ex, edge_y=ey)
 
 
 def route_edges(x: np.ndarray, y: np.ndarray, src: np.ndarray,
