@@ -319,3 +319,54 @@ def test_every_node_exports_one_labelled_box(tmp_path):
         m = jl.meta.info(nodes[name])
         want = m.get("fqn") or m.get("input_path") or name
         assert label == export_mod._svg.short(want), (name, label)
+
+
+def _kernel_like_layer(joint) -> dict[str, str]:
+    """~60 kernel names as Inductor spells them (some 150 characters), on the compute nodes."""
+    ops = "add_native_layer_norm_native_layer_norm_backward_view_mul_sum_div_sub_pow_rsqrt"
+    compute = [n.name for n in joint.graph.nodes if _meta.info(n).get("phase")
+               in ("forward", "backward")]
+    return {name: f"cpp_fused_{ops}_{ops[:k % 60]}_{k % 60}" for k, name in enumerate(compute)}
+
+
+def test_kernel_layer_legend_is_bounded_like_the_views(lm, tmp_path):
+    _, _, joint = lm
+    layer = _kernel_like_layer(joint)
+    labels = list(dict.fromkeys(layer.values()))
+    assert len(labels) == 60 and max(map(len, labels)) > 140
+    root = ET.parse(jl.export_figure(joint, tmp_path / "k.svg", depth=None,
+                                     layers={"kernel": layer}, color_by="kernel")).getroot()
+    entries = root.findall(".//s:g[@class='legend-entry']", NS)
+    texts = [e.find("s:text", NS).text for e in entries]
+    assert len(entries) == 12 + 3 and texts[12] == "+48 more" and texts[13:] == ["(mixed)",
+                                                                                 "(none)"]
+    assert all(len(t) <= 32 for t in texts)
+    # the twelve with most nodes are listed (full names in their tooltips), the rest in "+48"
+    from collections import Counter
+
+    counts = Counter(layer.values())
+    shown = [e.find("s:title", NS).text for e in entries[:12]]
+    assert all(counts[s] >= counts[r] for s in shown for r in labels if r not in shown)
+    assert set(entries[12].find("s:title", NS).text.split(", ")) == set(labels) - set(shown)
+    # nodes of one kernel share a colour, the listed kernels' colours differ, no label: grey
+    nodes = {n.name: n for n in joint.graph.nodes}
+    stroke: dict[str, set] = {}
+    for g in root.iterfind(".//s:g[@class='group']", NS):
+        stroke.setdefault(layer.get(g.get("data-name"), ""), set()).add(
+            g.find("s:rect", NS).get("stroke"))
+    assert all(len(c) == 1 for c in stroke.values())
+    assert len({next(iter(stroke[s])) for s in shown}) == 12
+    assert stroke[""] == {"#dddddd"} and len(nodes) > len(layer)
+    w, h = _view_box(root)
+    boxes = [float(r.get("y")) + float(r.get("height"))
+             for g in root.iterfind(".//s:g[@class='group']", NS) for r in g.iterfind("s:rect", NS)]
+    ys = [float(t.get("y")) for e in entries for t in e.iterfind("s:text", NS)]
+    assert min(ys) > max(boxes) and max(ys) < h  # below the drawing, on the page
+    grouped = ET.fromstring(export_mod.dag_svg_text(joint, depth=1, layers={"kernel": layer},
+                                                    color_by="kernel"))
+    fills = {g.find("s:rect", NS).get("stroke")
+             for g in grouped.iterfind(".//s:g[@class='group']", NS)
+             if g.get("data-name").startswith(("fwd:", "bwd:"))}
+    assert "#999999" in fills  # a module box whose nodes ran in several kernels: mixed
+    with pytest.raises(ExportError, match="label layers only"):
+        export_mod.dag_svg_text(joint, layers={"n": {"mm": 1.0}}, color_by="n")

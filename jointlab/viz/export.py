@@ -36,12 +36,12 @@ from jointlab.errors import ExportError
 from jointlab.passes.analyze import require_analyzed
 from jointlab.viz import _layout, _page, _svg, _svgplot
 from jointlab.viz._dagdata import DagData
-from jointlab.viz._style import PHASE_COLORS, module_colors
+from jointlab.viz._svgcolor import item_colors
 from jointlab.viz._viewitems import view_items
 
 __all__ = ["dag_svg_text", "export_figure", "find_chromium"]
 
-COLOR_BY = ("module", "phase")
+COLOR_BY = ("module", "phase")  # and the name of any of ``layers``
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
           "--disable-background-networking", "--disable-component-update", "--disable-sync",
           "--disable-dev-shm-usage", "--force-device-scale-factor=1"]
@@ -69,34 +69,11 @@ def _check_depth(depth: Any) -> None:
                           f"got {depth!r}")
 
 
-def item_colors(data: DagData, color_by: str, modules: list[str]
-                ) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """Colour per item and the (bounded) legend.
-
-    Module colours come from :func:`jointlab.viz._style.module_colors` over every
-    module prefix of the graph in node order (``modules``), keyed by name, so a
-    module has one colour in every view; a box takes its group's colour, a node
-    its module's.
-    """
-    if color_by == "phase":
-        keys = [str(m.get("phase", "")) for m in data.info]
-        colors = {k: PHASE_COLORS.get(k, "#777777") for k in keys}
-        return [colors[k] for k in keys], _svg.legend_entries(keys, colors)
-    prefixes = [""]
-    for mod in dict.fromkeys(modules):
-        parts = mod.split(".") if mod else []
-        prefixes += [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
-    palette = module_colors(prefixes)
-    keys = ["" if m.get("module") in (None, "(root)") else str(m["module"]) for m in data.info]
-    colors = {k or "(root)": palette.get(k, "#777777") for k in keys}
-    names = [k or "(root)" for k in keys]
-    return [colors[k] for k in names], _svg.legend_entries(names, colors)
-
-
 def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: int = 60,
                  title: str | None = None, aspect: float | None = 1.414,
                  width: float | None = None, arrange: str = "stacked",
-                 color_by: str = "module") -> str:
+                 color_by: str = "module",
+                 layers: dict[str, dict[str, Any]] | None = None) -> str:
     """The SVG text of ``joint``'s DAG, laid out to a page.
 
     Args:
@@ -112,7 +89,12 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
         width: Target page width in pixels: the fewest rows that fit it.
         arrange: ``"stacked"`` (each row's forward band over its backward band) or
             ``"side"`` (side by side).
-        color_by: ``"module"`` (the view's module colours) or ``"phase"``.
+        color_by: ``"module"`` (the view's module colours), ``"phase"``, or the name
+            of one of ``layers``.
+        layers: Label colourings ``{name: {node_name: label}}`` as ``dag_view`` takes
+            them (e.g. ``compiled.kernel_layer()``): ranked, the first twelve with a
+            colour and a short legend name of their own, a box coloured only when
+            all its nodes share a label.
 
     Returns:
         The SVG document.
@@ -120,7 +102,7 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
     Raises:
         ExportError: A bad ``depth``, ``arrange``, ``color_by``, ``aspect`` or ``width``.
     """
-    _check_page_args(aspect, width, arrange, color_by)
+    _check_page_args(aspect, width, arrange, color_by, layers)
     _check_depth(depth)
     require_analyzed(joint.graph_module)
     data, rank = view_items(joint, depth, max_groups)
@@ -135,7 +117,7 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
     col_px = max(float(np.max(px / w, initial=0.0)), 60.0) + _svg.COL_GAP
     row_px = _svg.ROW_PX
     modules = [str(jl_meta.info(nd).get("module", "")) for nd in joint.graph.nodes]
-    colors, legend = item_colors(data, color_by, modules)
+    colors, legend = item_colors(data, color_by, modules, (layers or {}).get(color_by))
     page = _page.arrange_page(lay, h, col_px, row_px, aspect=aspect, width=width,
                               arrange=arrange, top=_svg.TITLE_PX,
                               bottom_for=lambda pw: _svg.legend_height(len(legend), pw))
@@ -151,11 +133,18 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
     return _svg.dag_svg(data, page, sizes, colors, legend, title, sub)
 
 
-def _check_page_args(aspect: Any, width: Any, arrange: Any, color_by: Any) -> None:
+def _check_page_args(aspect: Any, width: Any, arrange: Any, color_by: Any,
+                     layers: dict[str, dict[str, Any]] | None) -> None:
     if arrange not in _page.ARRANGEMENTS:
         raise ExportError(f"arrange must be one of {_page.ARRANGEMENTS}, got {arrange!r}")
-    if color_by not in COLOR_BY:
-        raise ExportError(f"color_by must be one of {COLOR_BY}, got {color_by!r}")
+    allowed = COLOR_BY + tuple(layers or ())
+    if color_by not in allowed:
+        raise ExportError(f"color_by must be one of {allowed}, got {color_by!r}")
+    for name, values in (layers or {}).items():
+        if any(isinstance(v, (int, float)) and not isinstance(v, bool)
+               for v in values.values()):
+            raise ExportError(f"layer {name!r} has numbers: the static export draws label "
+                              "layers only; show numeric layers with jl.dag_view")
     for name, v in (("aspect", aspect), ("width", width)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                               or not v > 0):
@@ -229,6 +218,7 @@ def export_figure(obj: Any, path: str | os.PathLike[str], *, depth: int | str | 
                   max_groups: int = 60, title: str | None = None,
                   aspect: float | None = 1.414, width: float | None = None,
                   arrange: str = "stacked", color_by: str = "module",
+                  layers: dict[str, dict[str, Any]] | None = None,
                   timeout_s: float = 60.0) -> pathlib.Path:
     """Write a static, labelled figure of ``obj`` to ``path`` (``.svg`` or ``.png``).
 
@@ -244,7 +234,10 @@ def export_figure(obj: Any, path: str | os.PathLike[str], *, depth: int | str | 
             to come close; the page is padded to it exactly). None: no target.
         width: For a joint graph: the page width in pixels to fit (fewest rows).
         arrange: For a joint graph: ``"stacked"`` (forward over backward) or ``"side"``.
-        color_by: For a joint graph: ``"module"`` (the view's colours) or ``"phase"``.
+        color_by: For a joint graph: ``"module"`` (the view's colours), ``"phase"``, or
+            a name in ``layers``.
+        layers: For a joint graph: label colourings ``{name: {node_name: label}}``, as
+            ``dag_view`` takes them (its legend is bounded the same way).
         timeout_s: How long Chromium may take for a PNG.
 
     Returns:
@@ -259,7 +252,7 @@ def export_figure(obj: Any, path: str | os.PathLike[str], *, depth: int | str | 
     if suffix not in (".svg", ".png"):
         raise ExportError(f"export_figure writes .svg or .png, got {out.name!r}")
     page = {"depth": depth, "max_groups": max_groups, "aspect": aspect, "width": width,
-            "arrange": arrange, "color_by": color_by}
+            "arrange": arrange, "color_by": color_by, "layers": layers}
     svg = _svg_of(obj, page, title)
     if suffix == ".svg":
         out.write_text(svg, encoding="utf-8")
