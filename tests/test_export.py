@@ -370,3 +370,24 @@ def test_kernel_layer_legend_is_bounded_like_the_views(lm, tmp_path):
     assert "#999999" in fills  # a module box whose nodes ran in several kernels: mixed
     with pytest.raises(ExportError, match="label layers only"):
         export_mod.dag_svg_text(joint, layers={"n": {"mm": 1.0}}, color_by="n")
+
+
+def test_colours_are_the_views_colours(lm):
+    """Every box and node has the colour dag_view's payload gives its module group."""
+    _, _, joint = lm
+    groups = jl.dag_view(joint).payload["groups"]
+    if "color" not in groups:
+        pytest.skip("this dag_view payload carries no module colours (the dagjs branch adds "
+                    "groups['color']); test_colours_are_the_style_module_colours checks _style")
+    want = {n or "(root)": _style.PALETTE[c] for n, c in zip(groups["name"], groups["color"])}
+    nodes = {n.name: n for n in joint.graph.nodes}
+    seen = 0
+    for depth in (1, 2, None):
+        root = ET.fromstring(export_mod.dag_svg_text(joint, depth=depth))
+        for g in root.iterfind(".//s:g[@class='group']", NS):
+            name = g.get("data-name")
+            mod = name[4:] if name[:4] in ("fwd:", "bwd:") else \
+                (_meta.info(nodes[name]).get("module") or "(root)")
+            assert g.find("s:rect", NS).get("stroke") == want[mod], (depth, name)
+            seen += 1
+    assert seen > 300
