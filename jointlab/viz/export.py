@@ -124,8 +124,8 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
     sizes = (w * col_px - _svg.COL_GAP, np.where(box, _svg.BOX_H, _svg.NODE_H))
     nb, nbox = sum(data.is_bwd), int(box.sum())
     if title is None:
-        title = (f"Joint graph: {len(modules)} nodes, drawn as {n - nbox} nodes and "
-                 f"{nbox} module boxes")
+        title = f"Joint graph: {len(modules)} nodes" + (
+            f", drawn as {n - nbox} nodes and {nbox} module boxes" if nbox else "")
     rows = len(page.strips)
     sub = (f"forward ({n - nb}) left→right, backward ({nb}) right←left "
            f"{'below' if arrange == 'stacked' else 'beside'} it"
