@@ -1,14 +1,14 @@
-"""DAG figure speed: build time vs trace time, scaling to 50k nodes, browser render, graphviz.
+"""The shared DAG layout's speed in Python: share of trace time, scaling to 50k, graphviz.
 
-Rows (one run, ratios):
+``plot_dag`` is now an alias of ``dag_view`` (whose rows, first paint, frames and
+layout in the browser, are in ``bench_dagview.py``). The Python layout
+(``viz/_layout.py``, mirrored by the renderer's ``layeredLayout``) serves the
+static export. Rows (one run, ratios):
 
-- full uncollapsed ``plot_dag`` of the 12-layer GPT-2 as a share of ``jl.trace`` time;
-- build time per node at ~5k and ~50k nodes (real joint traces of ``make_gpt2`` with
+- the layout of every node of the 12-layer GPT-2 as a share of ``jl.trace`` time;
+- layout time per node at ~5k and ~50k nodes (real joint traces of ``make_gpt2`` with
   more layers and d=32), and their ratio;
-- headless Chromium: time to first render of the 50k-node plotly page and whether a hover
-  label appears (skipped when chromium or playwright is missing); ``bench_dagview.py`` has
-  the rows of ``dag_view``, the bundled canvas renderer;
-- torch's ``FxGraphDrawer`` (graphviz ``dot``) on the same 12-layer graph vs ``plot_dag``.
+- torch's ``FxGraphDrawer`` (graphviz ``dot``) on the same 12-layer graph vs that layout.
 
 ``python bench/bench_dag.py --engines`` instead times layout engines (graphviz dot,
 igraph Sugiyama, grandalf, ours) at ~2k and ~50k nodes for the README.
@@ -27,45 +27,8 @@ import time
 from bench_dagview import deep_joint  # cached on disk: traced once
 from run import row, timeit
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SMALL_LAYERS, BIG_LAYERS = 38, 385  # ~5k and ~50k joint-graph nodes at d=32
 DOT_TIMEOUT_S = 300
-
-
-def browser_first_render(html_path: str) -> tuple[float, bool]:
-    """Seconds from navigation until plotly has drawn, and whether hovering shows a label."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            tempfile.mkdtemp(), executable_path=CHROMIUM, args=FLAGS, headless=True,
-            viewport={"width": 1400, "height": 700})
-        page = ctx.new_page()
-        t0 = time.perf_counter()
-        page.goto("file://" + html_path, timeout=300_000)
-        page.wait_for_function(
-            "() => { const d = document.querySelector('div.js-plotly-plot');"
-            " return d && d._fullLayout && d.querySelector('.gl-canvas-context') }",
-            timeout=300_000)
-        page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
-        first = time.perf_counter() - t0
-        xy = page.evaluate(
-            """() => { const d = document.querySelector('div.js-plotly-plot');
-                 const fl = d._fullLayout, box = d.getBoundingClientRect();
-                 const t = d._fullData.find(t => t.customdata && t.x.length > 0);
-                 return [box.left + fl._size.l + fl.xaxis.l2p(t.x[0]),
-                         box.top + fl._size.t + fl.yaxis.l2p(t.y[0])]; }""")
-        page.mouse.move(xy[0] - 1, xy[1])
-        page.mouse.move(xy[0], xy[1])
-        try:  # a real mouse hover over the first node must show its label
-            page.wait_for_selector(".hoverlayer .hovertext", timeout=30_000)
-            hovered = "phase:" in (page.text_content(".hoverlayer .hovertext") or "")
-        except Exception:  # playwright's TimeoutError: no label appeared
-            hovered = False
-        ctx.close()
-    return first, bool(hovered)
 
 
 def graphviz_drawer_s(gm) -> tuple[float, bool]:
@@ -88,64 +51,48 @@ def graphviz_drawer_s(gm) -> tuple[float, bool]:
     return time.perf_counter() - t0, True
 
 
+def _layout_s(joint, repeat: int) -> float:
+    from jointlab.viz import _layout
+    from jointlab.viz._dagdata import graph_data
+
+    d = graph_data(joint)
+    return timeit(lambda: _layout.layered_layout(d.is_bwd, d.src, d.dst, d.twin), repeat=repeat)
+
+
 def rows(ctx):
     from jointlab.passes.analyze import ensure_analyzed
-    from jointlab.viz.dag import plot_dag
 
     out = []
     joint = ctx.gpt2_joint
     ensure_analyzed(joint.graph_module)
     n = len(joint.graph.nodes)
-    build = timeit(lambda: plot_dag(joint), repeat=3)
+    build = _layout_s(joint, 3)
     share = build / ctx.gpt2_trace_s
-    out.append(row("gpt2-12L: plot_dag (full) / jl.trace", share, "x", "<= 0.25", share <= 0.25,
-                   detail=f"{n} nodes, build {build * 1e3:.0f} ms, trace {ctx.gpt2_trace_s:.2f} s"))
-
+    out.append(row("gpt2-12L: layered layout (every node) / jl.trace", share, "x", "<= 0.25",
+                   share <= 0.25, detail=f"{n} nodes, layout {build * 1e3:.0f} ms, "
+                   f"trace {ctx.gpt2_trace_s:.2f} s"))
     per = {}
-    figs = {}
     for label, layers in (("5k", SMALL_LAYERS), ("50k", BIG_LAYERS)):
         j = deep_joint(layers)
         ensure_analyzed(j.graph_module)
         nn = len(j.graph.nodes)
-        t = timeit(lambda j=j: plot_dag(j), repeat=1 if ctx.quick else 3)
+        t = _layout_s(j, 1 if ctx.quick else 3)
         per[label] = t / nn
-        figs[label] = (j, nn)
-        out.append(row(f"plot_dag per node at {label} ({nn} nodes, {layers} layers)",
-                       per[label] * 1e6, "us", detail=f"build {t:.2f} s"))
+        out.append(row(f"layout per node at {label} ({nn} nodes, {layers} layers)",
+                       per[label] * 1e6, "us", detail=f"layout {t:.2f} s"))
     ratio = per["50k"] / per["5k"]
-    out.append(row("plot_dag per-node time 50k / 5k", ratio, "x", "<= 1.5", ratio <= 1.5))
-
-    big, nbig = figs["50k"]
-    if os.path.exists(CHROMIUM) and _has_playwright():
-        with tempfile.TemporaryDirectory() as d:
-            path = str(pathlib.Path(d) / "dag50k.html")
-            plot_dag(big).write_html(path, include_plotlyjs=True)
-            mb = os.path.getsize(path) / 2**20
-            first, hovered = browser_first_render(path)
-        out.append(row(f"chromium: first render of {nbig}-node DAG", first, "s",
-                       "renders+hover", hovered, detail=f"page {mb:.1f} MB, hover={hovered}"))
-    else:
-        out.append(row("chromium: first render of 50k-node DAG (skipped: no chromium)",
-                       float("nan"), "s", "renders+hover", None))
+    out.append(row("layout per-node time 50k / 5k", ratio, "x", "<= 1.5", ratio <= 1.5))
 
     if shutil.which("dot") and _has_pydot():
         gv, done = graphviz_drawer_s(joint.graph_module)
         bound = "" if done else ">= (dot killed) "
         out.append(row("gpt2-12L: FxGraphDrawer+dot svg", gv, "s",
                        detail=f"{bound}finished={done}"))
-        out.append(row("gpt2-12L: FxGraphDrawer / plot_dag", gv / build, "x",
+        out.append(row("gpt2-12L: FxGraphDrawer / layered layout", gv / build, "x",
                        detail=f"{bound}{gv:.1f} s vs {build:.3f} s"))
     else:
         out.append(row("gpt2-12L: FxGraphDrawer (skipped: no pydot/dot)", float("nan"), "s"))
     return out
-
-
-def _has_playwright() -> bool:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _has_pydot() -> bool:
@@ -194,7 +141,7 @@ def compare_engines(timeout: float = 120) -> None:
     import numpy as np
 
     from jointlab.viz import _layout
-    from jointlab.viz.dag import graph_data
+    from jointlab.viz._dagdata import graph_data
 
     print("| graph | nodes | edges | engine | layout time |\n|---|---|---|---|---|")
     for label, layers in (("gpt2 12L d=256", None), ("gpt2 385L d=32", BIG_LAYERS)):

@@ -205,7 +205,9 @@ f = zoo.FIXTURES["tiny_lm"]
 j = jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
 t, c = time.perf_counter(), time.process_time()
 if {which!r} == "plot_dag":
-    bundle = jl.plot_dag(j)._repr_mimebundle_()
+    import warnings
+    warnings.simplefilter("ignore", DeprecationWarning)
+    bundle = {{"text/html": jl.plot_dag(j)._repr_html_()}}  # dag_view's alias
 else:
     bundle = {{"text/html": jl.dag_view(j)._repr_html_()}}
 s, cpu = time.perf_counter() - t, time.process_time() - c
@@ -301,7 +303,7 @@ def layout_rows(ctx: Any) -> list[dict[str, Any]]:
     import numpy as np
 
     from jointlab.viz import _layout
-    from jointlab.viz.dag import graph_data
+    from jointlab.viz._dagdata import graph_data
     from jointlab.viz.dagview import build_payload
 
     joint, trace_s = ctx.gpt2_joint, ctx.gpt2_trace_s

@@ -59,15 +59,13 @@ def test_summary_card(traced):
 
 
 def test_dag_hover_labels(traced):
-    from jointlab.viz.dag import node_hover
+    from jointlab.viz._dagfigure import node_hover
 
     _, _, joint = traced
     evil_nodes = [n for n in joint.graph.nodes if n.meta["jointlab"].get("module") == EVIL]
     for n in evil_nodes:
         assert_safe(node_hover(n.name, n.meta["jointlab"]))
-    fig = jl.plot_dag(joint)
-    assert_safe(fig.to_json())
-    assert_safe(fig.to_html(include_plotlyjs=False))
+    assert_safe(jl.dag_view(joint).html())
 
 
 def test_report(traced, tmp_path):

@@ -1,25 +1,32 @@
-"""jl.export_figure: static SVG/PNG of the collapsed DAG and the memory plots.
+"""jl.export_figure: static SVG/PNG of the DAG (the view's engine, laid out to a page) and memory.
 
 The SVG is checked against references outside the writer: the model's own
-module tree (``named_modules``) for the group labels, the graph's edges
-regrouped here by hand for the edge count, the plotly figure's traces for
-the memory plot, and a real browser's text measurements (headless Chromium)
-for "every label fits its box, nothing is clipped".
+module tree (``named_children``) for the box labels, the graph's edges
+regrouped here by hand for the edge count, the plotly figure's traces for the
+memory plot, ``_style.module_colors`` recomputed from the graph for the
+colours, and a real browser's layout (headless Chromium: ``getBBox`` of every
+label) for "every label fits its box, inside the page, nothing clipped".
 """
 
 from __future__ import annotations
 
+import math
 import struct
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 
 import jointlab as jl
 from jointlab import meta as _meta
 from jointlab.errors import ExportError
 from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+from jointlab.viz import _style
 from jointlab.viz import export as export_mod
 from tests.chromium import browser, chromium_path
+from tests.fixtures.convnext import ConvNeXt, convnext_inputs, convnext_train_fn
 
 NS = {"s": "http://www.w3.org/2000/svg"}
 
@@ -30,65 +37,236 @@ def lm():
     return model, inputs, jl.trace(model, lm_train_fn, inputs)
 
 
+@pytest.fixture(scope="module")
+def convnext():
+    torch.manual_seed(0)
+    return jl.trace(ConvNeXt(), convnext_train_fn, convnext_inputs())
+
+
 def _groups(root: ET.Element) -> list[tuple[str, str]]:
-    """(data-name, bold label) of every group box."""
+    """(data-name, bold label) of every box."""
     return [(g.get("data-name"), g.find("s:text[@class='label']", NS).text)
             for g in root.iterfind(".//s:g[@class='group']", NS)]
 
 
-def _expected_labels(model, depth: int) -> set[str]:
-    """Module-tree names cut to ``depth`` components, without an ancestor of a kept name."""
-    cut = {".".join(n.split(".")[:depth]) for n, _ in model.named_modules() if n}
-    return {c for c in cut if not any(o.startswith(c + ".") for o in cut)}
+def _view_box(root: ET.Element) -> tuple[float, float]:
+    x0, y0, w, h = map(float, root.get("viewBox").split())
+    assert (x0, y0) == (0, 0)
+    return w, h
 
 
-def _group_key(node, depth: int) -> tuple[str, bool]:
+def _item_key(node, top: set[str]) -> tuple[str, bool]:
+    """The item a node is drawn as with only the root open: its top-level module's box
+    (per band), or itself when its module is the root."""
     m = _meta.info(node)
-    if m.get("phase") == "output":
-        return ("(output)", True)
-    mod = m.get("module", "")
-    return (".".join(mod.split(".")[:depth]) or "(root)", m.get("phase") in ("backward",))
+    first = (m.get("module") or "").split(".")[0]
+    bwd = m.get("phase") in ("backward", "output")
+    return (("bwd:" if bwd else "fwd:") + first, bwd) if first in top else (node.name, bwd)
 
 
-def test_dag_svg_labels_every_module_group_and_every_collapsed_edge(lm, tmp_path):
+def test_depth_1_draws_the_root_nodes_and_one_box_per_top_module_and_band(lm, tmp_path):
     model, _, joint = lm
-    path = jl.export_figure(joint, tmp_path / "dag.svg", depth=2)
-    root = ET.parse(path).getroot()
+    root = ET.parse(jl.export_figure(joint, tmp_path / "dag.svg", depth=1)).getroot()
+    top = {n for n, _ in model.named_children()} | {_meta.TRAIN_FN}
+    keys = {_item_key(n, top)[0] for n in joint.graph.nodes}
     groups = _groups(root)
-    fwd = {label for name, label in groups if name.startswith("fwd:")}
-    bwd = {label for name, label in groups if name.startswith("bwd:")}
-    modules = _expected_labels(model, 2)
-    assert modules == {"wte", "wpe", "drop", "h.0", "h.1", "ln_f", "lm_head"}
-    assert fwd == modules | {"(root)", _meta.TRAIN_FN}
-    assert bwd == modules | {"(root)", _meta.TRAIN_FN, "(output)"}
-    for name, label in groups:  # the label is the group's module (names unshortened here)
-        assert name.split(":", 1)[1] == label
+    assert sorted(name for name, _ in groups) == sorted(keys)
+    boxes = {name for name in keys if name[:4] in ("fwd:", "bwd:")}
+    assert {b[4:] for b in boxes if b.startswith("fwd:")} == top  # every module, named
+    for name, label in groups:
+        if name in boxes:  # a box is labelled with its module, a node with its name
+            assert label == name[4:]
     pairs = set()
     for n in joint.graph.nodes:
         for a in n.all_input_nodes:
-            s, d = _group_key(a, 2), _group_key(n, 2)
+            s, d = _item_key(a, top)[0], _item_key(n, top)[0]
             if s != d:
                 pairs.add((s, d))
-    assert len(root.findall(".//s:path[@class='edge']", NS)) == len(pairs)
+    edges = root.findall(".//s:path[@class='edge']", NS) + \
+        root.findall(".//s:path[@class='edge-cut']", NS)
+    assert len(edges) == len(pairs)
 
 
-def test_auto_depth_is_the_deepest_level_within_the_group_budget(lm, tmp_path):
-    model, _, joint = lm
-    keys = {d: {_group_key(n, d) for n in joint.graph.nodes} for d in (1, 2, 3)}
-    budget = len(keys[2])  # depth 3 needs more groups than this
-    assert len(keys[3]) > budget
-    root = ET.fromstring(export_mod.dag_svg_text(joint, max_groups=budget))
-    assert len(_groups(root)) == len(keys[2])
-    assert "(depth 2)" in root.find("s:text[@class='title']", NS).text
-    one = ET.fromstring(export_mod.dag_svg_text(joint, max_groups=len(keys[2]) - 1))
-    assert len(_groups(one)) == len(keys[1])
-
-
-def test_plot_dag_figure_exports_as_drawn(lm, tmp_path):
+def test_auto_depth_opens_the_levels_dag_view_opens_for_the_same_budget(lm):
     _, _, joint = lm
-    fig = jl.plot_dag(joint, depth=3)
-    root = ET.parse(jl.export_figure(fig, tmp_path / "fig.svg")).getroot()
-    assert [n for n, _ in _groups(root)] == list(fig._jointlab_data.names)
+    for budget in (20, 60, 400):
+        view = jl.dag_view(joint, budget=budget).payload
+        names = view["groups"]["name"]
+        shown = {names[g] for g in view["expanded"]}
+        root = ET.fromstring(export_mod.dag_svg_text(joint, max_groups=budget))
+        drawn = {name[4:] for name, _ in _groups(root) if name[:4] in ("fwd:", "bwd:")}
+        # a box is drawn for a group exactly when its parent is open and it is not
+        parent = view["groups"]["parent"]
+        want = {n or "(root)" for g, n in enumerate(names)
+                if g > 0 and names[parent[g]] in shown and n not in shown}
+        assert drawn == want, budget
+
+
+@pytest.mark.parametrize("aspect", [1.414, 0.707, 2.0])
+def test_page_meets_the_aspect_by_wrapping_rows_not_only_by_padding(convnext, aspect):
+    root = ET.fromstring(export_mod.dag_svg_text(convnext, aspect=aspect))
+    w, h = _view_box(root)
+    assert abs(w / h - aspect) / aspect < 0.01
+    rects = [r for g in root.iterfind(".//s:g[@class='group']", NS)
+             for r in g.iterfind("s:rect", NS)]
+    x0 = min(float(r.get("x")) for r in rects)
+    x1 = max(float(r.get("x")) + float(r.get("width")) for r in rects)
+    y0 = min(float(r.get("y")) for r in rects)
+    y1 = max(float(r.get("y")) + float(r.get("height")) for r in rects)
+    rows = {g.get("data-row") for g in root.iterfind(".//s:g[@class='group']", NS)}
+    single = ET.fromstring(export_mod.dag_svg_text(convnext, aspect=None, width=1e9))
+    sw, sh = _view_box(single)
+    assert sw / sh > 4  # one row is a strip: the wrapping below is what meets the aspect
+    assert len(rows) > 1
+    assert abs(math.log(((x1 - x0) / (y1 - y0)) / aspect)) < math.log(2.0)
+
+
+def test_width_target_is_met_with_the_fewest_rows(convnext):
+    wide = ET.fromstring(export_mod.dag_svg_text(convnext, aspect=None, width=1e9))
+    natural, _ = _view_box(wide)
+    for target in (1500, 2500):
+        root = ET.fromstring(export_mod.dag_svg_text(convnext, aspect=None, width=target))
+        w, _ = _view_box(root)
+        assert w <= target < natural
+
+
+def test_side_by_side_puts_each_rows_backward_right_of_its_forward(convnext):
+    root = ET.fromstring(export_mod.dag_svg_text(convnext, arrange="side"))
+    rows: dict[str, dict[str, list[float]]] = {}
+    for g in root.iterfind(".//s:g[@class='group']", NS):
+        r = g.find("s:rect", NS)
+        x0, x1 = float(r.get("x")), float(r.get("x")) + float(r.get("width"))
+        band = rows.setdefault(g.get("data-row"), {"forward": [], "backward": []})
+        band[g.get("data-band")] += [x0, x1]
+    both = [b for b in rows.values() if b["forward"] and b["backward"]]
+    assert len(both) >= 3
+    assert all(min(b["backward"]) > max(b["forward"]) for b in both)
+    stacked = ET.fromstring(export_mod.dag_svg_text(convnext, arrange="stacked"))
+    for g in stacked.iterfind(".//s:g[@class='group']", NS):
+        assert g.get("data-band") in ("forward", "backward")
+
+
+def test_colours_are_the_style_module_colours_in_graph_order(lm, tmp_path):
+    _, _, joint = lm
+    prefixes = [""]
+    for n in joint.graph.nodes:
+        parts = (_meta.info(n).get("module") or "").split(".")
+        prefixes += [".".join(parts[:k]) for k in range(1, len(parts) + 1) if parts[0]]
+    want = _style.module_colors(prefixes)
+    root = ET.parse(jl.export_figure(joint, tmp_path / "all.svg", depth=None)).getroot()
+    nodes = {n.name: n for n in joint.graph.nodes}
+    for g in root.iterfind(".//s:g[@class='group']", NS):
+        mod = _meta.info(nodes[g.get("data-name")]).get("module") or ""
+        assert g.find("s:rect", NS).get("stroke") == want[mod], g.get("data-name")
+
+
+def test_legend_is_bounded_and_below_the_drawing(tmp_path):
+    model, inputs = make_gpt2(n_layer=6, d=32, seq=8), lm_inputs(2, 1024, 8)
+    joint = jl.trace(model, lm_train_fn, inputs)
+    root = ET.parse(jl.export_figure(joint, tmp_path / "g.svg", depth=None)).getroot()
+    mods = {_meta.info(n).get("module") or "(root)" for n in joint.graph.nodes}
+    entries = root.findall(".//s:g[@class='legend-entry']", NS)
+    assert len(mods) > 13 and len(entries) == 13  # 12 colours and "+N more"
+    more = entries[-1]
+    assert more.find("s:text", NS).text == f"+{len(mods) - 12} more"
+    listed = {e.find("s:title", NS).text for e in entries[:-1]}
+    rest = set(more.find("s:title", NS).text.split(", "))
+    assert listed | rest == mods and not listed & rest
+    assert all(len(e.find("s:text", NS).text) <= 32 for e in entries)
+    w, h = _view_box(root)
+    boxes = [float(r.get("y")) + float(r.get("height"))
+             for g in root.iterfind(".//s:g[@class='group']", NS) for r in g.iterfind("s:rect", NS)]
+    ys = [float(t.get("y")) for e in entries for t in e.iterfind("s:text", NS)]
+    assert min(ys) > max(boxes) and max(ys) < h
+
+
+def _browser_check(page) -> list:
+    return page.evaluate("""() => {
+      const svg = document.querySelector('svg'), vb = svg.viewBox.baseVal, out = [];
+      const inside = b => b.x >= vb.x && b.y >= vb.y && b.x + b.width <= vb.x + vb.width &&
+                          b.y + b.height <= vb.y + vb.height;
+      for (const g of document.querySelectorAll('g.group')) {
+        const r = g.querySelector('rect').getBBox();
+        for (const t of g.querySelectorAll('text')) {
+          const b = t.getBBox();
+          if (!t.textContent) out.push('empty label ' + g.dataset.name);
+          if (b.x < r.x || b.x + b.width > r.x + r.width || b.y < r.y ||
+              b.y + b.height > r.y + r.height) out.push(t.textContent);
+        }
+        if (!inside(r)) out.push('box ' + g.dataset.name);
+      }
+      for (const t of document.querySelectorAll('text'))
+        if (!inside(t.getBBox())) out.push('outside ' + t.textContent);
+      const box = svg.getBoundingClientRect();
+      return [out, document.querySelectorAll('g.group').length, box.width,
+              document.documentElement.scrollWidth];
+    }""")
+
+
+@pytest.mark.parametrize("which", ["lm", "convnext"])
+@pytest.mark.parametrize("depth", ["auto", None])
+def test_labels_fit_their_boxes_inside_the_page_in_a_real_browser(which, depth, request,
+                                                                  tmp_path):
+    joint = request.getfixturevalue(which)
+    joint = joint[2] if isinstance(joint, tuple) else joint
+    path = jl.export_figure(joint, tmp_path / "dag.svg", depth=depth)
+    root = ET.parse(path).getroot()
+    nodes = {n.name for n in joint.graph.nodes}
+    w, h = (int(float(root.get(k))) for k in ("data-width", "data-height"))
+    with browser() as b:
+        page = b.new_page(viewport={"width": w, "height": h})  # at its own size
+        page.goto(path.as_uri())
+        bad, count, _, _ = _browser_check(page)
+        # inline in a notebook-like cell 700 px wide: scaled to it, never clipped
+        page = b.new_page(viewport={"width": 900, "height": 700})
+        page.set_content(f'<div style="width:700px">{path.read_text(encoding="utf-8")}</div>')
+        _, _, shown_w, scroll_w = _browser_check(page)
+    assert bad == [] and count == len(_groups(root)) > 20
+    assert 600 < shown_w <= 700 and scroll_w <= 900
+    if depth is None:  # every node has its box and label
+        assert {name for name, _ in _groups(root)} == nodes
+
+
+def test_png_through_headless_chromium(lm, tmp_path):
+    chromium_path()  # skips, with the reason, only where no Chromium is installed
+    _, _, joint = lm
+    svg = ET.fromstring(export_mod.dag_svg_text(joint))
+    png = jl.export_figure(joint, tmp_path / "dag.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", png[16:24])
+    assert (w, h) == (int(svg.get("data-width")), int(svg.get("data-height")))
+
+
+NO_PLOTLY = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "plotly" or name.startswith("plotly."):
+            raise ModuleNotFoundError("No module named 'plotly' (blocked)", name=name)
+sys.meta_path.insert(0, Block())
+import jointlab as jl
+from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+j = jl.trace(make_gpt2(n_layer=1, d=32, seq=8), lm_train_fn, lm_inputs(2, 1024, 8))
+jl.export_figure(j, sys.argv[1])
+jl.export_figure(j, sys.argv[1], depth=None, arrange="side")
+print("PLOTLY", [m for m in sys.modules if m.split(".")[0] == "plotly"])
+"""
+
+
+def test_dag_export_works_without_plotly(tmp_path):
+    """A base install has no plotly: the DAG export must not need it."""
+    out = tmp_path / "g.svg"
+    r = subprocess.run([sys.executable, "-c", NO_PLOTLY, str(out)], capture_output=True,
+                       text=True, timeout=300, cwd=str(pathlib_root()))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "PLOTLY []" in r.stdout
+    assert len(_groups(ET.parse(out).getroot())) > 20
+
+
+def pathlib_root():
+    import pathlib
+
+    return pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_memory_svg_draws_the_figure_traces(lm, tmp_path):
@@ -108,40 +286,6 @@ def test_memory_svg_draws_the_figure_traces(lm, tmp_path):
     assert len(root.findall(".//s:rect[@class='bar']", NS)) == sum(len(t.y) for t in life.data)
 
 
-def test_labels_fit_their_boxes_in_a_real_browser(lm, tmp_path):
-    _, _, joint = lm
-    path = jl.export_figure(joint, tmp_path / "dag.svg", depth=3)
-    with browser() as b:
-        page = b.new_page()
-        page.goto(path.as_uri())
-        bad = page.evaluate("""() => {
-          const svg = document.querySelector('svg'), W = +svg.getAttribute('width'),
-                H = +svg.getAttribute('height'), out = [];
-          for (const g of document.querySelectorAll('g.group')) {
-            const r = g.querySelector('rect').getBBox();
-            for (const t of g.querySelectorAll('text')) {
-              const b = t.getBBox();
-              if (b.x < r.x || b.x + b.width > r.x + r.width || b.y < r.y ||
-                  b.y + b.height > r.y + r.height) out.push(t.textContent);
-            }
-            if (r.x < 0 || r.y < 0 || r.x + r.width > W || r.y + r.height > H)
-              out.push('box ' + g.dataset.name);
-          }
-          return [out, document.querySelectorAll('g.group').length];
-        }""")
-    assert bad[0] == [] and bad[1] > 20
-
-
-def test_png_through_headless_chromium(lm, tmp_path):
-    chromium_path()  # skips, with the reason, only where no Chromium is installed
-    _, _, joint = lm
-    svg = ET.fromstring(export_mod.dag_svg_text(joint))
-    png = jl.export_figure(joint, tmp_path / "dag.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    w, h = struct.unpack(">II", png[16:24])
-    assert (w, h) == (int(svg.get("width")), int(svg.get("height")))
-
-
 def test_refusals(lm, tmp_path, monkeypatch):
     _, _, joint = lm
     with pytest.raises(ExportError, match=r"\.svg or \.png"):
@@ -150,23 +294,100 @@ def test_refusals(lm, tmp_path, monkeypatch):
         jl.export_figure({}, tmp_path / "x.svg")
     with pytest.raises(ExportError, match="depth"):
         jl.export_figure(joint, tmp_path / "x.svg", depth=0)
+    for kw, what in (({"arrange": "diagonal"}, "arrange"), ({"aspect": -1}, "aspect"),
+                     ({"width": "wide"}, "width"), ({"color_by": "kernel"}, "color_by")):
+        with pytest.raises(ExportError, match=what):
+            jl.export_figure(joint, tmp_path / "x.svg", **kw)
+    with pytest.raises(ExportError, match="not its dag_view"):
+        jl.export_figure(jl.dag_view(joint), tmp_path / "x.svg")
     monkeypatch.setattr(export_mod, "find_chromium", lambda: None)
     with pytest.raises(ExportError, match="needs the system Chromium"):
         jl.export_figure(joint, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
 
 
-def test_plot_dag_of_every_node_exports_one_labelled_box_per_node(tmp_path):
+def test_every_node_exports_one_labelled_box(tmp_path):
     from tests.fixtures import zoo
 
     f = zoo.FIXTURES["tiny_lm"]
     joint = jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
-    fig = jl.plot_dag(joint)  # depth=None: every graph node, ungrouped
-    root = ET.parse(jl.export_figure(fig, tmp_path / "nodes.svg")).getroot()
+    root = ET.parse(jl.export_figure(joint, tmp_path / "nodes.svg", depth=None)).getroot()
     nodes = {n.name: n for n in joint.graph.nodes}
     got = _groups(root)
-    assert [n for n, _ in got] == list(fig._jointlab_data.names)
+    assert sorted(n for n, _ in got) == sorted(nodes)
     for name, label in got:  # parameters by FQN, inputs by path, others by FX name
         m = jl.meta.info(nodes[name])
         want = m.get("fqn") or m.get("input_path") or name
         assert label == export_mod._svg.short(want), (name, label)
+
+
+def _kernel_like_layer(joint) -> dict[str, str]:
+    """~60 kernel names as Inductor spells them (some 150 characters), on the compute nodes."""
+    ops = "add_native_layer_norm_native_layer_norm_backward_view_mul_sum_div_sub_pow_rsqrt"
+    compute = [n.name for n in joint.graph.nodes if _meta.info(n).get("phase")
+               in ("forward", "backward")]
+    return {name: f"cpp_fused_{ops}_{ops[:k % 60]}_{k % 60}" for k, name in enumerate(compute)}
+
+
+def test_kernel_layer_legend_is_bounded_like_the_views(lm, tmp_path):
+    _, _, joint = lm
+    layer = _kernel_like_layer(joint)
+    labels = list(dict.fromkeys(layer.values()))
+    assert len(labels) == 60 and max(map(len, labels)) > 140
+    root = ET.parse(jl.export_figure(joint, tmp_path / "k.svg", depth=None,
+                                     layers={"kernel": layer}, color_by="kernel")).getroot()
+    entries = root.findall(".//s:g[@class='legend-entry']", NS)
+    texts = [e.find("s:text", NS).text for e in entries]
+    assert len(entries) == 12 + 3 and texts[12] == "+48 more" and texts[13:] == ["(mixed)",
+                                                                                 "(none)"]
+    assert all(len(t) <= 32 for t in texts)
+    # the twelve with most nodes are listed (full names in their tooltips), the rest in "+48"
+    from collections import Counter
+
+    counts = Counter(layer.values())
+    shown = [e.find("s:title", NS).text for e in entries[:12]]
+    assert all(counts[s] >= counts[r] for s in shown for r in labels if r not in shown)
+    assert set(entries[12].find("s:title", NS).text.split(", ")) == set(labels) - set(shown)
+    # nodes of one kernel share a colour, the listed kernels' colours differ, no label: grey
+    nodes = {n.name: n for n in joint.graph.nodes}
+    stroke: dict[str, set] = {}
+    for g in root.iterfind(".//s:g[@class='group']", NS):
+        stroke.setdefault(layer.get(g.get("data-name"), ""), set()).add(
+            g.find("s:rect", NS).get("stroke"))
+    assert all(len(c) == 1 for c in stroke.values())
+    assert len({next(iter(stroke[s])) for s in shown}) == 12
+    assert stroke[""] == {"#dddddd"} and len(nodes) > len(layer)
+    w, h = _view_box(root)
+    boxes = [float(r.get("y")) + float(r.get("height"))
+             for g in root.iterfind(".//s:g[@class='group']", NS) for r in g.iterfind("s:rect", NS)]
+    ys = [float(t.get("y")) for e in entries for t in e.iterfind("s:text", NS)]
+    assert min(ys) > max(boxes) and max(ys) < h  # below the drawing, on the page
+    grouped = ET.fromstring(export_mod.dag_svg_text(joint, depth=1, layers={"kernel": layer},
+                                                    color_by="kernel"))
+    fills = {g.find("s:rect", NS).get("stroke")
+             for g in grouped.iterfind(".//s:g[@class='group']", NS)
+             if g.get("data-name").startswith(("fwd:", "bwd:"))}
+    assert "#999999" in fills  # a module box whose nodes ran in several kernels: mixed
+    with pytest.raises(ExportError, match="label layers only"):
+        export_mod.dag_svg_text(joint, layers={"n": {"mm": 1.0}}, color_by="n")
+
+
+def test_colours_are_the_views_colours(lm):
+    """Every box and node has the colour dag_view's payload gives its module group."""
+    _, _, joint = lm
+    groups = jl.dag_view(joint).payload["groups"]
+    if "color" not in groups:
+        pytest.skip("this dag_view payload carries no module colours (the dagjs branch adds "
+                    "groups['color']); test_colours_are_the_style_module_colours checks _style")
+    want = {n or "(root)": _style.PALETTE[c] for n, c in zip(groups["name"], groups["color"])}
+    nodes = {n.name: n for n in joint.graph.nodes}
+    seen = 0
+    for depth in (1, 2, None):
+        root = ET.fromstring(export_mod.dag_svg_text(joint, depth=depth))
+        for g in root.iterfind(".//s:g[@class='group']", NS):
+            name = g.get("data-name")
+            mod = name[4:] if name[:4] in ("fwd:", "bwd:") else \
+                (_meta.info(nodes[name]).get("module") or "(root)")
+            assert g.find("s:rect", NS).get("stroke") == want[mod], (depth, name)
+            seen += 1
+    assert seen > 300

@@ -25,9 +25,8 @@ def lm():
     return jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
 
 
-def _figure_rows(fig) -> list[tuple]:
-    return [(tr.name, tuple(tr.customdata) if tr.customdata is not None else None)
-            for tr in fig.data]
+def _opened(view) -> list[int]:
+    return sorted(view.payload["expanded"])
 
 
 def _one_deprecation(record) -> warnings.WarningMessage:
@@ -39,17 +38,20 @@ def _one_deprecation(record) -> warnings.WarningMessage:
 def test_plot_dag_group_depth_is_a_deprecated_depth(lm):
     with pytest.warns(DeprecationWarning) as record:
         old = dag.plot_dag(lm, group_depth=2)
-    msg = str(_one_deprecation(record).message)
-    assert "plot_dag(group_depth=...)" in msg and "plot_dag(depth=...)" in msg
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    msgs = [str(w.message) for w in record if issubclass(w.category, DeprecationWarning)]
+    assert any("plot_dag(group_depth=...)" in m and "plot_dag(depth=...)" in m for m in msgs)
+    assert all(w.filename == __file__ for w in record)  # each points at the caller's line
+    with pytest.warns(DeprecationWarning) as record:
         new = dag.plot_dag(lm, depth=2)
-    assert _figure_rows(old) == _figure_rows(new)
-    assert _figure_rows(new) != _figure_rows(dag.plot_dag(lm))  # depth did collapse
+    assert not any("group_depth" in str(w.message) for w in record)
+    assert _opened(old) == _opened(new)
+    with pytest.warns(DeprecationWarning):
+        assert _opened(new) != _opened(dag.plot_dag(lm))  # depth did collapse
 
 
 def test_plot_dag_refuses_both_spellings(lm):
-    with pytest.raises(jl.errors.PlotArgumentError, match="both depth= and"):
+    with pytest.raises(jl.errors.PlotArgumentError, match="both depth= and"), \
+            pytest.warns(DeprecationWarning):
         dag.plot_dag(lm, depth=1, group_depth=2)
 
 
@@ -104,7 +106,7 @@ def test_node_keyed_tables_share_the_index_name(lm):
 
 
 def test_plot_errors_are_jointlab_errors(lm):
-    with pytest.raises(jl.errors.PlotArgumentError) as info:
+    with pytest.raises(jl.errors.PlotArgumentError) as info, pytest.warns(DeprecationWarning):
         dag.plot_dag(lm, color_by="rainbow")
     assert isinstance(info.value, jl.errors.JointlabError) and isinstance(info.value, ValueError)
     assert "PlotArgumentError" in jl.errors.__all__

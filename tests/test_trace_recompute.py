@@ -16,7 +16,7 @@ import torch
 import jointlab as jl
 from jointlab.errors import StaleAnalysisError
 from jointlab.meta import KEY
-from jointlab.viz.dag import graph_data
+from jointlab.viz._dagdata import graph_data
 from tests.fixtures import zoo
 from tests.util import eager_step
 

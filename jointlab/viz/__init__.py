@@ -1,4 +1,4 @@
-"""Plotly figures of a JointGraph: the DAG, memory over time, tensor lifetimes.
+"""Views of a JointGraph: the DAG (dag_view; plot_dag is its alias), static export, memory.
 
 Everything here reads the graph's annotations and tables and writes nothing
 back. Submodules are imported on first use.

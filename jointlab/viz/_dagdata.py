@@ -2,9 +2,9 @@
 
 :func:`graph_data` reads a traced graph into a :class:`DagData`;
 :func:`keep_phases` filters it by phase and :func:`collapse` groups it by
-module prefix and band. The interactive plot (:mod:`jointlab.viz.dag`) and
-the static SVG/PNG export (:mod:`jointlab.viz.export`) both draw from it, so
-exporting a figure never imports plotly.
+module prefix and band. ``plot_diff``'s figure (:mod:`jointlab.viz._dagfigure`)
+draws from it; the static export takes the view's items
+(:mod:`jointlab.viz._viewitems`) in this same form. Nothing here imports plotly.
 """
 
 from __future__ import annotations

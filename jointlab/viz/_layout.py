@@ -1,214 +1,339 @@
-"""A layered layout of a joint graph where the backward mirrors the forward.
+"""The layered layout of a joint graph's visible items: the one DAG layout of jointlab.
 
-Used by ``plot_dag`` and the static SVG/PNG export. ``dag_view`` does not ship
-these positions: its renderer (``static/dagview.js``, ``layeredLayout``) runs the
-same steps in the browser over the visible items only (open nodes, closed groups).
+This module is the specification. ``static/dagview.js`` (``layeredLayout``,
+``topoOrder`` and the helpers they call) runs the same steps in the browser
+over the visible items of ``dag_view`` (open nodes, closed group boxes, open
+groups' blocks); the static export (:mod:`jointlab.viz.export`) runs this
+one. ``tests/test_layout_parity.py`` feeds both the same item sets from real
+graphs and asserts identical positions, so a change here needs the same
+change there (and the other way round).
 
 The drawing has two bands that share one horizontal axis:
 
 - the forward band (parameters, inputs, forward ops) above, data flowing
-  left to right, one column per longest-path layer;
-- the backward band below, data flowing right to left, each backward node
-  sitting under the forward node it differentiates (its ``fwd_twin``).
+  left to right, one layer per longest-path step;
+- the backward band below, data flowing right to left, each backward item
+  sitting under the forward layer of its twin (the item it differentiates).
 
-How it is computed, all in O(V + E) per step:
+Items come in a topological order (:func:`topo_order`); an edge ``u -> v``
+with ``u >= v`` (a cycle through a closed box: a module called twice) is
+kept for drawing but ignored by the layering. Each item has a width ``w``
+(in columns) and a slot height ``h`` (in rows). Steps:
 
-1. Longest-path layering of the forward nodes in topological order; sources
-   (placeholders) are pulled next to their first consumer.
-2. Each backward node gets a *bucket*: the forward layer of its twin, capped
-   by the buckets of its backward predecessors so buckets never increase
-   along an edge. Inside a bucket a node's depth is its longest backward
-   path from the bucket's entry. A forward layer is widened to as many
-   columns as its bucket is deep, so the two bands stay aligned.
-3. Vertical order inside each column by barycentre sweeps (a fixed number,
-   vectorised): forward nodes follow their neighbours, backward nodes their
-   neighbours, their twin and the saved activations they read, so the
-   backward band is a mirror image of the forward one.
-4. Edges are straight segments inside a band and one-bend polylines (bending
-   on the axis between the bands) across, packed into flat coordinate arrays
-   with NaN gaps for a single WebGL line trace.
-
-Nodes are integers ``0..n-1`` in a topological order; an edge ``u -> v`` with
-``u >= v`` (possible only in a collapsed module graph) is drawn but ignored by
-the layering.
+1. Longest-path layers of the forward items; *feeders* (sources, and items
+   fed by feeders only: weights and their transposes) move next to their
+   first user.
+2. Each backward item gets a *bucket*: the forward layer of its twin (the
+   last layer when it has none), capped by the buckets of its backward
+   predecessors so buckets never increase along an edge, and a depth inside
+   the bucket (its longest backward path from the bucket's entry).
+3. Columns: a forward layer is as wide as its widest item, or as its
+   bucket's backward columns side by side (depth 0 on the right), whichever
+   is wider.
+4. Vertical order in each column: items in order, then the backward band as
+   the mirror of the forward (keys: twin and forward inputs only), then
+   :data:`SWEEPS` barycentre sweeps alternating down and up. Each column is
+   sorted by key (ties: previous position, then index) and stacked by
+   height, centred on 0.
+5. ``y`` is the slot position offset by half the tallest column plus
+   :data:`BAND_GAP`, forward up, backward mirrored down.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 FORWARD, BACKWARD = 0, 1
+#: Barycentre sweeps after the mirror pass (``SWEEPS`` in dagview.js).
+SWEEPS = 4
+#: Empty rows between the bands (``BAND_GAP`` in dagview.js).
+BAND_GAP = 1.5
+#: Item sizes the view gives its layout (dagview.js): a node is 1 column wide in a slot of
+#: ``NODE_SLOT`` rows, a closed group's box ``BOX_COLS`` columns wide in ``BOX_SLOT`` rows.
+NODE_SLOT = 1.0
+BOX_COLS = 2
+BOX_SLOT = 2.4
 
 
 @dataclass
 class Layout:
-    """Positions of nodes and routed edges.
+    """Positions of the items.
 
     Attributes:
-        x: Horizontal position per node (column units).
-        y: Vertical position per node (slot units; forward > 0 > backward).
-        layer: Rank along the data flow; every non-back edge goes to a higher rank.
-        band: ``FORWARD`` or ``BACKWARD`` per node.
-        edge_x: Edge polylines' x coordinates, NaN between edges.
+        x: Horizontal centre per item (column units).
+        y: Vertical centre per item (rows; forward > 0 > backward).
+        layer: Forward layer per forward item (0 for backward items).
+        bucket: Bucket (mirrored forward layer) per backward item (0 for forward items).
+        band: ``FORWARD`` or ``BACKWARD`` per item.
+        left: Left edge of every forward layer, and the right edge of the last (columns);
+            a backward item lies inside its bucket's span.
+        half: The offset of the slot positions from 0 (``y = half + slot`` forward,
+            ``-(half + slot)`` backward).
+        edge_x: Edge polylines' x coordinates, NaN between edges (:func:`route_edges`).
         edge_y: Edge polylines' y coordinates, NaN between edges.
     """
 
     x: np.ndarray
     y: np.ndarray
     layer: np.ndarray
+    bucket: np.ndarray
     band: np.ndarray
+    left: np.ndarray
+    half: float
     edge_x: np.ndarray
     edge_y: np.ndarray
 
 
-def _adjacency(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[list[list[int]], list[list[int]]]:
-    preds: list[list[int]] = [[] for _ in range(n)]
-    succs: list[list[int]] = [[] for _ in range(n)]
-    for s, d in zip(src.tolist(), dst.tolist()):
-        if s < d:
-            preds[d].append(s)
-            succs[s].append(d)
-    return preds, succs
-
-
-def forward_layers(is_bwd: list[bool], preds: list[list[int]], succs: list[list[int]]) -> list[int]:
-    """Longest-path layers of the forward nodes, sources pulled to their consumers.
-
-    Args:
-        is_bwd: Band of each node.
-        preds: Forward-order predecessors per node.
-        succs: Forward-order successors per node.
-
-    Returns:
-        The layer per node (0 for backward nodes, which are placed later).
-    """
-    n = len(is_bwd)
-    layer = [0] * n
-    sources = []
-    for v in range(n):
-        if is_bwd[v]:
-            continue
-        best = -1
-        for u in preds[v]:
-            if not is_bwd[u] and layer[u] > best:
-                best = layer[u]
-        layer[v] = best + 1
-        if not preds[v]:
-            sources.append(v)
-    # nodes fed only by sources (weights, their transposes) move next to their first user
-    weight_only = [False] * n
-    for v in sources:
-        weight_only[v] = True
-    for v in range(n):
-        if not is_bwd[v] and preds[v] and all(weight_only[u] for u in preds[v]):
-            weight_only[v] = True
-    for v in range(n - 1, -1, -1):
-        if weight_only[v]:
-            users = [layer[w] for w in succs[v] if not is_bwd[w]]
-            if users:
-                layer[v] = max(min(users) - 1, layer[v])
-    return layer
-
-
-def backward_buckets(is_bwd: list[bool], preds: list[list[int]], twin: list[int],
-                     flayer: list[int]) -> tuple[list[int], list[int]]:
-    """Bucket (mirrored forward layer) and depth inside the bucket of each backward node.
-
-    Args:
-        is_bwd: Band of each node.
-        preds: Predecessors per node.
-        twin: Index of the forward twin per node, -1 if none.
-        flayer: Forward layers from :func:`forward_layers`.
-
-    Returns:
-        ``(bucket, depth)`` per node (0 for forward nodes).
-    """
-    n = len(is_bwd)
-    top = max((flayer[v] for v in range(n) if not is_bwd[v]), default=0)
-    bucket = [0] * n
-    depth = [0] * n
-    for v in range(n):
-        if not is_bwd[v]:
-            continue
-        t = twin[v]
-        k = flayer[t] if t >= 0 and not is_bwd[t] else top + 1
-        bpreds = [u for u in preds[v] if is_bwd[u]]
-        for u in bpreds:
-            if bucket[u] < k:
-                k = bucket[u]
-        k = min(k, top)
-        d = 0
-        for u in bpreds:
-            if bucket[u] == k and depth[u] + 1 > d:
-                d = depth[u] + 1
-        bucket[v], depth[v] = k, d
-    return bucket, depth
-
-
-def _centered_slots(col: np.ndarray, key: np.ndarray, tie: np.ndarray) -> np.ndarray:
-    """Slot of each node inside its column, sorted by ``key``, centred on 0."""
-    order = np.lexsort((tie, key, col))
-    scol = col[order]
-    n = len(col)
-    start = np.r_[0, np.flatnonzero(np.diff(scol)) + 1]
-    counts = np.diff(np.r_[start, n])
-    run_start = np.repeat(start, counts)
-    run_count = np.repeat(counts, counts)
-    pos = np.empty(n, dtype=float)
-    pos[order] = np.arange(n) - run_start - (run_count - 1) / 2.0
-    return pos
-
-
-def _barycentre(n: int, tgt: np.ndarray, src_pos: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    """Mean of ``src_pos`` over the edges into each target; ``fallback`` where none."""
-    s = np.bincount(tgt, weights=src_pos, minlength=n)
-    c = np.bincount(tgt, minlength=n)
-    out = fallback.copy()
-    has = c > 0
-    out[has] = s[has] / c[has]
+def _lists(n: int, a: Sequence[int], b: Sequence[int], keep: Sequence[bool]) -> list[list[int]]:
+    """For each ``a[k]`` (where ``keep[k]``), its ``b[k]`` in edge order (``csr`` in JS)."""
+    out: list[list[int]] = [[] for _ in range(n)]
+    for k, (u, v) in enumerate(zip(a, b)):
+        if keep[k]:
+            out[u].append(v)
     return out
 
 
-def order_columns(col: np.ndarray, band: np.ndarray, src: np.ndarray, dst: np.ndarray,
-                  twin: np.ndarray, sweeps: int, x: np.ndarray) -> np.ndarray:
-    """Centred vertical slot of every node after ``sweeps`` barycentre sweeps.
+def topo_order(n: int, rank: Sequence[float], src: Sequence[int], dst: Sequence[int]
+               ) -> list[int]:
+    """A topological order (Kahn), the lowest rank first among the ready items.
+
+    On a cycle the lowest-ranked item left goes next.
 
     Args:
-        col: Column per node (backward columns offset so bands never share one).
-        band: Band per node.
+        n: Item count.
+        rank: Distinct numbers, one per item (the graph order of its first node).
         src: Edge sources.
         dst: Edge targets.
-        twin: Forward twin per node or -1.
-        sweeps: Alternating down/up passes; 0 keeps the topological order.
-        x: Drawn x per node, to count crossings; the order with fewest is kept.
 
     Returns:
-        Slot per node, centred on 0 within its column.
+        The items in order.
     """
-    n = len(col)
-    idx = np.arange(n, dtype=float)
-    pos = _centered_slots(col, idx, idx)
-    same = band[src] == band[dst]
-    s_in, d_in = src[same], dst[same]
-    cross = (band[src] == FORWARD) & (band[dst] == BACKWARD)
-    has_twin = (twin >= 0) & (band == BACKWARD)
-    a_tgt = np.r_[dst[cross], np.flatnonzero(has_twin)]
-    a_src = np.r_[src[cross], twin[has_twin]]
-    if sweeps > 0 and len(a_tgt):  # start the backward band as the mirror of the forward
-        pos = _centered_slots(col, _barycentre(n, a_tgt, pos[a_src], pos), idx)
-    sign = np.where(band == BACKWARD, -1.0, 1.0)
-    best, best_c = pos, crossings(x, pos * sign, src, dst)
-    for i in range(sweeps):
-        down = i % 2 == 0
-        tgt = np.r_[d_in if down else s_in, a_tgt]
-        frm = np.r_[s_in if down else d_in, a_src]
-        pos = _centered_slots(col, _barycentre(n, tgt, pos[frm], pos), pos)
-        c = crossings(x, pos * sign, src, dst)
-        if c < best_c:
-            best, best_c = pos, c
-    return best
+    out = _lists(n, src, dst, [s != d for s, d in zip(src, dst)])
+    indeg = [0] * n
+    for v in range(n):
+        for w in out[v]:
+            indeg[w] += 1
+    ready = [(rank[v], v) for v in range(n) if not indeg[v]]
+    heapq.heapify(ready)
+    by_rank = sorted(range(n), key=lambda v: rank[v])
+    done, order, nxt = [False] * n, [], 0
+    while len(order) < n:
+        if ready:
+            v = heapq.heappop(ready)[1]
+        else:  # a cycle: break it at the lowest rank left
+            while done[by_rank[nxt]]:
+                nxt += 1
+            v = by_rank[nxt]
+        if done[v]:
+            continue
+        done[v] = True
+        order.append(v)
+        for w in out[v]:
+            if not done[w]:
+                indeg[w] -= 1
+                if indeg[w] == 0:
+                    heapq.heappush(ready, (rank[w], w))
+    return order
+
+
+def forward_layers(band: Sequence[int], preds: list[list[int]], succs: list[list[int]]
+                   ) -> list[int]:
+    """Longest-path layers of the forward items, feeders moved next to their first user.
+
+    Returns:
+        The layer per item (0 for backward items).
+    """
+    n = len(band)
+    layer, feeder = [0] * n, [False] * n
+    for v in range(n):
+        if band[v]:
+            continue
+        best, only_feeders = -1, True
+        for u in preds[v]:
+            if band[u]:
+                continue
+            best = max(best, layer[u])
+            only_feeders = only_feeders and feeder[u]
+        layer[v], feeder[v] = best + 1, only_feeders
+    for v in range(n - 1, -1, -1):
+        if band[v] or not feeder[v]:
+            continue
+        users = [layer[w] for w in succs[v] if not band[w]]
+        if users:
+            layer[v] = max(layer[v], min(users) - 1)
+    return layer
+
+
+def backward_buckets(band: Sequence[int], preds: list[list[int]], twin: Sequence[int],
+                     layer: list[int]) -> tuple[int, list[int], list[int]]:
+    """The last forward layer, and each backward item's bucket and depth inside it."""
+    n = len(band)
+    top = max((layer[v] for v in range(n) if not band[v]), default=0)
+    bucket, depth = [0] * n, [0] * n
+    for v in range(n):
+        if not band[v]:
+            continue
+        t = twin[v]
+        k = layer[t] if t >= 0 and not band[t] else top
+        for u in preds[v]:
+            if band[u]:
+                k = min(k, bucket[u])
+        d = 0
+        for u in preds[v]:
+            if band[u] and bucket[u] == k:
+                d = max(d, depth[u] + 1)
+        bucket[v], depth[v] = k, d
+    return top, bucket, depth
+
+
+def columns_of(band: Sequence[int], w: Sequence[float], layer: list[int], top: int,
+               bucket: list[int], depth: list[int]
+               ) -> tuple[list[float], list[int], list[float]]:
+    """Centre ``x`` and column key of every item, and the left edge of every layer.
+
+    The bands never share a column key; ``left`` has one more entry, the right
+    edge of the last layer.
+    """
+    n = len(band)
+    deep = [0] * (top + 1)
+    for v in range(n):
+        if band[v]:
+            deep[bucket[v]] = max(deep[bucket[v]], depth[v] + 1)
+    first = [0] * (top + 2)
+    for lv in range(top + 1):
+        first[lv + 1] = first[lv] + deep[lv]
+    sub, span = [0.0] * first[top + 1], [0.0] * (top + 1)
+    for v in range(n):
+        if band[v]:
+            d = first[bucket[v]] + depth[v]
+            sub[d] = max(sub[d], float(w[v]))
+        else:
+            span[layer[v]] = max(span[layer[v]], float(w[v]))
+    left, right = [0.0] * (top + 2), [0.0] * len(sub)
+    for lv in range(top + 1):
+        s = 0.0
+        for d in range(first[lv], first[lv + 1]):
+            s += sub[d]
+        span[lv] = max(span[lv], s, 1.0)
+        left[lv + 1] = left[lv] + span[lv]
+        r = left[lv + 1]
+        for d in range(first[lv], first[lv + 1]):
+            right[d] = r
+            r -= sub[d]
+    x, col = [0.0] * n, [0] * n
+    for v in range(n):
+        if band[v]:
+            d = first[bucket[v]] + depth[v]
+            x[v], col[v] = right[d] - sub[d] / 2, top + 1 + d
+        else:
+            x[v], col[v] = left[layer[v]] + span[layer[v]] / 2, layer[v]
+    return x, col, left
+
+
+def _stack(columns: list[list[int]], key: Sequence[float], h: Sequence[float],
+           pos: list[float]) -> None:
+    """Sort each column by key (ties: position, index) and stack by height, centred on 0."""
+    for col in columns:
+        col.sort(key=lambda v: (key[v], pos[v], v))
+        c = -sum_in_order(h[v] for v in col) / 2
+        for v in col:
+            pos[v] = c + h[v] / 2
+            c += h[v]
+
+
+def sum_in_order(values: object) -> float:
+    """Left-to-right float sum (as JS adds), not ``math.fsum``."""
+    total = 0.0
+    for x in values:  # type: ignore[attr-defined]
+        total += x
+    return total
+
+
+def _barycentres(band: Sequence[int], preds: list[list[int]], succs: list[list[int]],
+                 twin: Sequence[int], pos: list[float], down: bool, anchors_only: bool
+                 ) -> list[float]:
+    """Sort key per item: the mean position of its neighbours.
+
+    Those are its same-band neighbours on the side the sweep comes from (none when
+    ``anchors_only``) and, for a backward item, its twin and its forward inputs.
+    """
+    n = len(band)
+    key = [0.0] * n
+    near = preds if down else succs
+    for v in range(n):
+        s, c = 0.0, 0
+        if not anchors_only:
+            for u in near[v]:
+                if band[u] == band[v]:
+                    s += pos[u]
+                    c += 1
+        if band[v]:
+            t = twin[v]
+            if t >= 0 and not band[t]:
+                s += pos[t]
+                c += 1
+            for u in preds[v]:
+                if not band[u]:
+                    s += pos[u]
+                    c += 1
+        key[v] = s / c if c else pos[v]
+    return key
+
+
+def layered_layout(is_bwd: Sequence[bool], src: Sequence[int], dst: Sequence[int],
+                   twin: Sequence[int] | None = None, *, w: Sequence[float] | None = None,
+                   h: Sequence[float] | None = None, sweeps: int = SWEEPS) -> Layout:
+    """Lay out items: forward band above, the backward band mirrored below.
+
+    Args:
+        is_bwd: Per item, True when it belongs to the backward band.
+        src: Edge sources (item indices, items in a topological order).
+        dst: Edge targets.
+        twin: Per item, the index of its forward twin or -1.
+        w: Width per item in columns (1 by default).
+        h: Slot height per item in rows (1 by default).
+        sweeps: Barycentre sweeps after the mirror pass.
+
+    Returns:
+        The :class:`Layout`.
+    """
+    n = len(is_bwd)
+    band = [1 if b else 0 for b in is_bwd]
+    src = [int(s) for s in src]
+    dst = [int(d) for d in dst]
+    tw = [int(t) for t in twin] if twin is not None else [-1] * n
+    wv = [float(a) for a in w] if w is not None else [1.0] * n
+    hv = [float(a) for a in h] if h is not None else [1.0] * n
+    fwd = [s < d for s, d in zip(src, dst)]
+    succs, preds = _lists(n, src, dst, fwd), _lists(n, dst, src, fwd)
+    layer = forward_layers(band, preds, succs)
+    top, bucket, depth = backward_buckets(band, preds, tw, layer)
+    x, colof, left = columns_of(band, wv, layer, top, bucket, depth)
+    cols: dict[int, list[int]] = {}
+    for v in range(n):
+        cols.setdefault(colof[v], []).append(v)
+    columns = [cols[c] for c in sorted(cols)]
+    pos = [0.0] * n
+    _stack(columns, [float(v) for v in range(n)], hv, pos)
+    _stack(columns, _barycentres(band, preds, succs, tw, pos, True, True), hv, pos)  # mirror
+    for s in range(sweeps):
+        _stack(columns, _barycentres(band, preds, succs, tw, pos, s % 2 == 0, False), hv, pos)
+    half = 0.0
+    for v in range(n):
+        half = max(half, abs(pos[v]) + hv[v] / 2)
+    half += BAND_GAP / 2
+    y = [-(half + pos[v]) if band[v] else half + pos[v] for v in range(n)]
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    sa, da = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    ex, ey = route_edges(xa, ya, sa, da)
+    return Layout(x=xa, y=ya, layer=np.asarray(layer, dtype=np.int64),
+                  bucket=np.asarray(bucket, dtype=np.int64),
+                  band=np.asarray(band, dtype=np.int8), left=np.asarray(left, dtype=float),
+                  half=half, edge_x=ex, edge_y=ey)
 
 
 def route_edges(x: np.ndarray, y: np.ndarray, src: np.ndarray,
@@ -216,13 +341,13 @@ def route_edges(x: np.ndarray, y: np.ndarray, src: np.ndarray,
     """Polylines of all edges with NaN gaps: straight in a band, one bend across.
 
     Args:
-        x: Node x.
-        y: Node y.
+        x: Item x.
+        y: Item y.
         src: Edge sources.
         dst: Edge targets.
 
     Returns:
-        ``(xs, ys)`` flat arrays for a single line trace.
+        ``(xs, ys)`` flat arrays.
     """
     bent = (y[src] > 0) != (y[dst] > 0)
     s1, d1 = src[~bent], dst[~bent]
@@ -237,61 +362,16 @@ def route_edges(x: np.ndarray, y: np.ndarray, src: np.ndarray,
     return np.r_[xs1.ravel(), xs2.ravel()], np.r_[ys1.ravel(), ys2.ravel()]
 
 
-def layered_layout(is_bwd: list[bool], src: np.ndarray, dst: np.ndarray,
-                   twin: list[int] | None = None, *, sweeps: int = 4,
-                   gap: float = 1.5) -> Layout:
-    """Lay out a joint graph: forward band above, mirrored backward band below.
-
-    Args:
-        is_bwd: Per node, True when it belongs to the backward band.
-        src: Edge sources (node indices, topological order).
-        dst: Edge targets.
-        twin: Per node, index of its forward twin or -1.
-        sweeps: Barycentre passes for crossing reduction (bounded work).
-        gap: Empty space between the bands, in slots.
-
-    Returns:
-        The :class:`Layout`.
-    """
-    n = len(is_bwd)
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    twin = list(twin) if twin is not None else [-1] * n
-    preds, succs = _adjacency(n, src, dst)
-    flayer = forward_layers(is_bwd, preds, succs)
-    bucket, depth = backward_buckets(is_bwd, preds, twin, flayer)
-    band = np.asarray(is_bwd, dtype=np.int8)
-    fl, bk, dp = np.asarray(flayer), np.asarray(bucket), np.asarray(depth)
-    nlayers = int(fl[band == FORWARD].max(initial=0)) + 1
-    width = np.ones(nlayers, dtype=np.int64)
-    if (band == BACKWARD).any():
-        np.maximum.at(width, bk[band == BACKWARD], dp[band == BACKWARD] + 1)
-    left = np.r_[0, np.cumsum(width)[:-1]]
-    total = int(width.sum())
-    bcol = left[bk] + width[bk] - 1 - dp
-    fcol = left[fl] + (width[fl] - 1) / 2.0
-    x = np.where(band == BACKWARD, bcol, fcol).astype(float)
-    layer = np.where(band == BACKWARD, nlayers + (total - 1 - bcol), fl).astype(np.int64)
-    col_key = np.where(band == BACKWARD, total + bcol, fcol * 2).astype(np.int64)
-    tw = np.asarray(twin, dtype=np.int64)
-    pos = order_columns(col_key, band, src, dst, tw, sweeps, x)
-    half = float(np.abs(pos).max(initial=0.0)) + gap / 2.0
-    y = np.where(band == BACKWARD, -(half + pos), half + pos)
-    ex, ey = route_edges(x, y, src, dst)
-    return Layout(x=x, y=y, layer=layer, band=band, edge_x=ex, edge_y=ey)
-
-
 def crossings(x: np.ndarray, y: np.ndarray, src: np.ndarray, dst: np.ndarray) -> int:
     """Number of crossing pairs among edges joining neighbouring columns.
 
     The usual layered-drawing measure: only edges whose ends sit in adjacent
-    distinct x positions count. Pairs inside a column gap are compared
-    vectorised, O(E x the largest gap's edge count).
+    distinct x positions count.
 
     Args:
-        x: Node x (the column of each node).
-        y: Node y.
-        src: Edge sources (node indices).
+        x: Item x (the column of each item).
+        y: Item y.
+        src: Edge sources (item indices).
         dst: Edge targets.
 
     Returns:

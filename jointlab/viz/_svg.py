@@ -1,31 +1,41 @@
-"""SVG text of a labelled DAG: module-group boxes, routed edges, bands, legend.
+"""SVG text of a labelled DAG on a page: boxes, routed edges, band captions, a bounded legend.
 
-The positions come from :func:`jointlab.viz._layout.layered_layout` (the one
-the interactive DAG uses); this module turns them into pixels and writes
-plain SVG 1.1 elements. Every string from the model is XML-escaped. Nothing
-here needs a browser or network.
+Positions come from :func:`jointlab.viz._layout.layered_layout` (the layout
+``dag_view`` runs in the browser) arranged on a page by
+:mod:`jointlab.viz._page`; colours from :mod:`jointlab.viz._style` (module
+colours keyed by module name in graph order, the view's palette). This module
+turns them into plain SVG 1.1 elements. Every string from the model is
+XML-escaped. The root has a ``viewBox`` and ``width="100%"``, so an inline
+SVG in a notebook scales to the cell instead of being clipped. Nothing here
+needs a browser, network or plotly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
 from jointlab.units import human_bytes, human_count
+from jointlab.viz import _legend
+from jointlab.viz._page import Page
+from jointlab.viz._style import PHASE_COLORS
 
 FONT = "DejaVu Sans, Verdana, Arial, sans-serif"
-#: Approximate advance of one character at 12 px (DejaVu Sans is wide).
-CHAR_W = 7.3
-BOX_H = 36.0
-ROW_GAP = 18.0
-COL_GAP = 34.0
-MARGIN = 24.0
-HEADER = 46.0
+#: Approximate advance of one character at 12 px bold (DejaVu Sans is wide).
+CHAR_W = 7.6
+#: Drawn heights of a module box and of a node, pixels per layout row, and the gap
+#: between neighbouring columns.
+BOX_H, NODE_H, ROW_PX, COL_GAP = 44.0, 36.0, 46.0, 30.0
 MAX_LABEL = 26
-PHASE_FILL = {"forward": "#dbe8f6", "backward": "#f8dcdc", "output": "#e8def3"}
-PHASE_STROKE = {"forward": "#1f77b4", "backward": "#d62728", "output": "#9467bd"}
+TITLE_PX = 84.0
+LEGEND_ROW, LEGEND_ENTRY = 18.0, 250.0
+#: Length of the stubs of an edge between rows.
+STUB = 14.0
+#: Legend rows at most (the entries beyond end in one "+N more").
+LEGEND_ROWS = 3
 
 
 def short(text: str, limit: int = MAX_LABEL) -> str:
@@ -37,7 +47,7 @@ def short(text: str, limit: int = MAX_LABEL) -> str:
 
 
 def is_group(info: dict[str, Any]) -> bool:
-    """True for the facts of a module group (a ``plot_dag`` figure drawn collapsed)."""
+    """True for the facts of a module group (from ``collapse``)."""
     return "count" in info
 
 
@@ -60,18 +70,66 @@ def group_lines(info: dict[str, Any]) -> tuple[str, str]:
     return short(str(info["module"])), second
 
 
-def _pixels(lay: Any, box_w: float) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """Box centres in pixels, and the canvas size."""
-    xs = np.unique(lay.x)
-    col = {v: k for k, v in enumerate(xs)}  # columns ranked: gaps in x collapse
-    cx = MARGIN + box_w / 2 + np.asarray([col[v] for v in lay.x]) * (box_w + COL_GAP)
-    ytop = float(lay.y.max(initial=0.0))
-    cy = MARGIN + HEADER + BOX_H / 2 + (ytop - lay.y) * (BOX_H + ROW_GAP)
-    width = float(cx.max(initial=0.0)) + box_w / 2 + MARGIN
-    height = float(cy.max(initial=0.0)) + BOX_H / 2 + MARGIN + 28
-    return cx, cy, max(width, 480.0), height
+def item_lines(data: Any) -> list[tuple[str, str]]:
+    """Both label lines of every item."""
+    return [group_lines(i) if is_group(i) else node_lines(i, n)
+            for i, n in zip(data.info, data.names)]
 
 
+def box_width(lines: Sequence[tuple[str, str]]) -> float:
+    """Pixel width of a box holding the widest of ``lines`` (bold line 1, small line 2)."""
+    widest = max((max(len(a), 0.8 * len(b)) for a, b in lines), default=8)
+    return max(96.0, widest * CHAR_W + 16)
+
+
+def tint(color: str, t: float = 0.8) -> str:
+    """``#rrggbb`` mixed with white (``t`` = share of white)."""
+    rgb = [int(color[k:k + 2], 16) for k in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * t):02x}" for c in rgb)
+
+
+# -- legend ---------------------------------------------------------------------------------
+def legend_entries(keys: Sequence[str], colors: dict[str, str]) -> list[tuple[str, str, str]]:
+    """``(short name, full name, colour)`` per distinct key, in order, bounded.
+
+    At most :data:`jointlab.viz._legend.LEGEND_LEVELS` entries, names cut to
+    :data:`~jointlab.viz._legend.LABEL_MAX` characters (the full name in the entry's
+    tooltip); the rest in one ``+N more`` entry whose tooltip lists them.
+    """
+    uniq = list(dict.fromkeys(keys))
+    cap = _legend.LEGEND_LEVELS
+    out = [(_legend.cut(k, _legend.LABEL_MAX), k, colors[k]) for k in uniq[:cap]]
+    if len(uniq) > cap:
+        rest = uniq[cap:]
+        out.append((f"+{len(rest)} more", ", ".join(rest), ""))
+    return out
+
+
+def legend_height(n_entries: int, width: float) -> float:
+    """Pixels the legend takes at this page width (0 without entries)."""
+    if not n_entries:
+        return 0.0
+    per_row = max(int((width - 48) // LEGEND_ENTRY), 1)
+    rows = min(-(-n_entries // per_row), LEGEND_ROWS + 1)
+    return rows * LEGEND_ROW + 8
+
+
+def legend_svg(entries: list[tuple[str, str, str]], y0: float, width: float) -> list[str]:
+    """The legend below the drawing, entries in rows (never over the drawing)."""
+    per_row = max(int((width - 48) // LEGEND_ENTRY), 1)
+    out = ['<g class="legend">']
+    for k, (label, full, color) in enumerate(entries):
+        x = 24 + (k % per_row) * LEGEND_ENTRY
+        y = y0 + (k // per_row) * LEGEND_ROW + 12
+        swatch = (f'<rect x="{x:.1f}" y="{y - 10:.1f}" width="12" height="12" rx="2" '
+                  f'fill="{tint(color, 0.55)}" stroke="{color}"/>' if color else "")
+        out.append(f'<g class="legend-entry"><title>{escape(full)}</title>{swatch}'
+                   f'<text x="{x + 17:.1f}" y="{y:.1f}" font-size="11">{escape(label)}</text></g>')
+    out.append("</g>")
+    return out
+
+
+# -- edges ----------------------------------------------------------------------------------
 def _clip(x0: float, y0: float, x1: float, y1: float, hw: float, hh: float
           ) -> tuple[float, float]:
     """Where the segment from (x0, y0) to the centre (x1, y1) enters that box."""
@@ -80,79 +138,100 @@ def _clip(x0: float, y0: float, x1: float, y1: float, hw: float, hh: float
     return (x1 - dx * min(t, 1.0), y1 - dy * min(t, 1.0))
 
 
-def _edge_paths(src: np.ndarray, dst: np.ndarray, cx: np.ndarray, cy: np.ndarray,
-                mid_y: float, box_w: float) -> list[str]:
-    """One ``<path>`` per edge: straight in a band, bent at the band gap across."""
-    out = []
-    for s, d in zip(src.tolist(), dst.tolist()):
-        x0, y0, x1, y1 = cx[s], cy[s], cx[d], cy[d]
-        if (y0 < mid_y) != (y1 < mid_y):  # across the bands: via the gap
-            mx = (x0 + x1) / 2
-            ex, ey = _clip(mx, mid_y, x1, y1, box_w / 2, BOX_H / 2)
-            sx, sy = _clip(mx, mid_y, x0, y0, box_w / 2, BOX_H / 2)
-            pts = f"M{sx:.1f},{sy:.1f} L{mx:.1f},{mid_y:.1f} L{ex:.1f},{ey:.1f}"
-        else:
-            sx, sy = _clip(x1, y1, x0, y0, box_w / 2, BOX_H / 2)
-            ex, ey = _clip(x0, y0, x1, y1, box_w / 2, BOX_H / 2)
-            pts = f"M{sx:.1f},{sy:.1f} L{ex:.1f},{ey:.1f}"
-        out.append(f'<path class="edge" d="{pts}" marker-end="url(#arrow)"/>')
-    return out
+def _edge(s: int, d: int, page: Page, bw: np.ndarray, bh: np.ndarray, bwd: np.ndarray) -> str:
+    cx, cy = page.cx, page.cy
+    hs, hd = (bw[s] / 2, bh[s] / 2), (bw[d] / 2, bh[d] / 2)
+    x0, y0, x1, y1 = cx[s], cy[s], cx[d], cy[d]
+    ss, sd = int(page.strip[s]), int(page.strip[d])
+    if ss != sd:  # to another row: a short dashed stub out of one box and into the other
+        out = 1.0 if sd > ss else -1.0
+        a = x0 + out * hs[0]
+        b = x1 - out * hd[0]
+        return (f'<path class="edge-cut" d="M{a:.1f},{y0:.1f} h{out * STUB:.1f} '
+                f'M{b - out * STUB:.1f},{y1:.1f} H{b:.1f}" stroke-dasharray="3 2" '
+                'marker-end="url(#arrow)"/>')
+    if bwd[s] != bwd[d] and page.strips[ss].bwd[1] > page.strips[ss].fwd[3]:  # via the gap
+        mid_y = (page.strips[ss].fwd[3] + page.strips[ss].bwd[1]) / 2
+        mx = (x0 + x1) / 2
+        a, b = _clip(mx, mid_y, x0, y0, *hs), _clip(mx, mid_y, x1, y1, *hd)
+        return (f'<path class="edge" d="M{a[0]:.1f},{a[1]:.1f} L{mx:.1f},{mid_y:.1f} '
+                f'L{b[0]:.1f},{b[1]:.1f}" marker-end="url(#arrow)"/>')
+    a, b = _clip(x1, y1, x0, y0, *hs), _clip(x0, y0, x1, y1, *hd)
+    return (f'<path class="edge" d="M{a[0]:.1f},{a[1]:.1f} L{b[0]:.1f},{b[1]:.1f}" '
+            'marker-end="url(#arrow)"/>')
 
 
-def _box(i: int, info: dict[str, Any], name: str, x: float, y: float, box_w: float) -> str:
-    phase = info.get("phase", "forward")
-    line1, line2 = group_lines(info) if is_group(info) else node_lines(info, name)
+# -- boxes and page -------------------------------------------------------------------------
+def _box(info: dict[str, Any], name: str, lines: tuple[str, str], x: float, y: float,
+         w: float, h: float, color: str, row: int, band: int) -> str:
+    line1, line2 = lines
     tip = escape(f"{name}: {info['count']} nodes" if is_group(info) else f"{name}: {line2}")
-    return (f'<g class="group" data-name={quoteattr(name)}><title>{tip}</title>'
-            f'<rect x="{x - box_w / 2:.1f}" y="{y - BOX_H / 2:.1f}" width="{box_w:.1f}" '
-            f'height="{BOX_H:.0f}" rx="5" fill="{PHASE_FILL.get(phase, "#eeeeee")}" '
-            f'stroke="{PHASE_STROKE.get(phase, "#777777")}" stroke-width="1.2"/>'
+    return (f'<g class="group" data-name={quoteattr(name)} data-row="{row}" '
+            f'data-band="{"backward" if band else "forward"}"><title>{tip}</title>'
+            f'<rect x="{x - w / 2:.1f}" y="{y - h / 2:.1f}" width="{w:.1f}" '
+            f'height="{h:.1f}" rx="5" fill="{tint(color)}" stroke="{color}" '
+            'stroke-width="1.4"/>'
             f'<text class="label" x="{x:.1f}" y="{y - 3:.1f}" text-anchor="middle" '
             f'font-size="12" font-weight="bold">{escape(line1)}</text>'
             f'<text class="sub" x="{x:.1f}" y="{y + 12:.1f}" text-anchor="middle" '
             f'font-size="10" fill="#444">{escape(line2)}</text></g>')
 
 
-def dag_svg(data: Any, lay: Any, title: str) -> str:
-    """The SVG document of a (collapsed) DAG.
+def _captions(page: Page) -> list[str]:
+    out = []
+    many = len(page.strips) > 1
+    for k, st in enumerate(page.strips):
+        row = f" (row {k + 1} of {len(page.strips)})" if many else ""
+        if st.fwd[2] > st.fwd[0] and st.fwd[3] > st.fwd[1]:
+            out.append(f'<text class="band" x="{st.fwd[0]:.1f}" y="{st.fwd[1] - 8:.1f}" '
+                       f'font-size="11" fill="{PHASE_COLORS["forward"]}">forward →{row}</text>')
+        if st.bwd[2] > st.bwd[0] and st.bwd[3] > st.bwd[1]:
+            out.append(f'<text class="band" x="{st.bwd[0]:.1f}" y="{st.bwd[1] - 8:.1f}" '
+                       f'font-size="11" fill="{PHASE_COLORS["backward"]}">← backward{row}</text>')
+    return out
+
+
+def dag_svg(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], colors: list[str],
+            legend: list[tuple[str, str, str]], title: str, subtitle: str) -> str:
+    """The SVG document of a laid-out DAG.
 
     Args:
-        data: :class:`jointlab.viz.dag.DagData` (groups when collapsed).
-        lay: Its :class:`jointlab.viz._layout.Layout`.
+        data: :class:`jointlab.viz._dagdata.DagData` (groups when collapsed).
+        page: Item centres and strips from :func:`jointlab.viz._page.arrange_page`.
+        sizes: Box width and height per item, in pixels.
+        colors: Colour per item.
+        legend: Entries from :func:`legend_entries`.
         title: The heading line.
+        subtitle: The line under it.
 
     Returns:
-        The SVG text; one ``<g class="group">`` per node or group, one
-        ``<path class="edge">`` per edge.
+        The SVG text; one ``<g class="group">`` per item, one ``<path class="edge">``
+        per edge inside a row and one ``<path class="edge-cut">`` per edge between rows.
     """
-    lines = [group_lines(i) if is_group(i) else node_lines(i, n)
-             for i, n in zip(data.info, data.names)]
-    widest = max((max(len(a), len(b)) for a, b in lines), default=8)
-    box_w = max(96.0, widest * CHAR_W + 16)
-    cx, cy, width, height = _pixels(lay, box_w)
-    fwd = [cy[i] for i, b in enumerate(data.is_bwd) if not b]
-    bwd = [cy[i] for i, b in enumerate(data.is_bwd) if b]
-    mid_y = ((max(fwd) + min(bwd)) / 2) if fwd and bwd else height
+    w, h = page.width, page.height
+    bw, bh = sizes
+    bwd = np.asarray(data.is_bwd, dtype=bool)
+    chars = max(int((w - 48) / 8.5), 20)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="{FONT}">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="jl-dag-static" width="100%" '
+        f'viewBox="0 0 {w:.0f} {h:.0f}" data-width="{w:.0f}" data-height="{h:.0f}" '
+        f'font-family="{FONT}" style="max-width:100%;height:auto">',
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
         'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
         'fill="#8a8a9a"/></marker></defs>',
-        f'<rect width="{width:.0f}" height="{height:.0f}" fill="white"/>',
-        f'<text class="title" x="{MARGIN}" y="{MARGIN + 8}" font-size="15" '
-        f'font-weight="bold">{escape(title)}</text>',
-        f'<text x="{MARGIN}" y="{MARGIN + 28}" font-size="11" fill="#1f77b4">forward →'
-        f'</text>',
+        f'<rect width="{w:.0f}" height="{h:.0f}" fill="white"/>',
+        f'<text class="title" x="24" y="30" font-size="15" font-weight="bold">'
+        f'<title>{escape(title)}</title>{escape(short(title, chars))}</text>',
+        f'<text class="subtitle" x="24" y="48" font-size="11" fill="#555">'
+        f'{escape(short(subtitle, int(chars * 1.25)))}</text>',
+        *_captions(page),
+        '<g fill="none" stroke="#8a8a9a" stroke-width="1.1">',
+        *(_edge(s, d, page, bw, bh, bwd) for s, d in zip(data.src.tolist(), data.dst.tolist())),
+        "</g>",
+        *(_box(m, data.names[i], lines, page.cx[i], page.cy[i], bw[i], bh[i], colors[i],
+               int(page.strip[i]), int(bwd[i]))
+          for i, (m, lines) in enumerate(zip(data.info, item_lines(data)))),
+        *legend_svg(legend, page.legend_y, w),
+        "</svg>",
     ]
-    if bwd:
-        parts.append(f'<line x1="0" x2="{width:.0f}" y1="{mid_y:.1f}" y2="{mid_y:.1f}" '
-                     'stroke="#bbb" stroke-dasharray="4 4"/>')
-        parts.append(f'<text x="{MARGIN}" y="{height - MARGIN:.0f}" font-size="11" '
-                     'fill="#d62728">← backward</text>')
-    parts.append('<g fill="none" stroke="#8a8a9a" stroke-width="1.1">')
-    parts += _edge_paths(data.src, data.dst, cx, cy, mid_y, box_w)
-    parts.append("</g>")
-    parts += [_box(i, m, data.names[i], cx[i], cy[i], box_w) for i, m in enumerate(data.info)]
-    parts.append("</svg>")
     return "\n".join(parts)

@@ -18,7 +18,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from jointlab.errors import PlotArgumentError
-from jointlab.viz.dag import DagFigure, plot_dag
+from jointlab.viz._dagfigure import DagFigure
+from jointlab.viz._dagfigure import dag_figure as plot_dag
 
 if TYPE_CHECKING:
     import torch.fx as fx

@@ -1,11 +1,15 @@
 """``jl.export_figure``: a static, labelled SVG (or PNG) of a DAG or a memory plot.
 
-The SVG is written directly, without a browser: the DAG from the same
-layered layout the interactive plot uses, collapsed to module groups (one
-labelled box per module and side: forward above, backward below), and the
-memory plots (:func:`jointlab.plot_memory`, :func:`jointlab.plot_lifetimes`,
-or any plotly figure of line/area scatters and bars) from the figure's own
-traces (:mod:`jointlab.viz._svgplot`).
+The DAG comes from the one DAG engine: the layout ``dag_view`` runs in the
+browser (:mod:`jointlab.viz._layout`, held equal to ``dagview.js`` by
+``tests/test_layout_parity.py``), over the same items (one box per module
+group and band, or every node), in the view's colours
+(:mod:`jointlab.viz._style`), arranged on a page (:mod:`jointlab.viz._page`):
+long chains wrap into rows to meet a target aspect ratio or width, the
+forward band over the backward band or beside it. The memory plots
+(:func:`jointlab.plot_memory`, :func:`jointlab.plot_lifetimes`, or any plotly
+figure of line/area scatters and bars) are drawn from the figure's own traces
+(:mod:`jointlab.viz._svgplot`). A DAG needs neither plotly nor a browser.
 
 A ``.png`` path renders that SVG with the system Chromium, headless (no
 window, no network: ``--screenshot`` of the local file). Without Chromium it
@@ -27,81 +31,124 @@ from typing import Any
 
 import numpy as np
 
+from jointlab import meta as jl_meta
 from jointlab.errors import ExportError
 from jointlab.passes.analyze import require_analyzed
-from jointlab.viz import _layout, _svg, _svgplot
-from jointlab.viz._dagdata import DagData, collapse, graph_data
+from jointlab.viz import _layout, _page, _svg, _svgplot
+from jointlab.viz._dagdata import DagData
+from jointlab.viz._svgcolor import item_colors
+from jointlab.viz._viewitems import view_items
 
 __all__ = ["dag_svg_text", "export_figure", "find_chromium"]
 
-MAX_DEPTH = 8
+COLOR_BY = ("module", "phase")  # and the name of any of ``layers``
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
           "--disable-background-networking", "--disable-component-update", "--disable-sync",
           "--disable-dev-shm-usage", "--force-device-scale-factor=1"]
 
 
-def in_flow_order(data: DagData, full: DagData) -> DagData:
-    """``data``'s groups reordered by their first compute node, edges renumbered.
+def in_view_order(data: DagData, rank: list[int]) -> DagData:
+    """``data``'s items in the view's order, edges and twins renumbered.
 
-    ``collapse`` numbers groups by their first member, and a module's
-    parameter placeholders come first, so a block would sort before the ops
-    that feed it; the layout reads index order as data-flow order.
+    The order is :func:`jointlab.viz._layout.topo_order` of the item graph, ranked
+    by each item's first graph node (as ``dagview.js`` orders the visible items).
     """
-    pos = {n: i for i, n in enumerate(full.names)}
-    state = {n for n, m in zip(full.names, full.info)
-             if m.get("phase") in ("param", "buffer", "input")}
-    key = [min((pos[n] for n in ms if n not in state), default=min(pos[n] for n in ms))
-           for ms in data.members]
-    order = sorted(range(len(key)), key=key.__getitem__)
-    new = {old: k for k, old in enumerate(order)}
-    remap = np.asarray([new[i] for i in range(len(order))], dtype=np.int64)
-    twin = [new[data.twin[i]] if data.twin[i] >= 0 else -1 for i in order]
+    order = _layout.topo_order(len(data.names), rank, data.src.tolist(), data.dst.tolist())
+    new = np.empty(len(order), dtype=np.int64)
+    new[order] = np.arange(len(order))
+    twin = [int(new[data.twin[i]]) if data.twin[i] >= 0 else -1 for i in order]
     return DagData([data.names[i] for i in order], [data.info[i] for i in order],
-                   remap[data.src], remap[data.dst], twin, [data.members[i] for i in order])
+                   new[data.src], new[data.dst], twin, [data.members[i] for i in order])
 
 
-def _auto_depth(data: DagData, max_groups: int) -> tuple[DagData, int]:
-    """The deepest module collapse with at most ``max_groups`` groups (at least depth 1)."""
-    best, best_depth = collapse(data, 1), 1
-    for depth in range(2, MAX_DEPTH + 1):
-        nxt = collapse(data, depth)
-        if len(nxt.names) > max_groups or len(nxt.names) == len(best.names):
-            break
-        best, best_depth = nxt, depth
-    return best, best_depth
+def _check_depth(depth: Any) -> None:
+    if depth is None or depth == "auto":
+        return
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ExportError(f"depth must be 'auto', None (every node) or an int >= 1, "
+                          f"got {depth!r}")
 
 
-def dag_svg_text(joint: Any, *, depth: int | str = "auto", max_groups: int = 60,
-                 title: str | None = None) -> str:
-    """The SVG text of ``joint``'s DAG collapsed to module groups.
+def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: int = 60,
+                 title: str | None = None, aspect: float | None = 1.414,
+                 width: float | None = None, arrange: str = "stacked",
+                 color_by: str = "module",
+                 layers: dict[str, dict[str, Any]] | None = None) -> str:
+    """The SVG text of ``joint``'s DAG, laid out to a page.
 
     Args:
         joint: A traced joint graph.
-        depth: Module FQN components kept per group, or ``"auto"``: the
-            deepest level with at most ``max_groups`` groups.
-        max_groups: Group budget of ``depth="auto"``.
+        depth: Module-tree levels opened, as in ``dag_view`` (levels count where the
+            module tree branches); ``"auto"``: whole levels while at most ``max_groups``
+            items (nodes and boxes) are drawn, as ``dag_view(budget=...)`` opens;
+            ``None``: every node.
+        max_groups: Item budget of ``depth="auto"``.
         title: Heading; a summary line by default.
+        aspect: Target width/height of the page (1.414: landscape A4); the rows
+            are chosen to come closest and the page is padded to it exactly.
+        width: Target page width in pixels: the fewest rows that fit it.
+        arrange: ``"stacked"`` (each row's forward band over its backward band) or
+            ``"side"`` (side by side).
+        color_by: ``"module"`` (the view's module colours), ``"phase"``, or the name
+            of one of ``layers``.
+        layers: Label colourings ``{name: {node_name: label}}`` as ``dag_view`` takes
+            them (e.g. ``compiled.kernel_layer()``): ranked, the first twelve with a
+            colour and a short legend name of their own, a box coloured only when
+            all its nodes share a label.
 
     Returns:
         The SVG document.
 
     Raises:
-        ExportError: ``depth`` is neither ``"auto"`` nor an int >= 1.
+        ExportError: A bad ``depth``, ``arrange``, ``color_by``, ``aspect`` or ``width``.
     """
+    _check_page_args(aspect, width, arrange, color_by, layers)
+    _check_depth(depth)
     require_analyzed(joint.graph_module)
-    full = graph_data(joint)
-    if depth == "auto":
-        data, depth = _auto_depth(full, max_groups)
-    elif isinstance(depth, int) and not isinstance(depth, bool) and depth >= 1:
-        data = collapse(full, depth)
-    else:
-        raise ExportError(f"depth must be 'auto' or an int >= 1, got {depth!r}")
-    data = in_flow_order(data, full)
-    lay = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin)
+    data, rank = view_items(joint, depth, max_groups)
+    data = in_view_order(data, rank)
+    n = len(data.names)
+    box = np.asarray(["count" in m for m in data.info], dtype=bool)
+    w = np.where(box, float(_layout.BOX_COLS), 1.0)
+    h = np.where(box, _layout.BOX_SLOT, _layout.NODE_SLOT)
+    lay = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, w=w, h=h)
+    lines = _svg.item_lines(data)
+    px = np.asarray([_svg.box_width([ln]) for ln in lines]) if n else np.zeros(0)
+    col_px = max(float(np.max(px / w, initial=0.0)), 60.0) + _svg.COL_GAP
+    row_px = _svg.ROW_PX
+    modules = [str(jl_meta.info(nd).get("module", "")) for nd in joint.graph.nodes]
+    colors, legend = item_colors(data, color_by, modules, (layers or {}).get(color_by))
+    page = _page.arrange_page(lay, h, col_px, row_px, aspect=aspect, width=width,
+                              arrange=arrange, top=_svg.TITLE_PX,
+                              bottom_for=lambda pw: _svg.legend_height(len(legend), pw))
+    sizes = (w * col_px - _svg.COL_GAP, np.where(box, _svg.BOX_H, _svg.NODE_H))
+    nb, nbox = sum(data.is_bwd), int(box.sum())
     if title is None:
-        title = (f"Joint graph: {len(full.names)} nodes in {len(data.names)} module groups "
-                 f"(depth {depth}); forward above, backward below")
-    return _svg.dag_svg(data, lay, title)
+        title = f"Joint graph: {len(modules)} nodes" + (
+            f", drawn as {n - nbox} nodes and {nbox} module boxes" if nbox else "")
+    rows = len(page.strips)
+    sub = (f"forward ({n - nb}) left→right, backward ({nb}) right←left "
+           f"{'below' if arrange == 'stacked' else 'beside'} it"
+           + (f"; wrapped into {rows} rows" if rows > 1 else ""))
+    return _svg.dag_svg(data, page, sizes, colors, legend, title, sub)
+
+
+def _check_page_args(aspect: Any, width: Any, arrange: Any, color_by: Any,
+                     layers: dict[str, dict[str, Any]] | None) -> None:
+    if arrange not in _page.ARRANGEMENTS:
+        raise ExportError(f"arrange must be one of {_page.ARRANGEMENTS}, got {arrange!r}")
+    allowed = COLOR_BY + tuple(layers or ())
+    if color_by not in allowed:
+        raise ExportError(f"color_by must be one of {allowed}, got {color_by!r}")
+    for name, values in (layers or {}).items():
+        if any(isinstance(v, (int, float)) and not isinstance(v, bool)
+               for v in values.values()):
+            raise ExportError(f"layer {name!r} has numbers: the static export draws label "
+                              "layers only; show numeric layers with jl.dag_view")
+    for name, v in (("aspect", aspect), ("width", width)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not v > 0):
+            raise ExportError(f"{name} must be a number > 0 or None, got {v!r}")
 
 
 def find_chromium() -> str | None:
@@ -117,6 +164,8 @@ def _svg_size(svg: str) -> tuple[int, int]:
     import xml.etree.ElementTree as ET
 
     root = ET.fromstring(svg)
+    if root.get("data-width"):
+        return int(float(root.get("data-width"))), int(float(root.get("data-height")))
     return int(float(root.get("width", 800))), int(float(root.get("height", 600)))
 
 
@@ -144,49 +193,67 @@ def _png(svg: str, path: pathlib.Path, timeout_s: float) -> None:
         shutil.copyfile(out, path)
 
 
-def _svg_of(obj: Any, depth: int | str, max_groups: int, title: str | None) -> str:
+def _svg_of(obj: Any, page: dict[str, Any], title: str | None) -> str:
     if hasattr(obj, "graph_module"):
-        return dag_svg_text(obj, depth=depth, max_groups=max_groups, title=title)
-    data, lay = getattr(obj, "_jointlab_data", None), getattr(obj, "_jointlab_layout", None)
-    if data is not None and lay is not None:  # a plot_dag figure: its own groups and layout
-        head = title or str(obj.layout.title.text or "Joint graph")
-        return _svg.dag_svg(data, lay, head)
+        return dag_svg_text(obj, title=title, **page)
+    if hasattr(obj, "payload") and hasattr(obj, "write_html"):
+        raise ExportError("export_figure takes the joint graph, not its dag_view: "
+                          "jl.export_figure(joint, path, depth=...) draws the same engine's "
+                          "layout and colours")
     if hasattr(obj, "timeline") and hasattr(obj, "peak_bytes"):  # a MemoryProfile
-        from jointlab.viz.memory import plot_memory
-
+        try:
+            from jointlab.viz.memory import plot_memory
+        except ModuleNotFoundError as exc:
+            raise ExportError("exporting a MemoryProfile draws plot_memory, which needs "
+                              "plotly: pip install plotly (a joint graph's DAG needs "
+                              "nothing)") from exc
         obj = plot_memory(obj)
     if hasattr(obj, "data") and hasattr(obj, "layout"):
         return _svgplot.figure_svg(obj, title=title)
-    raise ExportError(f"cannot export a {type(obj).__name__}: pass a joint graph, a plot_dag "
-                      "figure, a MemoryProfile, or a plot_memory/plot_lifetimes figure")
+    raise ExportError(f"cannot export a {type(obj).__name__}: pass a joint graph, a "
+                      "MemoryProfile, or a plot_memory/plot_lifetimes figure")
 
 
-def export_figure(obj: Any, path: str | os.PathLike[str], *, depth: int | str = "auto",
+def export_figure(obj: Any, path: str | os.PathLike[str], *, depth: int | str | None = "auto",
                   max_groups: int = 60, title: str | None = None,
+                  aspect: float | None = 1.414, width: float | None = None,
+                  arrange: str = "stacked", color_by: str = "module",
+                  layers: dict[str, dict[str, Any]] | None = None,
                   timeout_s: float = 60.0) -> pathlib.Path:
     """Write a static, labelled figure of ``obj`` to ``path`` (``.svg`` or ``.png``).
 
     Args:
-        obj: A joint graph (its DAG, collapsed to modules), a ``plot_dag``
-            figure (as drawn, e.g. ``depth=2``), a ``MemoryProfile``
-            (``plot_memory`` of it), or a ``plot_memory``/``plot_lifetimes`` figure.
+        obj: A joint graph (its DAG), a ``MemoryProfile`` (``plot_memory`` of it), or a
+            ``plot_memory``/``plot_lifetimes`` figure.
         path: Output file; the suffix chooses the format.
-        depth: For a joint graph: module components per group, or ``"auto"``.
-        max_groups: For ``depth="auto"``: the most groups drawn.
+        depth: For a joint graph: module-tree levels opened, ``"auto"`` (whole levels
+            while at most ``max_groups`` items are drawn) or ``None`` (every node).
+        max_groups: For ``depth="auto"``: the most items (nodes and boxes) drawn.
         title: Heading; the figure's own or a summary line by default.
+        aspect: For a joint graph: the page's width/height (long chains wrap into rows
+            to come close; the page is padded to it exactly). None: no target.
+        width: For a joint graph: the page width in pixels to fit (fewest rows).
+        arrange: For a joint graph: ``"stacked"`` (forward over backward) or ``"side"``.
+        color_by: For a joint graph: ``"module"`` (the view's colours), ``"phase"``, or
+            a name in ``layers``.
+        layers: For a joint graph: label colourings ``{name: {node_name: label}}``, as
+            ``dag_view`` takes them (its legend is bounded the same way).
         timeout_s: How long Chromium may take for a PNG.
 
     Returns:
         The path written.
 
     Raises:
-        ExportError: Unknown suffix or object, or no Chromium for a PNG.
+        ExportError: Unknown suffix or object, a bad page argument, or no Chromium for
+            a PNG.
     """
     out = pathlib.Path(path)
     suffix = out.suffix.lower()
     if suffix not in (".svg", ".png"):
         raise ExportError(f"export_figure writes .svg or .png, got {out.name!r}")
-    svg = _svg_of(obj, depth, max_groups, title)
+    page = {"depth": depth, "max_groups": max_groups, "aspect": aspect, "width": width,
+            "arrange": arrange, "color_by": color_by, "layers": layers}
+    svg = _svg_of(obj, page, title)
     if suffix == ".svg":
         out.write_text(svg, encoding="utf-8")
     else:
