@@ -15,7 +15,7 @@ The panel used to show the DAG as a plotly ``FigureWidget`` of WebGL
 This widget draws with the bundled 2-D canvas renderer (no WebGL, no
 plotly). It carries the compact :func:`jointlab.viz.dagview.build_payload`
 and its view state as synced traits, and its small module
-(:data:`jointlab.viz.dagview.JS_PATH` plus the glue below) draws from that
+(:func:`jointlab.viz.dagview.renderer_js` plus the glue below) draws from that
 state whenever a view is mounted, once the element is in the document (the
 renderer sizes its canvas from it), and again after every change. Nothing
 depends on the order in which messages arrive.
@@ -35,7 +35,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from jointlab.viz.dagview import JS_PATH, build_payload
+from jointlab.viz.dagview import build_payload, renderer_js
 
 __all__ = ["ALL", "FIT", "DagCursor", "DagWidget"]
 
@@ -162,7 +162,7 @@ export default {
     data.type = "application/json"; data.id = id + "-data";
     data.textContent = JSON.stringify(model.get("payload"));
     el.appendChild(root); el.appendChild(data);
-    let refresh = null, gone = false;
+    let refresh = null, gone = false, view = null;
     const handlers = ["current", "selected", "hidden", "depth", "values"].map(k => {
       const f = () => { if (refresh) refresh(new Set([k])); };
       model.on("change:" + k, f);
@@ -171,18 +171,22 @@ export default {
     const mount = () => {  // ipywidgets may render before the element is in the document
       if (gone) return;
       if (!root.isConnected) { requestAnimationFrame(mount); return; }
-      refresh = wire(window.jointlabDag(id), model, root);
+      view = window.jointlabDag(id);
+      refresh = wire(view, model, root);
       root.dataset.ready = "1";
     };
     mount();
-    return () => { gone = true; for (const [k, f] of handlers) model.off("change:" + k, f); };
+    return () => {
+      gone = true; for (const [k, f] of handlers) model.off("change:" + k, f);
+      if (view) view.release();
+    };
   },
 };
 """
 
 
 def _esm() -> str:
-    return JS_PATH.read_text(encoding="utf-8") + "\n" + _GLUE
+    return renderer_js() + "\n" + _GLUE
 
 
 class DagWidget(anywidget.AnyWidget):
