@@ -75,3 +75,173 @@ def test_listeners_are_released_when_the_view_leaves_the_document(lm_joint, tmp_
         assert after["window"] == base["window"] == 0 and after["document"] == 0
         assert after["views"] == 0 and after["raf"] == 0 and after["released"] is True
     assert errors.errors == [], errors.errors
+
+
+@pytest.fixture(scope="module")
+def gpt2_joint():
+    import jointlab as jl
+    from tests.fixtures import real
+
+    f = real.get("hf_gpt2")
+    return jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))
+
+
+def _matches(joint, query: str) -> list[str]:
+    """Nodes a search for ``query`` should find, from the graph: name, label, op or module."""
+    import jointlab as jl
+    from jointlab.viz.dagview import node_label
+
+    q = query.lower()
+    return [n.name for n in joint.graph.nodes
+            if any(q in str(s).lower() for s in (
+                n.name, node_label(n, jl.meta.info(n)),
+                jl.meta.info(n).get("target", n.op), jl.meta.module(n)))]
+
+
+def _full_labels(joint) -> dict[str, str]:
+    import jointlab as jl
+    from jointlab.viz.dagview import node_label
+
+    return {n.name: node_label(n, jl.meta.info(n)) for n in joint.graph.nodes}
+
+
+def _settle(page) -> dict:
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    return page.evaluate(f"() => {VIEW}.state()")
+
+
+def _assert_readable(s: dict, names, labels: dict[str, str], what: str) -> None:
+    """Every node in ``names`` has its whole label drawn, inside the canvas, at a readable zoom."""
+    W, H = s["canvas"]
+    drawn = {p["name"]: p for p in s["pinned"]}
+    for name in names:
+        assert name in drawn, (what, name, sorted(drawn))
+        p = drawn[name]
+        x0, y0, x1, y1 = p["rect"]
+        assert p["text"] == labels[name], (what, name, p["text"])  # whole, never cut
+        assert 0 <= x0 < x1 <= W and 0 <= y0 < y1 <= H, (what, name, p["rect"], W, H)
+        assert x1 - x0 >= 8 * len(labels[name]) * 0.5  # drawn at a readable size (11px font)
+
+
+def _step_through(page, query: str, want: list[str], labels: dict[str, str], steps: int,
+                  shot: str | None = None) -> dict:
+    """Search, then step with Enter/Shift+Enter and the buttons; check each current hit."""
+    page.fill(".jl-search", query)
+    page.press(".jl-search", "Enter")
+    s = _settle(page)
+    n = len(want)
+    assert s["hitCount"] == n and s["hits"] == n, (s["hitCount"], n)
+    assert page.locator(".jl-count").text_content() == f"1 of {n}"
+    if shot:
+        page.screenshot(path=str(SHOTS / shot))
+    for k in range(steps):
+        if k:
+            page.press(".jl-search", "Enter")
+            s = _settle(page)
+        assert s["current"] == want[k % n] and s["hitAt"] == k % n, (k, s["current"])
+        assert s["ay"] == 1, "the view is never stretched"
+        assert s["k"] * 3 >= 44, "a column is wide enough for labels"
+        assert page.locator(".jl-count").text_content() == f"{k % n + 1} of {n}"
+        on = page.evaluate(f"""() => {{ const v = {VIEW}, c = v.canvas, out = [];
+            for (const i of v.hits) {{ if (v.itemOf[i] !== i) continue;
+                const [sx, sy] = v.toScreen(v.x[i], v.y[i]);
+                if (sx >= 0 && sy >= 0 && sx <= c.clientWidth && sy <= c.clientHeight)
+                    out.push(v.P.nodes.name[i]); }} return out; }}""")
+        assert want[k % n] in on
+        _assert_readable(s, on, labels, f"{query} hit {k}")  # every open hit on screen
+    page.press(".jl-search", "Shift+Enter")
+    back = _settle(page)
+    assert back["current"] == want[(steps - 2) % n], "Shift+Enter goes back"
+    page.locator(".jl-next").click()
+    assert _settle(page)["current"] == want[(steps - 1) % n], "the next button goes on"
+    page.locator(".jl-prev").click()
+    page.locator(".jl-prev").click()
+    assert _settle(page)["current"] == want[(steps - 3) % n], "the previous button goes back"
+    return s
+
+
+def _pixel(page, name: str) -> str | None:
+    """The colour the canvas shows at node ``name``'s centre, or None when it is not open."""
+    return page.evaluate(f"""() => {{ const v = {VIEW}, i = v.P.nodes.name.indexOf({name!r});
+        if (v.itemOf[i] !== i) return null;
+        const [sx, sy] = v.toScreen(v.x[i], v.y[i]), d = window.devicePixelRatio || 1;
+        if (sx < 10 || sy < 10 || sx > v.canvas.clientWidth - 10 || sy > v.canvas.clientHeight - 10)
+            return null;
+        const p = v.canvas.getContext('2d').getImageData(Math.round(sx * d), Math.round(sy * d),
+                                                         1, 1).data;
+        return '#' + [p[0], p[1], p[2]].map(x => x.toString(16).padStart(2, '0')).join(''); }}""")
+
+
+def _module_pixels(page, joint) -> dict[str, str]:
+    """Per module, the colour most of its open, on-screen nodes show at their centre.
+
+    (A few centres lie under a neighbour's label or edge; most show the fill.)
+    """
+    from collections import Counter
+
+    import jointlab as jl
+
+    page.evaluate(f"() => {{ const v = {VIEW}; v.hits = new Set(); v.hitList = [];"
+                  " v.current = -1; v.render(); }")  # no rings over the sampled centres
+    out: dict[str, Counter] = {}
+    for n in joint.graph.nodes:
+        c = _pixel(page, n.name)
+        if c:
+            out.setdefault(jl.meta.module(n), Counter())[c] += 1
+    return {m: c.most_common(1)[0][0] for m, c in out.items()
+            if c.most_common(1)[0][1] * 2 > sum(c.values())}
+
+
+def test_search_steps_through_hits_with_readable_labels_and_stable_colours(gpt2_joint, tmp_path):
+    from jointlab.viz._hierarchy import prefixes
+    from jointlab.viz._style import module_colors
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    want = _matches(gpt2_joint, "addmm")
+    assert len(want) >= 4
+    labels = _full_labels(gpt2_joint)
+    path = dag_view(gpt2_joint).write_html(tmp_path / "gpt2.html")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    import jointlab as jl
+    mods = list(dict.fromkeys(jl.meta.module(n) for n in gpt2_joint.graph.nodes))
+    ref = module_colors(["", *(p for m in mods for p in prefixes(m))])  # keyed by name, graph order
+    with browser() as b:
+        page, errors = _open(b, path)
+        page.screenshot(path=str(SHOTS / "gpt2_open.png"))
+        before = _module_pixels(page, gpt2_joint)
+        assert len(before) >= 5
+        for m, c in before.items():
+            assert c == ref[m], (m, c, ref[m])
+        _step_through(page, "addmm", want, labels, steps=len(want) + 1, shot="gpt2_addmm.png")
+        page.screenshot(path=str(SHOTS / "gpt2_addmm_stepped.png"))
+        after = _module_pixels(page, gpt2_joint)  # other modules are in view now
+        assert len(after) >= 3 and {m: ref[m] for m in after} == after
+        page.get_by_role("button", name="fit").click()
+        again = _module_pixels(page, gpt2_joint)
+        common = set(before) & set(again)
+        assert len(common) >= 5 and {m: again[m] for m in common} == {m: before[m] for m in common}
+    assert errors.errors == [], errors.errors
+
+
+@pytest.mark.slow
+def test_search_at_50k_nodes_steps_with_readable_labels(tmp_path):
+    """The bench's 385-layer GPT-2 (~50k nodes; cached by ``bench/bench_dagview.py``)."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
+    from bench_dagview import BIG_LAYERS, deep_joint
+
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    big = deep_joint(BIG_LAYERS)
+    want = _matches(big, "gelu_backward")
+    assert len(want) == BIG_LAYERS
+    path = dag_view(big).write_html(tmp_path / "big.html")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with browser() as b:
+        page, errors = _open(b, path)
+        _step_through(page, "gelu_backward", want, _full_labels(big), steps=4,
+                      shot="big_gelu_backward.png")
+    assert errors.errors == [], errors.errors

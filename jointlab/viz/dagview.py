@@ -29,6 +29,7 @@ import numpy as np
 from jointlab import meta as _meta
 from jointlab.passes.analyze import require_analyzed
 from jointlab.viz import _hierarchy, _legend
+from jointlab.viz._style import PALETTE, PHASE_COLORS, module_colors
 
 JS_DIR = pathlib.Path(__file__).parent / "static"
 #: The renderer's parts, in the order they are concatenated (each may use what comes before).
@@ -61,6 +62,7 @@ groups       per module group (0 = root ""), parents before children:
 expanded     group indices open at first
 tables       {label, target, phase, shape, dtype, cat, source, mtype}: string tables
 palette      colours of categories; phase_colors {phase: colour}
+backward_phases  phases drawn in the backward band (jointlab.meta.BACKWARD_PHASES)
 color_by     initial colouring: module, phase, category, bytes, flops, or a layer name
 budget       node budget the first view was opened to
 layers       {name: {kind: num|cat, v (per node), gf/gb (per group), lo, hi | levels,
@@ -69,14 +71,7 @@ hits         optional node indices found at first (the diff view: its changes), 
              through with next/previous like search hits
 """
 DEFAULT_BUDGET = 2000
-BACKWARD_PHASES = ("backward", "output")
-#: Distinct colours for visible module groups (tab20 reordered, dark first). Beyond
-#: this many visible groups the renderer falls back to golden-angle HSL hues.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
-           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
-PHASE_COLORS = {"param": "#2ca02c", "buffer": "#8c564b", "input": "#7f7f7f",
-                "forward": "#1f77b4", "backward": "#d62728", "output": "#9467bd"}
+BACKWARD_PHASES = _meta.BACKWARD_PHASES
 
 
 def node_label(node: Any, m: dict[str, Any], ops: dict[Any, str] | None = None) -> str:
@@ -254,15 +249,18 @@ def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "
     cols = _node_arrays(nodes, infos, tables)
     cols["g"] = tree.node_group.tolist()
     mtype = {m.get("module", ""): m.get("module_type", "") for m in infos}
+    colors = module_colors(["", *(p for m in mtype for p in _hierarchy.prefixes(m))])
     groups = {"name": tree.names, "parent": tree.parent.tolist(), "level": tree.level.tolist(),
               "mtype": [mtype.get(n, "") for n in tree.names],
+              "color": [colors[n] for n in tree.names],
               **_group_stats(tree, is_bwd, {"count": np.ones(len(nodes)),
                                             "flops": np.asarray(cols["flops"]),
                                             "bytes": np.asarray(cols["bytes"])})}
     return {"title": title_text(joint), "nodes": cols, "edges": edges.ravel().tolist(),
             "groups": groups, "expanded": np.flatnonzero(expanded).tolist(),
             "tables": {k: v.items for k, v in tables.items()}, "palette": list(PALETTE),
-            "phase_colors": PHASE_COLORS, "color_by": color_by, "budget": budget,
+            "phase_colors": PHASE_COLORS, "backward_phases": list(BACKWARD_PHASES),
+            "color_by": color_by, "budget": budget,
             "layers": _layers(nodes, tree, is_bwd, layers)}
 
 

@@ -122,7 +122,7 @@ function valueRows(view, model) {  // detail-panel rows: the value statistics Py
 function wire(view, model, el) {
   view.index = new Map(view.P.nodes.name.map((n, i) => [n, i]));
   hiddenUpdate(view); valueRows(view, model);
-  if (!model.get("own_search")) view.search.style.display = "none";
+  if (!model.get("own_search")) view.searchBox.style.display = "none";
   const select = view.select.bind(view);
   let clicks = 0;
   view.detailNode = -1;

@@ -5,6 +5,9 @@
   const XS = 3.0;          // a column is this many rows wide (room for labels)
   const LABEL_MIN_PX = 44; // a column must be this wide on screen before node labels show
   const MAX_LABELS = 2500; // labels drawn per frame at most
+  const MAX_PINNED = 400;  // whole labels drawn per frame on hits, the ringed node and twins
+  const READ_K = 20;       // the zoom (px per row) a search hit or the stepper's node is shown at:
+                           // a column is 60 px, past LABEL_MIN_PX, so its label is drawn
   // item sizes in world units (a column is XS wide, a row 1 high): half widths and heights,
   // and the slot each takes in its column (the rest is the gap to its neighbour)
   const NODE_HW = 0.3 * XS, NODE_HH = 0.4, NODE_SLOT = 1.0;
@@ -24,7 +27,9 @@
 .jl-dag .jl-legend{padding:2px 6px;border-top:1px solid #eee;min-height:18px;flex:none;max-height:25%;overflow-y:auto}
 .jl-dag .jl-legend span{display:inline-block;margin-right:10px;white-space:nowrap}
 .jl-dag .jl-legend i{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:-1px}
-.jl-dag .jl-status{color:#555}`;
+.jl-dag .jl-status{color:#555}
+.jl-dag .jl-searchbox{display:inline-flex;gap:2px;align-items:center}
+.jl-dag .jl-count{color:#333;min-width:4em;margin-left:4px;white-space:nowrap}`;
 
   function human(x, unit) {
     const a = Math.abs(x), s = ["", "k", "M", "G", "T", "P"];
@@ -53,6 +58,11 @@
     let n = Math.floor(s.length * maxw / w);
     while (n >= 3 && textWidth(ctx, cut(n)) > maxw) n--;
     return n >= 3 ? cut(n) : "";
+  }
+  // Text with a white halo, readable over edges and outlines.
+  function haloText(ctx, s, x, y, color) {
+    ctx.lineJoin = "round"; ctx.strokeStyle = "rgba(255,255,255,.9)"; ctx.lineWidth = 3;
+    ctx.strokeText(s, x, y); ctx.fillStyle = color; ctx.fillText(s, x, y);
   }
   // Screen rectangles already holding text: a label that would overlap one is skipped.
   class Occupancy {

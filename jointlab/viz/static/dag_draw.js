@@ -19,17 +19,23 @@
       const [, zy] = this.toScreen(0, 0); ctx.strokeStyle = "rgba(0,0,0,.15)"; ctx.setLineDash([4, 4]);
       ctx.beginPath(); ctx.moveTo(0, zy); ctx.lineTo(W, zy); ctx.stroke(); ctx.setLineDash([]);
       this._occ = new Occupancy();  // text drawn so far this frame
-      this._drawTitles(ctx, W, H);
+      ctx.font = FONT;
+      const pinned = this._placePinned(ctx, W, H);  // first claim: hits, the ringed node and twins
+      const titles = this._drawTitles(ctx, W, H);
       this._drawEdges(ctx, W, H);
+      ctx.textAlign = "start";
+      for (const [txt, x, y] of titles) haloText(ctx, txt, x, y, "#333");  // over the edges
       this._drawBoxes(ctx, W, H, on);
       this._drawNodes(ctx, W, H, on);
+      this._drawPinned(ctx, pinned);
       this._drawMiniView();
       const t1 = performance.now();
       this.lastFrameMs = t1 - t0; this.lastFrameEnd = t1;  // frame timing, read by bench/
       if (this.firstFrameEnd === undefined) { this.firstFrameEnd = t1; performance.mark("jl-dag-first-frame"); }
     }
-    _drawTitles(ctx, W, H) {  // outlines and titles of open groups (click a title to close)
+    _drawTitles(ctx, W, H) {  // outlines of open groups; their titles, drawn after the edges
       this.titles = [];
+      const texts = [];
       ctx.font = FONT;
       for (const key of this.outlineKeys) {  // outer groups first
         const o = key * 4;
@@ -46,11 +52,52 @@
         const txt = cut + sfx, w = textWidth(ctx, txt);
         for (const ty of [Math.max(t, 0), Math.max(t, 0) + 13]) {
           if (ty + 13 > u || !this._occ.place(ax, ty, ax + w, ty + 13)) continue;
-          ctx.fillStyle = "#333"; ctx.fillText(txt, ax, ty + 11);
+          texts.push([txt, ax, ty + 11]);
           this.titles.push([gid, ax - 2, ty, ax + w + 2, ty + 13, key & 1]);
           break;
         }
       }
+      return texts;
+    }
+    // Pinned nodes: the current hit, the selected (ringed) node and its twins, then the other
+    // hits. Each open one on screen gets its whole label, never cut, kept inside the canvas,
+    // above the node, else below, else beside it; its node and label are claimed before any
+    // group title or other label, so nothing is drawn over them.
+    pinnedNodes() {
+      const out = [], seen = new Set(), add = i => { if (i >= 0 && !seen.has(i)) { seen.add(i); out.push(i); } };
+      add(this.current);
+      if (this.selected >= 0) { add(this.selected); for (const j of this.twinsOf(this.selected)) add(j); }
+      for (const i of this.hitList.length ? this.hitList : this.hits) { if (out.length >= MAX_PINNED) break; add(i); }
+      return out;
+    }
+    _placePinned(ctx, W, H) {
+      const r = this._radius(), T = this.P.tables, n = this.P.nodes, occ = this._occ, out = [];
+      for (const i of this.pinnedNodes()) {
+        if (this.itemOf[i] !== i) continue;
+        const [sx, sy] = this.toScreen(this.x[i], this.y[i]);
+        if (sx < 0 || sy < 0 || sx > W || sy > H) continue;
+        const text = T.label[n.label[i]], w = textWidth(ctx, text), hw = w / 2 + 2;
+        const cx = Math.min(Math.max(sx, hw + 1), W - hw - 1);  // inside the canvas
+        const spots = [[cx, sy - r - 15], [cx, sy + r + 2], [sx + r + 4 + hw, sy - 7], [sx - r - 4 - hw, sy - 7]]
+          .filter(([x, y]) => y >= 0 && y + 13 <= H && x - hw >= 0 && x + hw <= W);
+        const at = spots.find(([x, y]) => occ.free(x - hw, y, x + hw, y + 13)) || spots[0];
+        occ.take(sx - r - 5, sy - r - 5, sx + r + 5, sy + r + 5);  // the node and its ring
+        if (!at) continue;
+        occ.take(at[0] - hw, at[1], at[0] + hw, at[1] + 13);
+        out.push({i, text, x: at[0], y: at[1], rect: [at[0] - hw, at[1], at[0] + hw, at[1] + 13]});
+      }
+      return out;
+    }
+    _drawPinned(ctx, pinned) {
+      ctx.font = FONT; ctx.textAlign = "center";
+      for (const p of pinned) {
+        const cur = p.i === this.current || p.i === this.selected;
+        ctx.fillStyle = "rgba(255,255,255,.85)"; ctx.fillRect(p.rect[0], p.rect[1], p.rect[2] - p.rect[0], 13);
+        if (cur) { ctx.strokeStyle = "#111"; ctx.lineWidth = 1; ctx.strokeRect(p.rect[0], p.rect[1], p.rect[2] - p.rect[0], 13); }
+        ctx.fillStyle = "#000"; ctx.fillText(p.text, p.x, p.y + 10.5);
+      }
+      ctx.textAlign = "start";
+      this.pinnedLabels = pinned.map(p => ({name: this.P.nodes.name[p.i], text: p.text, rect: p.rect}));
     }
     _clip(it, sx, sy, tx, ty) {  // end the edge at the target's outline
       if (it < this.N) { const r = this._radius() + 1, d = Math.hypot(sx - tx, sy - ty) || 1; return [tx + (sx - tx) * r / d, ty + (sy - ty) * r / d]; }
@@ -169,7 +216,9 @@
       ctx.textAlign = "center"; ctx.font = FONT;
       const occ = this._occ, rowPx = this.k * this.ay, shown = [];
       const withShapes = shapes && rowPx >= 28;
+      const pin = new Set(this.pinnedNodes());
       if (rowPx >= 14) for (const i of drawn) {
+        if (pin.has(i)) continue;  // labelled by _drawPinned
         const [sx, sy] = this.toScreen(this.x[i], this.y[i]), full = T.label[n.label[i]];
         let lab = "";  // the whole label where there is room (up to two columns), else cut to one
         for (const cand of [fitText(ctx, full, 2 * colPx - 6), fitText(ctx, full, colPx - 6)]) {
@@ -177,9 +226,9 @@
           if (cand && occ.place(sx - w, sy - r - 13, sx + w, sy - r - 1)) { lab = cand; break; }
         }
         if (!lab) continue;
-        ctx.fillStyle = "#111"; ctx.fillText(lab, sx, sy - r - 3); shown.push(i);
+        haloText(ctx, lab, sx, sy - r - 3, "#111"); shown.push(i);
         const sh = withShapes ? fitText(ctx, T.shape[n.shape[i]], colPx - 6) : "", ws = sh ? textWidth(ctx, sh) / 2 : 0;
-        if (sh && occ.place(sx - ws, sy + r + 1, sx + ws, sy + r + 13)) { ctx.fillStyle = "#777"; ctx.fillText(sh, sx, sy + r + 11); }
+        if (sh && occ.place(sx - ws, sy + r + 1, sx + ws, sy + r + 13)) haloText(ctx, sh, sx, sy + r + 11, "#666");
       }
       ctx.textAlign = "start";
       this.drawnLabels = shown.map(i => T.label[n.label[i]]);
@@ -187,9 +236,10 @@
       const ring = (i, colr, w) => { const it = this.itemOf[i]; if (it !== i) return; const [sx, sy] = this.toScreen(this.x[i], this.y[i]); if (!on(sx, sy, 20)) return; ctx.strokeStyle = colr; ctx.lineWidth = w; ctx.beginPath(); ctx.arc(sx, sy, r + 4, 0, 6.2832); ctx.stroke(); };
       this.hitBoxes = new Set();
       for (const i of this.hits) { ring(i, "#111", 2.5); if (this.itemOf[i] >= this.N) this.hitBoxes.add(this.itemOf[i] - this.N); }
+      if (this.current >= 0) ring(this.current, "#ff7f0e", 3.5);
       if (this.selected >= 0) {
         ring(this.selected, "#ff00aa", 3);
-        const tw = n.twin[this.selected]; if (tw >= 0) ring(tw, "#ff00aa", 2);
+        for (const j of this.twinsOf(this.selected)) ring(j, "#ff00aa", 2);
       }
     }
     _renderMini() {
@@ -214,10 +264,12 @@
       ctx.strokeRect(sx(a), sy(b), Math.max(2, sx(c) - sx(a)), Math.max(2, sy(d) - sy(b)));
     }
     state() {
-      return {k: this.k, visibleNodes: this.visNodes.length, visibleBoxes: this.visBoxes.length,
+      return {k: this.k, ay: this.ay, pinned: this.pinnedLabels || [], hitAt: this.hitAt, hitCount: this.hitList.length,
+              current: this.current >= 0 ? this.P.nodes.name[this.current] : null,
+              canvas: [this.canvas.clientWidth, this.canvas.clientHeight], visibleNodes: this.visNodes.length, visibleBoxes: this.visBoxes.length,
               labels: this.drawnLabels.slice(0, 50), labelCount: this.drawnLabels.length,
               boxLabels: (this.boxLabels || []).slice(0, 50), arrows: this.arrowCount,
-              colorLevel: this.colorLevel, moduleColors: [...this.keyColor.values()],
+              moduleColors: Object.fromEntries([...this.keyColor].map(([g, c]) => [this.P.groups.name[g], c])),
               hits: this.hits.size, frameMs: this.lastFrameMs, toggleMs: this.lastToggleMs,
               searchMs: this.lastSearchMs, layoutMs: this.lastLayoutMs};
     }

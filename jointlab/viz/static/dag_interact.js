@@ -7,10 +7,20 @@
       if (!document.getElementById("jl-dag-style")) { const s = el("style"); s.id = "jl-dag-style"; s.textContent = CSS; document.head.appendChild(s); }
       const bar = el("div", "jl-bar"); r.appendChild(bar);
       bar.appendChild(el("span", "jl-title", this.P.title));
+      // search: Enter finds (again: the next hit), Shift+Enter the previous; "i of N"
+      const box = this.searchBox = el("span", "jl-searchbox"); bar.appendChild(box);
       this.search = el("input"); this.search.placeholder = "search name / op / module / /regex/";
       this.search.className = "jl-search"; this.search.style.width = "230px";
-      this.search.addEventListener("keydown", e => { if (e.key === "Enter") this.find(this.search.value); });
-      bar.appendChild(this.search);
+      this.search.addEventListener("keydown", e => {
+        if (e.key !== "Enter") return;
+        if (this.search.value.trim() !== this.lastQuery || !this.hitList.length) this.find(this.search.value);
+        else this.step(e.shiftKey ? -1 : 1);
+      });
+      box.appendChild(this.search);
+      for (const [t, d, tip] of [["◀", -1, "previous hit (Shift+Enter)"], ["▶", 1, "next hit (Enter)"]]) {
+        const b = el("button", d < 0 ? "jl-prev" : "jl-next", t); b.title = tip; b.onclick = () => this.step(d); box.appendChild(b);
+      }
+      this.countEl = el("span", "jl-count"); box.appendChild(this.countEl);
       this.colorSel = el("select", "jl-color");
       for (const c of ["module", "phase", "category", "bytes", "flops", ...Object.keys(this.P.layers || {})]) { const o = el("option", null, "colour: " + c); o.value = c; this.colorSel.appendChild(o); }
       this.colorSel.value = this.colorBy;
@@ -69,15 +79,16 @@
     toWorld(px, py) { return [px / this.k + this.vx, this.vy - py / (this.k * this.ay)]; }
     zoomAt(px, py, f) {
       const [wx, wy] = this.toWorld(px, py);
+      this.viewChanged();
       this.k = Math.max(1e-3, Math.min(400, this.k * f));
       if (f > 1) this.ay = Math.max(1, this.ay / f);  // zooming in first widens, then scales
       this.vx = wx - px / this.k; this.vy = wy + py / (this.k * this.ay);
       this.draw();
     }
-    zoomTo(x0, y0, x1, y1) {
+    zoomTo(x0, y0, x1, y1) {  // the region in view, at one scale for both axes
       const W = this.canvas.clientWidth, H = this.canvas.clientHeight;
-      this.k = Math.min(60, W / (x1 - x0 + 6), H / (y1 - y0 + 3));
-      this.ay = Math.max(1, H * 0.85 / ((y1 - y0 + 3) * this.k));  // a flat region fills the height
+      this.k = Math.min(60, W / (x1 - x0 + 6), H / (y1 - y0 + 3)); this.ay = 1;
+      this.viewChanged();
       this.vx = (x0 + x1) / 2 - W / 2 / this.k; this.vy = (y0 + y1) / 2 + H / 2 / (this.k * this.ay);
       this.draw();
     }
@@ -152,30 +163,47 @@
     collapseAll() { this.expanded.fill(0); this.expanded[0] = 1; this.update(); this.fit(); }
     reveal(i) { for (let gid = this.g[i]; gid >= 0; gid = this.parent[gid]) this.expanded[gid] = 1; }
     // -- search ----------------------------------------------------------------
-    find(q) {
-      const t0 = performance.now(); q = (q || "").trim(); this.hits = new Set();
-      if (!q) { this.status.textContent = ""; this.draw(); return []; }
+    _matches(q) {  // node indices matching a query (substring, or /regex/), in graph order
       let test;
       const m = /^\/(.*)\/([a-z]*)$/.exec(q);
-      if (m) { let re; try { re = new RegExp(m[1], m[2] || "i"); } catch (err) { this.status.textContent = "bad regex: " + err.message; return []; } test = s => re.test(s); }
+      if (m) { let re; try { re = new RegExp(m[1], m[2] || "i"); } catch (err) { this.status.textContent = "bad regex: " + err.message; return null; } test = s => re.test(s); }
       else { const ql = q.toLowerCase(); test = s => s.toLowerCase().includes(ql); }
       const n = this.P.nodes, T = this.P.tables, gn = this.P.groups.name, out = [];
       for (let i = 0; i < this.N; i++) {
         if (test(n.name[i]) || test(T.label[n.label[i]]) || test(T.target[n.target[i]]) || test(gn[this.g[i]])) out.push(i);
       }
-      const REVEAL = 400;
-      for (const i of out.slice(0, REVEAL)) this.reveal(i);
-      this.update();
-      for (const i of out) this.hits.add(i);
-      if (out.length) {
-        let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
-        for (const i of out.slice(0, REVEAL)) { const [x, y] = this.itemXY(this.itemOf[i]); x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
-        this.zoomTo(x0, y0, x1, y1);
-      }
-      this.lastSearchMs = performance.now() - t0;
-      this.status.textContent = `${out.length} match${out.length === 1 ? "" : "es"}` + (out.length > REVEAL ? ` (first ${REVEAL} opened)` : "");
-      this.draw();
       return out;
+    }
+    find(q) {  // highlight every match (a closed group holding one is outlined); go to the first
+      const t0 = performance.now(); q = (q || "").trim(); this.lastQuery = q;
+      this.viewChanged();
+      const out = q ? this._matches(q) : [];
+      if (!out) return [];
+      this.setHits(out);
+      this.lastSearchMs = performance.now() - t0;
+      this.status.textContent = "";
+      return out;
+    }
+    setHits(list) {  // the hits stepped through (search, or a diff's changes), then the first
+      this.hitList = list; this.hits = new Set(list); this.hitAt = -1;
+      if (list.length) this.goTo(0); else { this._showCount(); this.draw(); }
+    }
+    step(d) { if (this.hitList.length) this.goTo((this.hitAt + d + this.hitList.length) % this.hitList.length); }
+    goTo(k) {  // hit k: its groups opened, centred at a zoom where its label is readable (uniform scale)
+      const i = this.hitList[k]; this.hitAt = k; this.current = i;
+      this.viewChanged();
+      let outer = -1;
+      for (let g = this.g[i]; g >= 0; g = this.parent[g]) if (!this.expanded[g]) outer = g;
+      if (outer >= 0) { this.reveal(i); this.regroup(outer); }
+      const W = this.canvas.clientWidth || 800, H = this.canvas.clientHeight || 500;
+      this.k = Math.max(READ_K, Math.min(this.k, 4 * READ_K)); this.ay = 1;
+      const [x, y] = this.itemXY(this.itemOf[i] >= 0 ? this.itemOf[i] : i);
+      this.vx = x - W / 2 / this.k; this.vy = y + H / 2 / this.k;
+      this._showCount(); this.draw();
+    }
+    _showCount() {
+      const n = this.hitList.length;
+      this.countEl.textContent = !this.lastQuery && !n ? "" : n ? `${this.hitAt + 1} of ${n}` : "no match";
     }
     // -- detail panel --------------------------------------------------------------
     select(i, centre) {

@@ -14,13 +14,13 @@
       this.parent = Int32Array.from(P.groups.parent);
       this.level = Int32Array.from(P.groups.level);
       this.band = new Uint8Array(N);
-      const bwd = new Set(["backward", "output"]);
+      const bwd = new Set(P.backward_phases);
       for (let i = 0; i < N; i++) this.band[i] = bwd.has(P.tables.phase[P.nodes.ph[i]]) ? 1 : 0;
       this.expanded = new Uint8Array(G);
       for (const gid of P.expanded) this.expanded[gid] = 1;
       this.expanded[0] = 1;
       this.colorBy = P.color_by;
-      this.hits = new Set(); this.selected = -1; this.selectedBox = -1;
+      this.hits = new Set(); this.hitList = []; this.hitAt = -1; this.current = -1; this.lastQuery = ""; this.selected = -1; this.selectedBox = -1;
       this.drawnLabels = [];
       const M = N + 2 * G;  // item ids: node i, or N + gid * 2 + band for a closed group's box
       this.ix = new Float64Array(M); this.iy = new Float64Array(M); this.slot = new Int32Array(M).fill(-1);
@@ -31,6 +31,7 @@
       for (const a of ["_px", "_py", "_ax", "_ay", "_sw", "_sh"]) this[a] = new Float64Array(K);
       this._firstMembers(); this._subtrees(); this._adjacency(); this._dom();
       this.update(); this.fit(true);
+      if (P.hits && P.hits.length) this.setHits(P.hits);  // e.g. a diff view's changes
     }
     // -- geometry ------------------------------------------------------------
     _firstMembers() {  // per (group, band): its first node in graph order, the box's rank
@@ -285,25 +286,23 @@
       }
     }
     // -- colour --------------------------------------------------------------
-    ancestorAt(gid, lvl) { while (this.level[gid] > lvl) gid = this.parent[gid]; return gid; }
-    _moduleColors() {
-      // the deepest module level whose visible groups fit the palette: no colour reused
-      const groups = [...this.visNodes.map(i => this.g[i]), ...this.visBoxes.map(b => b >> 1)];
-      const maxL = groups.reduce((m, gid) => Math.max(m, this.level[gid]), 0);
-      const pal = this.P.palette;
-      let keys = null;
-      for (let L = maxL; L >= 1; L--) {
-        const ks = new Map();
-        for (const gid of groups) { const a = this.ancestorAt(gid, L); if (!ks.has(a)) ks.set(a, ks.size); }
-        keys = ks; this.colorLevel = L;
-        if (ks.size <= pal.length) break;
-      }
-      keys = keys || new Map([[0, 0]]);
-      this.moduleKey = keys;
-      this.keyColor = new Map();
-      for (const [gid, k] of keys) this.keyColor.set(gid, k < pal.length ? pal[k] : `hsl(${(k * 137.508) % 360},65%,45%)`);
+    // Module colours come with the payload (groups.color: one per module, keyed by its name,
+    // computed by viz._style.module_colors), so searching or opening never recolours anything.
+    _moduleColors() {  // the visible groups, for the legend and state(): gid -> colour
+      const seen = new Map(), G = this.P.groups.color;
+      for (const i of this.visNodes) if (!seen.has(this.g[i])) seen.set(this.g[i], G[this.g[i]]);
+      for (const b of this.visBoxes) if (!seen.has(b >> 1)) seen.set(b >> 1, G[b >> 1]);
+      this.keyColor = seen;
     }
-    groupColor(gid) { return this.keyColor.get(this.ancestorAt(gid, this.colorLevel)) || "#888"; }
+    twinsOf(i) {  // a backward node's forward twin, a forward node's backward twins
+      if (!this._back) {
+        this._back = new Map();
+        this.P.nodes.twin.forEach((t, j) => { if (t >= 0) { const l = this._back.get(t); if (l) l.push(j); else this._back.set(t, [j]); } });
+      }
+      const t = this.P.nodes.twin[i];
+      return t >= 0 ? [t] : (this._back.get(i) || []);
+    }
+    groupColor(gid) { return this.P.groups.color[gid] || "#888"; }
     scaleColor(v, max) {  // log scale, light to dark blue
       const t = max > 0 ? Math.log1p(v) / Math.log1p(max) : 0;
       return `hsl(${220 - 180 * t},70%,${80 - 45 * t}%)`;
