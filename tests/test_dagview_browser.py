@@ -245,3 +245,44 @@ def test_search_at_50k_nodes_steps_with_readable_labels(tmp_path):
         _step_through(page, "gelu_backward", want, _full_labels(big), steps=4,
                       shot="big_gelu_backward.png")
     assert errors.errors == [], errors.errors
+
+
+def _on_screen_nodes(page) -> int:
+    return page.evaluate(f"""() => {{ const v = {VIEW}, c = v.canvas; let on = 0;
+        for (const i of v.visNodes) {{ const [sx, sy] = v.toScreen(v.x[i], v.y[i]);
+            if (sx >= 0 && sy >= 0 && sx <= c.clientWidth && sy <= c.clientHeight) on++; }}
+        return on; }}""")
+
+
+def test_opens_labelled_and_a_group_popup_closes_when_the_view_changes(gpt2_joint, tmp_path):
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    path = dag_view(gpt2_joint).write_html(tmp_path / "gpt2.html")
+    with browser() as b:
+        page, errors = _open(b, path)
+        s = _settle(page)
+        on = _on_screen_nodes(page)
+        # the view opens at a zoom where nodes are labelled: most nodes on screen carry one
+        assert s["visibleNodes"] == len(gpt2_joint.graph.nodes) and on >= 40
+        assert s["k"] * 3 >= 44 and s["labelCount"] >= 0.6 * on, (s["labelCount"], on)
+        popup = page.locator(".jl-detail")
+
+        def open_popup():
+            page.get_by_role("button", name="collapse all").click()
+            xy = page.evaluate(f"""() => {{ const v = {VIEW}, r = v.canvas.getBoundingClientRect();
+                const b = v.visBoxes[0], q = v.boxRect(b), [sx, sy] = v.toScreen(
+                    (q[0] + q[2]) / 2, (q[1] + q[3]) / 2); return [r.left + sx, r.top + sy]; }}""")
+            page.mouse.click(*xy)
+            assert popup.is_visible() and popup.locator("button").text_content() == "close group"
+
+        open_popup()
+        page.fill(".jl-search", "addmm")
+        page.press(".jl-search", "Enter")
+        assert not popup.is_visible(), "a search closes the group popup"
+        open_popup()
+        box = page.locator(".jl-canvas").bounding_box()
+        page.mouse.move(box["x"] + 100, box["y"] + 100)
+        page.mouse.wheel(0, 200)
+        assert not popup.is_visible(), "zooming closes the group popup"
+    assert errors.errors == [], errors.errors
