@@ -286,3 +286,95 @@ def test_opens_labelled_and_a_group_popup_closes_when_the_view_changes(gpt2_join
         page.mouse.wheel(0, 200)
         assert not popup.is_visible(), "zooming closes the group popup"
     assert errors.errors == [], errors.errors
+
+
+# The stepper panel's DAG (widgets/_dagcursor.py) in a plain page: its anywidget module is
+# rendered with a minimal stand-in for the widget model (get/set/on/off/save_changes).
+PANEL_PAGE = """<!DOCTYPE html><html><head><meta charset='utf-8'></head>
+<body style='margin:8px;width:900px'><div id='host'></div>
+<script type='application/json' id='state'>__STATE__</script>
+<script type='module'>
+const state = JSON.parse(document.getElementById('state').textContent), handlers = {};
+const model = {get: k => state[k], set: (k, v) => { state[k] = v; }, save_changes() {},
+  on: (e, f) => { (handlers[e] = handlers[e] || []).push(f); },
+  off: (e, f) => { handlers[e] = (handlers[e] || []).filter(g => g !== f); }};
+window.__setTrait = (k, v) => { state[k] = v; for (const f of handlers['change:' + k] || []) f(); };
+const src = document.getElementById('esm').textContent;
+const mod = await import(URL.createObjectURL(new Blob([src], {type: 'text/javascript'})));
+mod.default.render({model, el: document.getElementById('host')});
+</script><script type='text/plain' id='esm'>__ESM__</script></body></html>"""
+
+
+def _panel_page(path: pathlib.Path, joint) -> pathlib.Path:
+    import json
+
+    from jointlab.widgets._dagcursor import DagCursor
+
+    w = DagCursor(joint)
+    state = {k: getattr(w, k) for k in ("payload", "current", "selected", "hidden", "depth",
+                                         "values", "own_search", "css_class", "height")}
+    text = json.dumps(state).replace("<", "\\u003c")
+    path.write_text(PANEL_PAGE.replace("__STATE__", text).replace(
+        "__ESM__", w._esm.replace("</script", "<\\/script")), encoding="utf-8")
+    return path
+
+
+def test_stepper_panel_shows_the_current_node_and_its_twin_labelled(gpt2_joint, tmp_path):
+    import jointlab as jl
+
+    chromium_path()
+    labels = _full_labels(gpt2_joint)
+    nodes = list(gpt2_joint.graph.nodes)
+    # a forward op in a block with a backward twin, a parameter, and a backward op
+    fwd = next(n for n in nodes if jl.meta.op_name(n) == "addmm" and jl.meta.is_forward(n)
+               and any(jl.meta.info(m).get("fwd_twin") == n.name for m in nodes))
+    twins = [m.name for m in nodes if jl.meta.info(m).get("fwd_twin") == fwd.name]
+    param = next(n for n in nodes if jl.meta.phase(n) == "param"
+                 and jl.meta.info(n).get("fqn", "").endswith("ln_1.weight"))
+    bwd = next(n for n in nodes if jl.meta.op_name(n) == "native_layer_norm_backward")
+    path = _panel_page(tmp_path / "panel.html", gpt2_joint)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1000, "height": 600})
+        errors = PageErrors(page)
+        page.goto(path.as_uri())
+        page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
+                               " return d && d.dataset.ready && d.jlView.lastFrameMs >= 0 }",
+                               timeout=60_000)
+        for node, want in ((fwd, [fwd.name, *twins]), (bwd, [bwd.name, jl.meta.info(bwd)[
+                "fwd_twin"]]), (param, [param.name])):
+            page.evaluate(f"() => window.__setTrait('current', {node.name!r})")
+            s = _settle(page)
+            _assert_readable(s, want, labels, f"panel at {node.name}")
+            # no group title over the ringed node or its label
+            box = page.evaluate(f"""() => {{ const v = {VIEW}, i = v.index.get({node.name!r});
+                const [sx, sy] = v.toScreen(v.x[i], v.y[i]), r = v._radius() + 4;
+                return {{node: [sx - r, sy - r, sx + r, sy + r],
+                         titles: v.titles.map(t => t.slice(1, 5))}}; }}""")
+            mine = [box["node"]] + [p["rect"] for p in s["pinned"] if p["name"] == node.name]
+            for t in box["titles"]:
+                for r in mine:
+                    assert not (t[0] < r[2] and r[0] < t[2] and t[1] < r[3] and r[1] < t[3]), \
+                        (node.name, t, r)
+            if node is fwd:
+                page.screenshot(path=str(SHOTS / "stepper_panel.png"))
+        # no group title is ever drawn over the ringed node, wherever it sits in its group
+        for node in nodes:
+            if not jl.meta.module(node).startswith("transformer.h.0"):
+                continue
+            page.evaluate(f"() => window.__setTrait('current', {node.name!r})")
+            _settle(page)
+            # panned up to the canvas' top edge, where open groups keep their titles in view
+            hit = page.evaluate(f"""() => {{ const v = {VIEW}, i = v.index.get({node.name!r});
+                v.vy = v.y[i] + 12 / (v.k * v.ay); v.render();
+                const [sx, sy] = v.toScreen(v.x[i], v.y[i]), r = v._radius() + 4;
+                return v.titles.filter(t => t[1] < sx + r && sx - r < t[3] && t[2] < sy + r
+                                            && sy - r < t[4]).length; }}""")
+            assert hit == 0, node.name
+        # a parameter is named by its FQN in the canvas label and in the detail panel
+        assert labels[param.name] == jl.meta.info(param)["fqn"] != param.name
+        page.evaluate(f"() => {VIEW}.select({VIEW}.index.get({param.name!r}))")
+        name = page.locator(".jl-detail .jl-detail-name").text_content()
+        assert name == jl.meta.info(param)["fqn"], name
+        page.screenshot(path=str(SHOTS / "stepper_panel_param.png"))
+    assert errors.errors == [], errors.errors

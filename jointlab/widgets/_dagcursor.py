@@ -93,17 +93,10 @@ function setDepth(view, depth) {
   view.expanded[0] = 1;
 }
 
-function ring(view, model) {  // the stepper's current node: ringed, its groups open, on screen
+function ring(view, model) {  // the stepper's current node: ringed, its twins too, both in view
   const cur = model.get("current"), i = cur ? view.index.get(cur) ?? -1 : -1;
   view.selected = i;
-  if (i >= 0) {
-    view.reveal(i); view.update();
-    const [sx, sy] = view.toScreen(view.x[i], view.y[i]), c = view.canvas;
-    const W = c.clientWidth, H = c.clientHeight;
-    if (W && H && (sx < 20 || sy < 20 || sx > W - 20 || sy > H - 20)) {  // keep it on screen
-      view.vx = view.x[i] - W / 2 / view.k; view.vy = view.y[i] + H / 2 / (view.k * view.ay);
-    }
-  }
+  if (i >= 0) view.follow(i);
 }
 
 function highlight(view, model) {
@@ -135,9 +128,9 @@ function wire(view, model, el) {
     if (what.has("hidden")) view.hiddenPhases = new Set(model.get("hidden"));
     if (what.has("depth")) setDepth(view, model.get("depth"));
     view.update();
-    if (what.has("current")) ring(view, model);
-    highlight(view, model);
     if (what.has("depth")) view.fit(true);  // readable: the left part of a long graph
+    if (what.has("current") || what.has("depth")) ring(view, model);  // the cursor in view
+    highlight(view, model);
     const open = view.detailNode >= 0 && view.detail.style.display === "block";
     if (what.has("values") && open) {  // the open panel shows the new stats; the ring stays
       const ringed = view.selected;
@@ -236,7 +229,7 @@ class DagWidget(anywidget.AnyWidget):
 class DagCursor(DagWidget):
     """The stepper panel's DAG: a ring on the current node (and its twin)."""
 
-    def __init__(self, joint: Any, height: int = 380, **kwargs: Any) -> None:
+    def __init__(self, joint: Any, height: int = 460, **kwargs: Any) -> None:
         """See :class:`DagWidget`; the view is titled ``current node (ringed)``."""
         super().__init__(joint, height=height, title="current node (ringed)",
                          css_class="jl-stepper-dag", **kwargs)

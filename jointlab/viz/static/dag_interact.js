@@ -42,7 +42,11 @@
       const L = this.legendEl; if (!L) return; L.textContent = "";
       let entries = [];
       if (this.colorBy === "phase") entries = Object.entries(this.P.phase_colors);
-      else if (this.colorBy === "module") entries = [...this.keyColor].slice(0, 24).map(([gid, c]) => [this.P.groups.name[gid] || "(root)", c]);
+      else if (this.colorBy === "module") {  // the visible modules, outermost first, a dozen at most
+        const all = [...this.keyColor].sort((a, b) => this.level[a[0]] - this.level[b[0]] || a[0] - b[0]);
+        entries = all.slice(0, 12).map(([gid, c]) => [this.P.groups.name[gid] || "(root)", c]);
+        if (all.length > 12) entries.push([`+${all.length - 12} more modules: click a node or box for its module`, "transparent"]);
+      }
       else if (this.layer()) {
         const Ly = this.layer();
         entries = Ly.kind === "cat" ? this._catLegend(Ly)
@@ -201,6 +205,35 @@
       this.vx = x - W / 2 / this.k; this.vy = y + H / 2 / this.k;
       this._showCount(); this.draw();
     }
+    // The stepper's cursor: node i and its twins opened and in view together; at READ_K when
+    // they fit, else zoomed out just enough (their labels are drawn whole at any zoom).
+    follow(i) {
+      const group = [i, ...this.twinsOf(i)];
+      let outer = -1;
+      for (const j of group) for (let g = this.g[j]; g >= 0; g = this.parent[g]) if (!this.expanded[g]) { this.expanded[g] = 1; outer = 0; }
+      if (outer >= 0) this.update();
+      const W = this.canvas.clientWidth, H = this.canvas.clientHeight;
+      if (!W || !H) return;
+      let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+      for (const j of group) {
+        if (this.itemOf[j] < 0) continue;
+        const [x, y] = this.itemXY(this.itemOf[j]);
+        x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+      }
+      if (x0 > x1) return;
+      const M = 60, fits = k => (x1 - x0) * k <= W - 2 * M && (y1 - y0) * k <= H - 2 * M;
+      const inView = (x, y) => { const [sx, sy] = this.toScreen(x, y); return sx >= M && sy >= M && sx <= W - M && sy <= H - M; };
+      if (this.ay === 1 && this.k >= READ_K && inView(x0, y0) && inView(x1, y1)) return;  // already shown
+      this.k = Math.min(READ_K, (W - 2 * M) / Math.max(x1 - x0, 1e-9), (H - 2 * M) / Math.max(y1 - y0, 1e-9));
+      if (!fits(this.k)) this.k *= 0.99;
+      this.ay = 1;
+      this.vx = (x0 + x1) / 2 - W / 2 / this.k; this.vy = (y0 + y1) / 2 + H / 2 / this.k;
+      this.viewChanged(); this.draw();
+    }
+    displayName(i) {  // a placeholder by its parameter FQN or input path, anything else by its node name
+      const e = this.P.nodes.extra[String(i)] || {};
+      return e.fqn || e.input_path || this.P.nodes.name[i];
+    }
     _showCount() {
       const n = this.hitList.length;
       this.countEl.textContent = !this.lastQuery && !n ? "" : n ? `${this.hitAt + 1} of ${n}` : "no match";
@@ -213,10 +246,11 @@
       D.textContent = ""; D.style.display = "block"; this.detailKind = "node";
       const close = el("span", "jl-link", "✕"); close.style.float = "right"; close.onclick = () => { D.style.display = "none"; this.selected = -1; this.draw(); };
       D.appendChild(close);
-      D.appendChild(el("b", "jl-detail-name", n.name[i]));
+      D.appendChild(el("b", "jl-detail-name", this.displayName(i)));
+      if (this.displayName(i) !== n.name[i]) D.appendChild(el("span", "jl-detail-node", " (" + n.name[i] + ")"));
       const tb = el("table"); D.appendChild(tb);
       const row = (k, v) => { const tr = el("tr"); tr.appendChild(el("td", null, k)); const td = el("td"); if (v instanceof Node) td.appendChild(v); else td.textContent = v; tr.appendChild(td); tb.appendChild(tr); return td; };
-      const links = list => { const s = el("span"); for (const j of list.slice(0, 30)) { const a = el("span", "jl-link", n.name[j]); a.onclick = () => this.select(j, true); s.appendChild(a); } if (list.length > 30) s.appendChild(document.createTextNode(`… ${list.length - 30} more`)); return s; };
+      const links = list => { const s = el("span"); for (const j of list.slice(0, 30)) { const a = el("span", "jl-link", this.displayName(j)); a.onclick = () => this.select(j, true); s.appendChild(a); } if (list.length > 30) s.appendChild(document.createTextNode(`… ${list.length - 30} more`)); return s; };
       const extra = P.nodes.extra[String(i)] || {};
       row("op", T.target[n.target[i]]); row("phase", T.phase[n.ph[i]]);
       row("module", (P.groups.name[this.g[i]] || "(root)") + " " + (P.groups.mtype[this.g[i]] || ""));
