@@ -378,3 +378,48 @@ def test_stepper_panel_shows_the_current_node_and_its_twin_labelled(gpt2_joint, 
         assert name == jl.meta.info(param)["fqn"], name
         page.screenshot(path=str(SHOTS / "stepper_panel_param.png"))
     assert errors.errors == [], errors.errors
+
+
+def test_diff_view_marks_changes_and_shows_old_and_new_arguments(tmp_path):
+    import jointlab as jl
+    from jointlab.viz.diff import DIFF_COLORS
+    from tests.fixtures import zoo
+    from tests.test_diff import tanh_gelu
+
+    chromium_path()
+    f = zoo.get("mlp")
+    a = jl.trace(f.make_model(), f.train_fn, f.make_inputs(4))
+    b = jl.trace(f.make_model(), f.train_fn, f.make_inputs(4))
+    gelus = tanh_gelu(b)  # the reference: what the pass changed, and how
+    path = jl.plot_diff(jl.diff(a, b), a, b).write_html(tmp_path / "diff.html")
+    labels = _full_labels(b)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with browser() as bw:
+        page, errors = _open(bw, path)
+        s = _settle(page)
+        assert page.locator(".jl-count").text_content() == f"1 of {len(gelus)}"
+        for k, name in enumerate(gelus):
+            if k:
+                page.locator(".jl-next").click()
+                s = _settle(page)
+            assert s["current"] == name
+            _assert_readable(s, [name], labels, "diff")
+            # marked in the change colour on the canvas
+            page.evaluate(f"() => {{ const v = {VIEW}; v.current = -1; v.hits = new Set();"
+                          " v.render(); }")
+            assert _pixel(page, name) == DIFF_COLORS["changed"]
+            # its detail panel, opened by a click on it, gives the old and new argument
+            xy = page.evaluate(f"""() => {{ const v = {VIEW}, i = v.P.nodes.name.indexOf({name!r});
+                const r = v.canvas.getBoundingClientRect(), [sx, sy] = v.toScreen(v.x[i], v.y[i]);
+                return [r.left + sx, r.top + sy]; }}""")
+            page.mouse.click(*xy)
+            rows = dict(page.evaluate(
+                "() => [...document.querySelectorAll('.jl-detail td.jl-note')]"
+                ".map(td => [td.previousSibling.textContent, td.textContent])"))
+            assert rows["approximate"] == "none -> tanh", rows
+            assert rows["what changed"] == "args", rows
+            if k == 0:
+                page.screenshot(path=str(SHOTS / "diff_view.png"))
+        same = next(n.name for n in b.graph.nodes if jl.meta.op_name(n) == "relu")
+        assert _pixel(page, same) in (DIFF_COLORS["same"], None)
+    assert errors.errors == [], errors.errors

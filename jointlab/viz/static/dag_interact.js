@@ -252,6 +252,7 @@
       const row = (k, v) => { const tr = el("tr"); tr.appendChild(el("td", null, k)); const td = el("td"); if (v instanceof Node) td.appendChild(v); else td.textContent = v; tr.appendChild(td); tb.appendChild(tr); return td; };
       const links = list => { const s = el("span"); for (const j of list.slice(0, 30)) { const a = el("span", "jl-link", this.displayName(j)); a.onclick = () => this.select(j, true); s.appendChild(a); } if (list.length > 30) s.appendChild(document.createTextNode(`… ${list.length - 30} more`)); return s; };
       const extra = P.nodes.extra[String(i)] || {};
+      for (const [k, v] of (n.rows || {})[String(i)] || []) row(k, v).className = "jl-note";  // e.g. what a diff changed
       row("op", T.target[n.target[i]]); row("phase", T.phase[n.ph[i]]);
       row("module", (P.groups.name[this.g[i]] || "(root)") + " " + (P.groups.mtype[this.g[i]] || ""));
       row("shape", (T.shape[n.shape[i]] || "-") + " " + T.dtype[n.dtype[i]]);
