@@ -254,7 +254,9 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
         # colour by module: each group's own colour, keyed by its name (viz._style), and
         # visible siblings (same parent, at most 20 of them) never share one
         G = view.payload["groups"]
-        assert s["moduleColors"] == {m: G["color"][G["name"].index(m)] for m in s["moduleColors"]}
+        pal = view.payload["palette"]
+        assert s["moduleColors"] == {m: pal[G["color"][G["name"].index(m)]]
+                                     for m in s["moduleColors"]}
         by_parent: dict = {}
         for m, c in s["moduleColors"].items():
             by_parent.setdefault(G["parent"][G["name"].index(m)], []).append(c)

@@ -50,14 +50,16 @@ nodes        per node i, in graph order:
   src          -> tables.source: user source line
   twin         index of the forward twin of a backward node, else -1
   flops, bytes int
-  flags        bit 0 saved for backward, bit 1 recomputed (checkpoint)
+  saved        indices of the nodes saved for backward (sparse)
+  recompute    indices of the nodes recomputed by checkpointing (sparse)
   g            index of the node's module group (groups)
   extra        {str(i): {fqn, grad_of, input_path}} where set
   rows         optional {str(i): [[key, text], ...]}: extra detail-panel rows (diff view)
 edges        flat [src, dst, src, dst, ...] node indices
 groups       per module group (0 = root ""), parents before children:
   name, parent (-1 for the root), level (0 for the root), mtype (module class)
-  color        "#rrggbb": the module's colour, keyed by name (viz._style.module_colors)
+  color        index into palette: the module's colour, keyed by its name
+               (viz._style.module_colors)
   count_f/_b, flops_f/_b, bytes_f/_b  sums over the group's subtree, forward/backward band
 expanded     group indices open at first
 tables       {label, target, phase, shape, dtype, cat, source, mtype}: string tables
@@ -133,9 +135,11 @@ def _node_arrays(nodes: list[Any], infos: list[dict[str, Any]], t: dict[str, _Ta
     by_name = {n.name: i for i, n in enumerate(nodes)}
     cols: dict[str, list[Any]] = {k: [] for k in (
         "name", "label", "target", "ph", "shape", "dtype", "cat", "src", "twin", "flops",
-        "bytes", "flags")}
+        "bytes")}
     extra: dict[str, dict[str, str]] = {}
     ops: dict[Any, str] = {}
+    saved: list[int] = []
+    recompute: list[int] = []
     for i, (n, m) in enumerate(zip(nodes, infos)):
         shape = m.get("shape")
         cols["name"].append(n.name)
@@ -149,12 +153,14 @@ def _node_arrays(nodes: list[Any], infos: list[dict[str, Any]], t: dict[str, _Ta
         cols["twin"].append(by_name.get(m.get("fwd_twin"), -1))
         cols["flops"].append(int(m.get("flops", 0) or 0))
         cols["bytes"].append(int(m.get("bytes", 0) or 0))
-        cols["flags"].append(int(bool(m.get("saved_for_backward"))) |
-                             2 * int(bool(m.get("recompute"))))
+        if m.get("saved_for_backward"):
+            saved.append(i)
+        if m.get("recompute"):
+            recompute.append(i)
         more = {k: str(m[k]) for k in ("fqn", "grad_of", "input_path") if m.get(k)}
         if more:
             extra[str(i)] = more
-    cols["extra"] = extra
+    cols["extra"], cols["saved"], cols["recompute"] = extra, saved, recompute
     return cols
 
 
@@ -252,7 +258,7 @@ def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "
     colors = module_colors(["", *(p for m in mtype for p in _hierarchy.prefixes(m))])
     groups = {"name": tree.names, "parent": tree.parent.tolist(), "level": tree.level.tolist(),
               "mtype": [mtype.get(n, "") for n in tree.names],
-              "color": [colors[n] for n in tree.names],
+              "color": [PALETTE.index(colors[n]) for n in tree.names],
               **_group_stats(tree, is_bwd, {"count": np.ones(len(nodes)),
                                             "flops": np.asarray(cols["flops"]),
                                             "bytes": np.asarray(cols["bytes"])})}

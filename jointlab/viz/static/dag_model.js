@@ -11,6 +11,9 @@
       const N = this.N = P.nodes.name.length, G = this.G = P.groups.name.length;
       this.x = new Float64Array(N); this.y = new Float64Array(N);  // per open node: its position
       this.g = Int32Array.from(P.nodes.g);
+      const flags = P.nodes.flags = new Uint8Array(N);  // bit 0 saved for backward, bit 1 recomputed
+      for (const i of P.nodes.saved || []) flags[i] |= 1;
+      for (const i of P.nodes.recompute || []) flags[i] |= 2;
       this.parent = Int32Array.from(P.groups.parent);
       this.level = Int32Array.from(P.groups.level);
       this.band = new Uint8Array(N);
@@ -289,9 +292,9 @@
     // Module colours come with the payload (groups.color: one per module, keyed by its name,
     // computed by viz._style.module_colors), so searching or opening never recolours anything.
     _moduleColors() {  // the visible groups, for the legend and state(): gid -> colour
-      const seen = new Map(), G = this.P.groups.color;
-      for (const i of this.visNodes) if (!seen.has(this.g[i])) seen.set(this.g[i], G[this.g[i]]);
-      for (const b of this.visBoxes) if (!seen.has(b >> 1)) seen.set(b >> 1, G[b >> 1]);
+      const seen = new Map();
+      for (const i of this.visNodes) if (!seen.has(this.g[i])) seen.set(this.g[i], this.groupColor(this.g[i]));
+      for (const b of this.visBoxes) if (!seen.has(b >> 1)) seen.set(b >> 1, this.groupColor(b >> 1));
       this.keyColor = seen;
     }
     twinsOf(i) {  // a backward node's forward twin, a forward node's backward twins
@@ -302,7 +305,7 @@
       const t = this.P.nodes.twin[i];
       return t >= 0 ? [t] : (this._back.get(i) || []);
     }
-    groupColor(gid) { return this.P.groups.color[gid] || "#888"; }
+    groupColor(gid) { return this.P.palette[this.P.groups.color[gid]] || "#888"; }
     scaleColor(v, max) {  // log scale, light to dark blue
       const t = max > 0 ? Math.log1p(v) / Math.log1p(max) : 0;
       return `hsl(${220 - 180 * t},70%,${80 - 45 * t}%)`;
