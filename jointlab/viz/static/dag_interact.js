@@ -198,7 +198,7 @@
       this.viewChanged();
       let outer = -1;
       for (let g = this.g[i]; g >= 0; g = this.parent[g]) if (!this.expanded[g]) outer = g;
-      if (outer >= 0) { this.reveal(i); this.regroup(outer); }
+      if (outer >= 0) { this.reveal(i); if (this.isHidden) this.update(); else this.regroup(outer); }  // isHidden: the widget's update()
       const W = this.canvas.clientWidth || 800, H = this.canvas.clientHeight || 500;
       this.k = Math.max(READ_K, Math.min(this.k, 4 * READ_K)); this.ay = 1;
       const [x, y] = this.itemXY(this.itemOf[i] >= 0 ? this.itemOf[i] : i);
