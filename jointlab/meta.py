@@ -64,6 +64,8 @@ TRAIN_FN = "<train_fn>"
 #: nodes created while checkpoint recomputes; the annotation pass reads it.
 RECOMPUTE_TAG = "jointlab_checkpoint_recompute"
 PHASES = ("param", "buffer", "input", "forward", "backward", "output")
+#: Phases drawn in a DAG's backward band (the graph's output holds the gradients).
+BACKWARD_PHASES = ("backward", "output")
 
 
 class NodeInfo(NamedTuple):

@@ -76,7 +76,7 @@ def save_screenshot(page: Any, tmp_dir: pathlib.Path, name: str) -> pathlib.Path
     return path
 
 
-# -- the bundled DAG view (jointlab/viz/static/dagview.js) on a page ----------------------
+# -- the bundled DAG view (jointlab/viz/static/dag_*.js) on a page ----------------------
 def dag_state(page: Any) -> dict[str, Any]:
     """The first ``.jl-dag`` view's ``state()``, read after the next animation frame."""
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")

@@ -239,7 +239,8 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
     from jointlab.viz.dagview import dag_view
 
     chromium_path()
-    path = dag_view(lm_joint).write_html(tmp_path / "dag.html")
+    view = dag_view(lm_joint)
+    path = view.write_html(tmp_path / "dag.html")
     nodes = list(lm_joint.graph.nodes)
     SHOTS.mkdir(parents=True, exist_ok=True)
     with browser() as b:
@@ -250,8 +251,16 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
         assert {"wte.weight", "embedding"} <= set(s["labels"]), s["labels"]
         assert s["arrows"] > 20  # edges have direction
         page.screenshot(path=str(SHOTS / "teaching_labels.png"))
-        # colour by module: no two visible groups share a colour (palette of 20)
-        assert len(s["moduleColors"]) == len(set(s["moduleColors"])) <= 20
+        # colour by module: each group's own colour, keyed by its name (viz._style), and
+        # visible siblings (same parent, at most 20 of them) never share one
+        G = view.payload["groups"]
+        pal = view.payload["palette"]
+        assert s["moduleColors"] == {m: pal[G["color"][G["name"].index(m)]]
+                                     for m in s["moduleColors"]}
+        by_parent: dict = {}
+        for m, c in s["moduleColors"].items():
+            by_parent.setdefault(G["parent"][G["name"].index(m)], []).append(c)
+        assert len(by_parent) > 3 and all(len(set(c)) == len(c) for c in by_parent.values())
         # collapse everything, then open h.0 by clicking its forward box
         page.get_by_role("button", name="collapse all").click()
         closed = dag_state(page)
@@ -268,13 +277,16 @@ def test_dag_view_labels_expand_search_detail_wheel(lm_joint, tmp_path):
             "() => document.querySelector('.jl-dag').jlView.titles.map(t => "
             "document.querySelector('.jl-dag').jlView.P.groups.name[t[0]] + ' ▾')")
         page.screenshot(path=str(SHOTS / "teaching_expanded_block.png"))
-        # search an op: highlighted, its groups opened, and in the viewport
+        # search an op: highlighted; each hit in turn (Enter steps) opened and in the viewport
         want = [n.name for n in nodes if jl.meta.op_name(n) == "embedding_dense_backward"]
         page.fill(".jl-search", "embedding_dense_backward")
         page.press(".jl-search", "Enter")
         s = dag_state(page)
         assert s["hits"] == len(want) >= 1
-        for name in want:
+        for k, name in enumerate(want):
+            if k:
+                page.press(".jl-search", "Enter")
+                dag_state(page)
             inside = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
                 const i = v.P.nodes.name.indexOf({name!r}); if (v.itemOf[i] !== i) return false;
                 const [sx, sy] = v.toScreen(v.x[i], v.y[i]);

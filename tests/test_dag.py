@@ -100,7 +100,7 @@ def test_barycentre_reduces_adjacent_column_crossings_on_a_real_graph(joint):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the shared layout's sweeps (dagview.js layeredLayout, mirrored in _layout.py) end with "
+    "the shared layout's sweeps (dag_layout.js layeredLayout, mirrored in _layout.py) end with "
     "more segment crossings than the mirror pass alone on tiny_lm (1278 vs 918: up-sweeps "
     "undo down-sweeps); the old Python-only layout kept the fewest-crossings order. The fix "
     "(keep the best order) must land in both engines at once (tests/test_layout_parity)"))

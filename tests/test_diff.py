@@ -15,6 +15,7 @@ import torch.fx as fx
 import jointlab as jl
 from jointlab import meta as _meta
 from jointlab.errors import DiffError, StaleAnalysisError
+from jointlab.torch_compat import op_schema
 from tests.fixtures import zoo
 from tests.util import assert_unchanged, deep_state, node_values
 
@@ -90,6 +91,17 @@ def bf16_roundtrip(joint, node: fx.Node) -> list[fx.Node]:
     node.replace_all_uses_with(up, delete_user_cb=lambda u: u is not down)
     joint.recompute()
     return [down, up]
+
+
+def tanh_gelu(joint) -> list[str]:
+    """The pass under test: every gelu and gelu_backward takes ``approximate='tanh'``."""
+    made = []
+    for n in joint.graph.nodes:
+        if n.target in (aten.gelu.default, aten.gelu_backward.default):
+            n.update_kwarg("approximate", "tanh")
+            made.append(n.name)
+    joint.recompute()
+    return made
 
 
 def reference_first_difference(joint_a, joint_b, model, inputs, made: list[fx.Node]):
@@ -210,36 +222,56 @@ def test_budget_too_small_is_said_not_hidden():
     assert len(d.not_compared) > 0 and "not compared" in repr(d)
 
 
-def _positions(fig) -> dict[str, tuple[float, float]]:
-    """Node name -> (x, y), read from the DAG's own node traces."""
-    out = {}
-    for tr in fig.data:
-        if tr.customdata is not None:
-            out.update({n: (x, y) for n, x, y in zip(tr.customdata, tr.x, tr.y)})
-    return out
-
-
 def test_plot_diff_marks_every_change_where_its_node_is_drawn():
     model, inputs, a = _trace()
     _, _, b = _trace()
     det, src = drop_detach(b)
     made = bf16_roundtrip(b, _forward(b, aten.addmm.default, "fc1"))
     d = jl.diff(a, b, model, inputs)
-    fig = jl.plot_diff(d, a, b)
-    pos = _positions(fig)
-    traces = {tr.name.split(" (")[0]: tr for tr in fig.data if tr.name and " (" in tr.name}
+    view = jl.plot_diff(d, a, b)
+    P = view.payload
+    names = P["nodes"]["name"]
+    layer = P["layers"]["change"]
+    level = {n: layer["levels"][v] for n, v in zip(names, layer["v"])}
+    rows = {names[int(i)]: dict(r) for i, r in P["nodes"]["rows"].items()}
     for kind in ("added", "changed"):
-        want = sorted(pos[n] for n in d.table[d.table["change"] == kind]["node_b"])
-        assert sorted(zip(traces[kind].x, traces[kind].y)) == want, kind
+        want = set(d.table[d.table["change"] == kind]["node_b"])
+        assert want and {n for n, lv in level.items() if lv == kind} == want, kind
     assert {n.name for n in made} <= set(d.added["node_b"])
-    # the removed detach is drawn at its input's partner (the relu it read)
-    assert list(zip(traces["removed"].x, traces["removed"].y)) == [pos[src.name]]
+    assert P["layers"]["change"]["colors"][layer["levels"].index("added")] == "#2ca02c"
+    # the removed detach is told at its input's partner (the relu it read)
+    assert rows[src.name]["removed here"].startswith(det)
     first = d.first_value_difference
-    assert first is not None
-    assert list(zip(traces["first value difference"].x,
-                    traces["first value difference"].y)) == [pos[first.node_b]]
-    assert det in traces["removed"].text[0]
+    assert first is not None and "first value difference" in rows[first.node_b]
+    # the view steps through the changes, in graph order
+    marked = [n for n in names if level[n] != "same" or "removed here" in rows.get(n, {})]
+    assert [names[i] for i in P["hits"]] == marked
+    assert view.payload["color_by"] == "change" and "Diff: +" in P["title"]
     other = jl.trace(zoo.get("mlp").make_model(), zoo.get("mlp").train_fn, inputs)
     unfuse_addmm(other, "fc2")
     with pytest.raises(jl.errors.PlotArgumentError, match="the two graphs given to jl.diff"):
         jl.plot_diff(d, a, other)
+
+
+def test_arg_changes_name_each_argument_with_old_and_new_values():
+    model, inputs, a = _trace()
+    _, _, b = _trace()
+    gelus = tanh_gelu(b)
+    assert len(gelus) == 2  # the forward gelu and its backward
+    d = jl.diff(a, b)
+    assert set(d.changed["node_b"]) == set(gelus)
+    for name in gelus:  # left out in graph a: the schema default, 'none' (F.gelu's default)
+        assert d.arg_changes[name] == (jl.analysis.diff.ArgChange("approximate", "none", "tanh"),)
+        assert str(d.arg_changes[name][0]) == "approximate: none -> tanh"
+    # a node argument: the users of a rounded value now read the round trip's output
+    _, _, c = _trace()
+    node = _forward(c, aten.addmm.default, "fc1")
+    readers = [u.name for u in node.users]
+    down, up = bf16_roundtrip(c, node)
+    d = jl.diff(a, c)
+    for name in readers:
+        changes = d.arg_changes[name]
+        assert [(x.old, x.new) for x in changes] == [(node.name, up.name)], changes
+        n = next(m for m in c.graph.nodes if m.name == name)
+        k = list(n.args).index(up)  # the op's own name for that position
+        assert changes[0].name == op_schema(n.target).arguments[k].name

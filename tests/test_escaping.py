@@ -58,13 +58,9 @@ def test_summary_card(traced):
     assert "<script>alert(1)" not in html  # the card holds only counts, no names today
 
 
-def test_dag_hover_labels(traced):
-    from jointlab.viz._dagfigure import node_hover
-
+def test_dag_labels(traced):
     _, _, joint = traced
-    evil_nodes = [n for n in joint.graph.nodes if n.meta["jointlab"].get("module") == EVIL]
-    for n in evil_nodes:
-        assert_safe(node_hover(n.name, n.meta["jointlab"]))
+    assert any(n.meta["jointlab"].get("module") == EVIL for n in joint.graph.nodes)
     assert_safe(jl.dag_view(joint).html())
 
 

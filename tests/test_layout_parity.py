@@ -1,4 +1,4 @@
-"""One DAG layout: dagview.js's ``layeredLayout`` and ``viz/_layout.py`` agree exactly.
+"""One DAG layout: the renderer's ``layeredLayout`` and ``viz/_layout.py`` agree exactly.
 
 The JS functions are cut out of the shipped renderer source by name (whatever
 file under ``viz/static/`` holds them) and run with node on the same item

@@ -287,17 +287,24 @@ def test_report_dag_labels_expand_search_and_twin(lm_report, tmp_path):
         assert own > 0 and shown == own
         assert after["visibleNodes"] > closed["visibleNodes"]
         _dag_shot(page, "report_dag_expanded")
-        # search an op: every match highlighted and inside the canvas
+        # search an op: every match highlighted; each in turn (Enter steps) inside the canvas
         want = [n.name for n in nodes if jl.meta.op_name(n) == "gelu_backward"]
         page.fill(".jl-dag .jl-search", "gelu_backward")
         page.press(".jl-dag .jl-search", "Enter")
         assert dag_state(page)["hits"] == len(want) >= 1
-        inside = page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
-            const c = v.canvas; return {want!r}.map(name => {{
-                const i = v.P.nodes.name.indexOf(name); const [sx, sy] = v.toScreen(v.x[i], v.y[i]);
+        inside = []
+        for k, name in enumerate(want):
+            if k:
+                page.press(".jl-dag .jl-search", "Enter")
+                dag_state(page)
+            inside.append(page.evaluate(f"""() => {{
+                const v = document.querySelector('.jl-dag').jlView, c = v.canvas;
+                const i = v.P.nodes.name.indexOf({name!r}), [sx, sy] = v.toScreen(v.x[i], v.y[i]);
                 return v.itemOf[i] === i && v.hits.has(i) && sx >= 0 && sy >= 0
-                    && sx <= c.clientWidth && sy <= c.clientHeight; }}); }}""")
+                    && sx <= c.clientWidth && sy <= c.clientHeight; }}"""))
         assert all(inside), inside
+        page.press(".jl-dag .jl-search", "Enter")  # back to the first match
+        dag_state(page)
         # the detail panel of a gelu_backward names its forward twin
         node = next(n for n in nodes if n.name == want[0])
         twin = jl.meta.info(node)["fwd_twin"]

@@ -190,7 +190,6 @@ ALLOWED = {
     "_fields": "NamedTuple's public API",
     "_field_defaults": "NamedTuple's public API",
     "_jointlab_data": "an attribute jointlab itself sets on a plotly Figure, not torch",
-    "_jointlab_layout": "an attribute jointlab itself sets on a plotly Figure, not torch",
     "_experts_implementation": "a transformers config attribute, not torch",
 }
 

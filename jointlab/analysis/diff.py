@@ -12,6 +12,9 @@ the output node with the output node.
 A matched pair is *changed* when its target overload, output shape or dtype
 differs, when its arguments are not the partners of each other's arguments
 (or constants differ), or when its users are not each other's partners.
+:attr:`GraphDiff.arg_changes` says which arguments, with the old and new value
+of each (by the op's argument names; an argument left out counts as its
+schema default), e.g. ``approximate: none -> tanh``.
 
 With ``model`` and ``inputs``, both graphs run one real step through
 :func:`jointlab.analysis.record.record` (each on its own deep copy of the
@@ -43,6 +46,7 @@ from jointlab.analysis.record import record
 from jointlab.errors import DiffError
 from jointlab.meta import node_info, op_name
 from jointlab.passes.analyze import graph_fingerprint, require_analyzed, same_version
+from jointlab.torch_compat import is_op_overload, op_schema
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -52,7 +56,7 @@ if TYPE_CHECKING:
     from jointlab.analysis.record import Record
     from jointlab.core import TracedGraph
 
-__all__ = ["DIFF_COLUMNS", "GraphDiff", "ValueDifference", "diff"]
+__all__ = ["DIFF_COLUMNS", "ArgChange", "GraphDiff", "ValueDifference", "diff"]
 
 #: Columns of :attr:`GraphDiff.table`.
 DIFF_COLUMNS = ("change", "module", "phase", "node_a", "node_b", "op_a", "op_b", "shape_a",
@@ -60,6 +64,25 @@ DIFF_COLUMNS = ("change", "module", "phase", "node_a", "node_b", "op_a", "op_b",
 _DEFAULT_KEEP = 1 << 30
 #: Record notes of values with no defined content (``empty*`` ops).
 _UNDEFINED = frozenset({"uninitialized"})
+
+
+@dataclass(frozen=True)
+class ArgChange:
+    """One argument of a matched node whose value differs between the two graphs.
+
+    Attributes:
+        name: The op's name for the argument (``approximate``), or ``argK`` past its schema.
+        old: Its value in ``joint_a`` as text (a node by its name; a default as its value).
+        new: Its value in ``joint_b`` as text.
+    """
+
+    name: str
+    old: str
+    new: str
+
+    def __str__(self) -> str:
+        """``name: old -> new``."""
+        return f"{self.name}: {self.old} -> {self.new}"
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,8 @@ class GraphDiff:
         compared: How many matched values were compared.
         not_compared: Matched nodes of ``joint_b`` with a tensor value that
             was not compared (not kept within the byte budget).
+        arg_changes: Changed node of ``joint_b`` (by name) -> its arguments
+            whose values differ, old and new (:class:`ArgChange`).
     """
 
     table: pd.DataFrame
@@ -114,6 +139,8 @@ class GraphDiff:
     compared: int = 0
     not_compared: tuple[str, ...] = ()
     versions: tuple[Any, Any] = field(default=(None, None), repr=False)
+    arg_changes: Mapping[str, tuple[ArgChange, ...]] = field(
+        default_factory=lambda: MappingProxyType({}), repr=False)
 
     def describes(self, joint_a: TracedGraph, joint_b: TracedGraph) -> bool:
         """Whether this diff was computed from these two graphs, as they are now.
@@ -219,18 +246,76 @@ def _same_constant(x: Any, y: Any) -> bool:
         return repr(x) == repr(y)
 
 
+def _same(x: Any, y: Any, pairs: dict[fx.Node, fx.Node]) -> bool:
+    """Whether argument values ``x`` (of graph a) and ``y`` (of b) agree, node for partner."""
+    if isinstance(x, fx.Node) or isinstance(y, fx.Node):
+        return isinstance(x, fx.Node) and pairs.get(x) is y
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return len(x) == len(y) and all(_same(p, q, pairs) for p, q in zip(x, y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k], pairs) for k in x)
+    return _same_constant(x, y)
+
+
 def _same_args(a: fx.Node, b: fx.Node, pairs: dict[fx.Node, fx.Node]) -> bool:
     """Whether ``a``'s args and kwargs are ``b``'s, node for partner node."""
-    def walk(x: Any, y: Any) -> bool:
-        if isinstance(x, fx.Node) or isinstance(y, fx.Node):
-            return isinstance(x, fx.Node) and pairs.get(x) is y
-        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-            return len(x) == len(y) and all(walk(p, q) for p, q in zip(x, y))
-        if isinstance(x, dict) and isinstance(y, dict):
-            return x.keys() == y.keys() and all(walk(x[k], y[k]) for k in x)
-        return _same_constant(x, y)
+    return _same(a.args, b.args, pairs) and _same(a.kwargs, b.kwargs, pairs)
 
-    return walk(a.args, b.args) and walk(a.kwargs, b.kwargs)
+
+_NOT_GIVEN = object()
+
+
+def _schema_args(node: fx.Node) -> list[Any]:
+    if node.op == "call_function" and is_op_overload(node.target):
+        return list(op_schema(node.target).arguments)
+    return []
+
+
+def _named_args(node: fx.Node) -> dict[str, Any]:
+    """Arguments by the op's names (``argK`` past the schema); left-out ones as defaults."""
+    schema = _schema_args(node)
+    names = [a.name for a in schema]
+    out = {names[k] if k < len(names) else f"arg{k}": v for k, v in enumerate(node.args)}
+    out.update(node.kwargs)
+    for a in schema:
+        if a.name not in out and a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def _show(v: Any) -> str:
+    """An argument value as text: a node by name, a string bare, containers element-wise."""
+    if v is _NOT_GIVEN:
+        return "(not given)"
+    if isinstance(v, fx.Node):
+        return v.name
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(_show(x) for x in v)
+        return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+    if isinstance(v, str):
+        return v
+    return repr(v)
+
+
+def arg_changes(a: fx.Node, b: fx.Node, pairs: dict[fx.Node, fx.Node]
+                ) -> tuple[ArgChange, ...]:
+    """The arguments of a matched pair whose values differ, with old and new values.
+
+    Args:
+        a: A node of the first graph.
+        b: Its partner in the second graph.
+        pairs: Node of the first graph -> its partner (:func:`match_nodes`).
+
+    Returns:
+        One :class:`ArgChange` per differing argument, in argument order.
+    """
+    na, nb = _named_args(a), _named_args(b)
+    out = []
+    for name in dict.fromkeys([*na, *nb]):
+        x, y = na.get(name, _NOT_GIVEN), nb.get(name, _NOT_GIVEN)
+        if x is _NOT_GIVEN or y is _NOT_GIVEN or not _same(x, y, pairs):
+            out.append(ArgChange(name, _show(x), _show(y)))
+    return tuple(out)
 
 
 def _what_changed(a: fx.Node, b: fx.Node, pairs: dict[fx.Node, fx.Node]) -> list[str]:
@@ -264,8 +349,12 @@ def _row(change: str, a: fx.Node | None, b: fx.Node | None, what: list[str]) -> 
     return row
 
 
-def _table(a: fx.GraphModule, b: fx.GraphModule, pairs: dict[fx.Node, fx.Node]) -> pd.DataFrame:
-    """Rows in ``b``'s graph order; a removed node right after its preceding match."""
+def _table(a: fx.GraphModule, b: fx.GraphModule, pairs: dict[fx.Node, fx.Node],
+           args_out: dict[str, tuple[ArgChange, ...]]) -> pd.DataFrame:
+    """Rows in ``b``'s graph order; a removed node right after its preceding match.
+
+    ``args_out`` receives the argument changes of each changed node (by ``b``'s name).
+    """
     pos_b = {n: i for i, n in enumerate(b.graph.nodes)}
     keyed: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
     anchor = -1
@@ -278,6 +367,8 @@ def _table(a: fx.GraphModule, b: fx.GraphModule, pairs: dict[fx.Node, fx.Node]) 
         what = _what_changed(n, partner, pairs)
         if what:
             keyed.append(((anchor, 0, k), _row("changed", n, partner, what)))
+            if "args" in what:
+                args_out[partner.name] = arg_changes(n, partner, pairs)
     matched_b = set(pairs.values())
     keyed += [((pos_b[n], 0, 0), _row("added", None, n, []))
               for n in b.graph.nodes if n not in matched_b]
@@ -369,10 +460,12 @@ def diff(joint_a: TracedGraph, joint_b: TracedGraph, model: nn.Module | None = N
     require_analyzed(ga)
     require_analyzed(gb)
     pairs = match_nodes(ga, gb)
-    table = _table(ga, gb, pairs)
+    args: dict[str, tuple[ArgChange, ...]] = {}
+    table = _table(ga, gb, pairs, args)
     matched = MappingProxyType({a.name: b.name for a, b in pairs.items()})
     sizes = {"nodes_a": len(ga.graph.nodes), "nodes_b": len(gb.graph.nodes),
-             "versions": (graph_fingerprint(ga), graph_fingerprint(gb))}
+             "versions": (graph_fingerprint(ga), graph_fingerprint(gb)),
+             "arg_changes": MappingProxyType(args)}
     if model is None:
         return GraphDiff(table, matched, **sizes)
     rec_a = _record_copy(joint_a, model, inputs, seed, keep_bytes)

@@ -14,6 +14,7 @@ _LAZY = {
     "plot_memory": "jointlab.viz.memory",
     "plot_lifetimes": "jointlab.viz.memory",
     "plot_diff": "jointlab.viz.diff",
+    "diff_view": "jointlab.viz.diff",
     "export_figure": "jointlab.viz.export",
 }
 

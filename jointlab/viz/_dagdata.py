@@ -2,8 +2,7 @@
 
 :func:`graph_data` reads a traced graph into a :class:`DagData`;
 :func:`keep_phases` filters it by phase and :func:`collapse` groups it by
-module prefix and band. ``plot_diff``'s figure (:mod:`jointlab.viz._dagfigure`)
-draws from it; the static export takes the view's items
+module prefix and band. The static export takes the view's items
 (:mod:`jointlab.viz._viewitems`) in this same form. Nothing here imports plotly.
 """
 

@@ -35,7 +35,8 @@ class ModuleTree:
     node_group: np.ndarray
 
 
-def _prefixes(module: str) -> list[str]:
+def prefixes(module: str) -> list[str]:
+    """The group names on a module's path, outermost first (``h``, ``h.0``, ``h.0.attn``)."""
     if module in ("", TRAIN_FN):
         return [module] if module else []
     parts = module.split(".")
@@ -46,7 +47,7 @@ def _raw_tree(modules: list[str]) -> tuple[list[str], dict[str, str]]:
     """Every module prefix and its parent prefix (root ``""``)."""
     parent_of: dict[str, str] = {}
     for m in dict.fromkeys(modules):
-        chain = _prefixes(m)
+        chain = prefixes(m)
         for k, p in enumerate(chain):
             parent_of.setdefault(p, chain[k - 1] if k else "")
     return ["", *sorted(parent_of, key=lambda p: (p.count("."), p))], parent_of

@@ -1,6 +1,6 @@
 """The layered layout of a joint graph's visible items: the one DAG layout of jointlab.
 
-This module is the specification. ``static/dagview.js`` (``layeredLayout``,
+This module is the specification. ``static/dag_layout.js`` (``layeredLayout``,
 ``topoOrder`` and the helpers they call) runs the same steps in the browser
 over the visible items of ``dag_view`` (open nodes, closed group boxes, open
 groups' blocks); the static export (:mod:`jointlab.viz.export`) runs this
@@ -48,11 +48,11 @@ from dataclasses import dataclass
 import numpy as np
 
 FORWARD, BACKWARD = 0, 1
-#: Barycentre sweeps after the mirror pass (``SWEEPS`` in dagview.js).
+#: Barycentre sweeps after the mirror pass (``SWEEPS`` in dag_layout.js).
 SWEEPS = 4
-#: Empty rows between the bands (``BAND_GAP`` in dagview.js).
+#: Empty rows between the bands (``BAND_GAP`` in dag_layout.js).
 BAND_GAP = 1.5
-#: Item sizes the view gives its layout (dagview.js): a node is 1 column wide in a slot of
+#: Item sizes the view gives its layout (dag_model.js): a node is 1 column wide in a slot of
 #: ``NODE_SLOT`` rows, a closed group's box ``BOX_COLS`` columns wide in ``BOX_SLOT`` rows.
 NODE_SLOT = 1.0
 BOX_COLS = 2

@@ -1,7 +1,7 @@
 """The items ``dag_view`` draws at an expansion: open nodes and one box per closed group and band.
 
 Mirrors the renderer's visibility step (``update`` / ``_itemOfNode`` in
-``static/dagview.js``): a node whose module groups are all open is drawn
+``static/dag_layout.js``): a node whose module groups are all open is drawn
 itself; otherwise it is drawn as the box of its outermost closed group, one
 box per band. Edges between items are the graph's edges regrouped (no self
 loops, one per pair); a backward item's twin is the item holding its

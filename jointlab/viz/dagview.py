@@ -9,7 +9,10 @@ the visible items, not the graph.
 The payload is compact: string tables plus integer arrays, JSON inside a
 ``<script type="application/json">`` with ``<``, ``>`` and ``&`` escaped, so
 a hostile module name is data, never markup. The renderer's readable source
-is ``jointlab/viz/static/dagview.js``; it is inlined, nothing is fetched.
+is ``jointlab/viz/static/dag_*.js`` (:data:`JS_PARTS`: common helpers, layout,
+model, drawing, interaction), concatenated by :func:`renderer_js` into one
+function scope and inlined; nothing is fetched. The payload's fields are
+described once, in :data:`PAYLOAD_SCHEMA`, which the JS parts refer to.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import html
 import json
 import pathlib
 import secrets
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -25,17 +29,51 @@ import numpy as np
 from jointlab import meta as _meta
 from jointlab.passes.analyze import require_analyzed
 from jointlab.viz import _hierarchy, _legend
+from jointlab.viz._style import PALETTE, PHASE_COLORS, module_colors
 
-JS_PATH = pathlib.Path(__file__).parent / "static" / "dagview.js"
+JS_DIR = pathlib.Path(__file__).parent / "static"
+#: The renderer's parts, in the order they are concatenated (each may use what comes before).
+JS_PARTS = ("dag_common.js", "dag_layout.js", "dag_model.js", "dag_draw.js",
+            "dag_interact.js")
+#: What :func:`build_payload` returns and the renderer reads (``P`` in the JS parts).
+#: Node and group fields are parallel arrays; string fields hold an index into ``tables``.
+PAYLOAD_SCHEMA = """
+title        str: the view's title
+nodes        per node i, in graph order:
+  name         FX node name (unique)
+  label        -> tables.label: parameter/buffer FQN, input path, else op name (``mm``)
+  target       -> tables.target: the op (``aten.mm.default``) or FX op
+  ph           -> tables.phase: param, buffer, input, forward, backward, output
+  shape        -> tables.shape: ``2×8×32`` or ""
+  dtype        -> tables.dtype
+  cat          -> tables.cat: cost category
+  src          -> tables.source: user source line
+  twin         index of the forward twin of a backward node, else -1
+  flops, bytes int
+  saved        indices of the nodes saved for backward (sparse)
+  recompute    indices of the nodes recomputed by checkpointing (sparse)
+  g            index of the node's module group (groups)
+  extra        {str(i): {fqn, grad_of, input_path}} where set
+  rows         optional {str(i): [[key, text], ...]}: extra detail-panel rows (diff view)
+edges        flat [src, dst, src, dst, ...] node indices
+groups       per module group (0 = root ""), parents before children:
+  name, parent (-1 for the root), level (0 for the root), mtype (module class)
+  color        index into palette: the module's colour, keyed by its name
+               (viz._style.module_colors)
+  count_f/_b, flops_f/_b, bytes_f/_b  sums over the group's subtree, forward/backward band
+expanded     group indices open at first
+tables       {label, target, phase, shape, dtype, cat, source, mtype}: string tables
+palette      colours of categories; phase_colors {phase: colour}
+backward_phases  phases drawn in the backward band (jointlab.meta.BACKWARD_PHASES)
+color_by     initial colouring: module, phase, category, bytes, flops, or a layer name
+budget       node budget the first view was opened to
+layers       {name: {kind: num|cat, v (per node), gf/gb (per group), lo, hi | levels,
+              colors, short}} extra colourings (see _numeric_layer, _category_layer)
+hits         optional node indices found at first (the diff view: its changes), stepped
+             through with next/previous like search hits
+"""
 DEFAULT_BUDGET = 2000
-BACKWARD_PHASES = ("backward", "output")
-#: Distinct colours for visible module groups (tab20 reordered, dark first). Beyond
-#: this many visible groups the renderer falls back to golden-angle HSL hues.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
-           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
-PHASE_COLORS = {"param": "#2ca02c", "buffer": "#8c564b", "input": "#7f7f7f",
-                "forward": "#1f77b4", "backward": "#d62728", "output": "#9467bd"}
+BACKWARD_PHASES = _meta.BACKWARD_PHASES
 
 
 def node_label(node: Any, m: dict[str, Any], ops: dict[Any, str] | None = None) -> str:
@@ -97,9 +135,11 @@ def _node_arrays(nodes: list[Any], infos: list[dict[str, Any]], t: dict[str, _Ta
     by_name = {n.name: i for i, n in enumerate(nodes)}
     cols: dict[str, list[Any]] = {k: [] for k in (
         "name", "label", "target", "ph", "shape", "dtype", "cat", "src", "twin", "flops",
-        "bytes", "flags")}
+        "bytes")}
     extra: dict[str, dict[str, str]] = {}
     ops: dict[Any, str] = {}
+    saved: list[int] = []
+    recompute: list[int] = []
     for i, (n, m) in enumerate(zip(nodes, infos)):
         shape = m.get("shape")
         cols["name"].append(n.name)
@@ -113,12 +153,14 @@ def _node_arrays(nodes: list[Any], infos: list[dict[str, Any]], t: dict[str, _Ta
         cols["twin"].append(by_name.get(m.get("fwd_twin"), -1))
         cols["flops"].append(int(m.get("flops", 0) or 0))
         cols["bytes"].append(int(m.get("bytes", 0) or 0))
-        cols["flags"].append(int(bool(m.get("saved_for_backward"))) |
-                             2 * int(bool(m.get("recompute"))))
+        if m.get("saved_for_backward"):
+            saved.append(i)
+        if m.get("recompute"):
+            recompute.append(i)
         more = {k: str(m[k]) for k in ("fqn", "grad_of", "input_path") if m.get(k)}
         if more:
             extra[str(i)] = more
-    cols["extra"] = extra
+    cols["extra"], cols["saved"], cols["recompute"] = extra, saved, recompute
     return cols
 
 
@@ -197,7 +239,7 @@ def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "
             unknown and drawn grey. Each layer's value also appears in the detail panel.
 
     Returns:
-        The payload dict (see ``static/dagview.js`` for its reading).
+        The payload dict (its fields: :data:`PAYLOAD_SCHEMA`).
     """
     require_analyzed(joint.graph_module)
     nodes = list(joint.graph.nodes)
@@ -213,16 +255,31 @@ def build_payload(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "
     cols = _node_arrays(nodes, infos, tables)
     cols["g"] = tree.node_group.tolist()
     mtype = {m.get("module", ""): m.get("module_type", "") for m in infos}
+    colors = module_colors(["", *(p for m in mtype for p in _hierarchy.prefixes(m))])
     groups = {"name": tree.names, "parent": tree.parent.tolist(), "level": tree.level.tolist(),
               "mtype": [mtype.get(n, "") for n in tree.names],
+              "color": [PALETTE.index(colors[n]) for n in tree.names],
               **_group_stats(tree, is_bwd, {"count": np.ones(len(nodes)),
                                             "flops": np.asarray(cols["flops"]),
                                             "bytes": np.asarray(cols["bytes"])})}
     return {"title": title_text(joint), "nodes": cols, "edges": edges.ravel().tolist(),
             "groups": groups, "expanded": np.flatnonzero(expanded).tolist(),
             "tables": {k: v.items for k, v in tables.items()}, "palette": list(PALETTE),
-            "phase_colors": PHASE_COLORS, "color_by": color_by, "budget": budget,
+            "phase_colors": PHASE_COLORS, "backward_phases": list(BACKWARD_PHASES),
+            "color_by": color_by, "budget": budget,
             "layers": _layers(nodes, tree, is_bwd, layers)}
+
+
+@cache
+def renderer_js() -> str:
+    """The renderer: the :data:`JS_PARTS` in one function scope, defining ``window.jointlabDag``.
+
+    Returns:
+        JavaScript source; a second copy on the same page leaves the first in place.
+    """
+    parts = "\n".join((JS_DIR / p).read_text(encoding="utf-8") for p in JS_PARTS)
+    return ("(function () {\n  \"use strict\";\n  if (window.jointlabDag) return;\n"
+            f"{parts}\n}})();\n")
 
 
 def _json_for_script(obj: Any) -> str:
@@ -256,7 +313,7 @@ class DagView:
         frag = (f'<div class="jl-dag" id="{uid}" style="height:{int(self.height)}px"></div>'
                 f'<script type="application/json" id="{uid}-data">'
                 f"{_json_for_script(self.payload)}</script>"
-                f"<script>{JS_PATH.read_text(encoding='utf-8')}\n"
+                f"<script>{renderer_js()}\n"
                 f"window.jointlabDag({json.dumps(uid)});</script>")
         if not full_html:
             return frag

@@ -1,7 +1,7 @@
 """``jl.export_figure``: a static, labelled SVG (or PNG) of a DAG or a memory plot.
 
 The DAG comes from the one DAG engine: the layout ``dag_view`` runs in the
-browser (:mod:`jointlab.viz._layout`, held equal to ``dagview.js`` by
+browser (:mod:`jointlab.viz._layout`, held equal to the renderer (``static/dag_*.js``) by
 ``tests/test_layout_parity.py``), over the same items (one box per module
 group and band, or every node), in the view's colours
 (:mod:`jointlab.viz._style`), arranged on a page (:mod:`jointlab.viz._page`):
@@ -51,7 +51,8 @@ def in_view_order(data: DagData, rank: list[int]) -> DagData:
     """``data``'s items in the view's order, edges and twins renumbered.
 
     The order is :func:`jointlab.viz._layout.topo_order` of the item graph, ranked
-    by each item's first graph node (as ``dagview.js`` orders the visible items).
+    by each item's first graph node (as the renderer, ``static/dag_*.js``, orders the
+    visible items).
     """
     order = _layout.topo_order(len(data.names), rank, data.src.tolist(), data.dst.tolist())
     new = np.empty(len(order), dtype=np.int64)

@@ -15,7 +15,7 @@ The panel used to show the DAG as a plotly ``FigureWidget`` of WebGL
 This widget draws with the bundled 2-D canvas renderer (no WebGL, no
 plotly). It carries the compact :func:`jointlab.viz.dagview.build_payload`
 and its view state as synced traits, and its small module
-(:data:`jointlab.viz.dagview.JS_PATH` plus the glue below) draws from that
+(:func:`jointlab.viz.dagview.renderer_js` plus the glue below) draws from that
 state whenever a view is mounted, once the element is in the document (the
 renderer sizes its canvas from it), and again after every change. Nothing
 depends on the order in which messages arrive.
@@ -35,7 +35,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from jointlab.viz.dagview import JS_PATH, build_payload
+from jointlab.viz.dagview import build_payload, renderer_js
 
 __all__ = ["ALL", "FIT", "DagCursor", "DagWidget"]
 
@@ -93,17 +93,10 @@ function setDepth(view, depth) {
   view.expanded[0] = 1;
 }
 
-function ring(view, model) {  // the stepper's current node: ringed, its groups open, on screen
+function ring(view, model) {  // the stepper's current node: ringed, its twins too, both in view
   const cur = model.get("current"), i = cur ? view.index.get(cur) ?? -1 : -1;
   view.selected = i;
-  if (i >= 0) {
-    view.reveal(i); view.update();
-    const [sx, sy] = view.toScreen(view.x[i], view.y[i]), c = view.canvas;
-    const W = c.clientWidth, H = c.clientHeight;
-    if (W && H && (sx < 20 || sy < 20 || sx > W - 20 || sy > H - 20)) {  // keep it on screen
-      view.vx = view.x[i] - W / 2 / view.k; view.vy = view.y[i] + H / 2 / (view.k * view.ay);
-    }
-  }
+  if (i >= 0) view.follow(i);
 }
 
 function highlight(view, model) {
@@ -122,7 +115,7 @@ function valueRows(view, model) {  // detail-panel rows: the value statistics Py
 function wire(view, model, el) {
   view.index = new Map(view.P.nodes.name.map((n, i) => [n, i]));
   hiddenUpdate(view); valueRows(view, model);
-  if (!model.get("own_search")) view.search.style.display = "none";
+  if (!model.get("own_search")) view.searchBox.style.display = "none";
   const select = view.select.bind(view);
   let clicks = 0;
   view.detailNode = -1;
@@ -135,9 +128,9 @@ function wire(view, model, el) {
     if (what.has("hidden")) view.hiddenPhases = new Set(model.get("hidden"));
     if (what.has("depth")) setDepth(view, model.get("depth"));
     view.update();
-    if (what.has("current")) ring(view, model);
-    highlight(view, model);
     if (what.has("depth")) view.fit(true);  // readable: the left part of a long graph
+    if (what.has("current") || what.has("depth")) ring(view, model);  // the cursor in view
+    highlight(view, model);
     const open = view.detailNode >= 0 && view.detail.style.display === "block";
     if (what.has("values") && open) {  // the open panel shows the new stats; the ring stays
       const ringed = view.selected;
@@ -162,7 +155,7 @@ export default {
     data.type = "application/json"; data.id = id + "-data";
     data.textContent = JSON.stringify(model.get("payload"));
     el.appendChild(root); el.appendChild(data);
-    let refresh = null, gone = false;
+    let refresh = null, gone = false, view = null;
     const handlers = ["current", "selected", "hidden", "depth", "values"].map(k => {
       const f = () => { if (refresh) refresh(new Set([k])); };
       model.on("change:" + k, f);
@@ -171,18 +164,22 @@ export default {
     const mount = () => {  // ipywidgets may render before the element is in the document
       if (gone) return;
       if (!root.isConnected) { requestAnimationFrame(mount); return; }
-      refresh = wire(window.jointlabDag(id), model, root);
+      view = window.jointlabDag(id);
+      refresh = wire(view, model, root);
       root.dataset.ready = "1";
     };
     mount();
-    return () => { gone = true; for (const [k, f] of handlers) model.off("change:" + k, f); };
+    return () => {
+      gone = true; for (const [k, f] of handlers) model.off("change:" + k, f);
+      if (view) view.release();
+    };
   },
 };
 """
 
 
 def _esm() -> str:
-    return JS_PATH.read_text(encoding="utf-8") + "\n" + _GLUE
+    return renderer_js() + "\n" + _GLUE
 
 
 class DagWidget(anywidget.AnyWidget):
@@ -232,7 +229,7 @@ class DagWidget(anywidget.AnyWidget):
 class DagCursor(DagWidget):
     """The stepper panel's DAG: a ring on the current node (and its twin)."""
 
-    def __init__(self, joint: Any, height: int = 380, **kwargs: Any) -> None:
+    def __init__(self, joint: Any, height: int = 460, **kwargs: Any) -> None:
         """See :class:`DagWidget`; the view is titled ``current node (ringed)``."""
         super().__init__(joint, height=height, title="current node (ringed)",
                          css_class="jl-stepper-dag", **kwargs)
