@@ -669,7 +669,7 @@ PANEL_CELL = ("t0 = time.perf_counter()\n"
 PANEL_REF = """import json
 import numpy as np
 x = F.embedding(inputs['input_ids'], model.wte.weight).detach().double().numpy()
-print('EMB_JSON=' + json.dumps({'shape': list(x.shape), 'mean': x.mean(), 'std': x.std(ddof=1),
+print('EMB_JSON=' + json.dumps({'shape': list(x.shape), 'mean': x.mean(), 'std': x.std(ddof=0),
                           'min': x.min(), 'max': x.max(), 'norm': float(np.sqrt((x * x).sum())),
                           'nan': int(np.isnan(x).sum()), 'inf': int(np.isinf(x).sum())}))"""
 DAG_STATE = """els => els.map(p => { const v = p.jlView; if (!v || !p.dataset.ready) return null;

@@ -1,4 +1,13 @@
-"""What ``jl.record`` observes: per-value statistics taken right after each node runs.
+"""Value statistics, the one implementation: ``jl.record``'s table and the stepper panel.
+
+:func:`describe` gives the statistics of one value as a :class:`ValueStats`;
+``jl.record``'s table and the stepper panel (its inspector and the DAG detail
+rows) show exactly these, formatted. The definitions, once: statistics are over
+every element in float32 (float64 for float64 and integer values); ``std`` is
+the population standard deviation (``correction=0``, numpy's default, not
+``torch.std``'s Bessel correction), so ``std**2 + mean**2 == norm**2 / numel``;
+when a value holds NaN or Inf, mean/std/min/max/norm are over its finite
+elements and ``nan``/``inf`` count the others (all NaN when none is finite).
 
 :class:`ValueObserver` is called by an instrumented copy of the joint graph
 (:func:`instrument`) after every node. Per node it keeps the value's shape and
@@ -14,6 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +35,7 @@ from jointlab.torch_compat import graph_codegen, op_schema
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
 
-__all__ = ["NAN_ROW", "STAT_COLUMNS", "ValueObserver", "instrument"]
+__all__ = ["NAN_ROW", "STAT_COLUMNS", "ValueObserver", "ValueStats", "describe", "instrument"]
 
 #: Columns of :attr:`Record.table`; none collides with a ``joint.nodes`` column.
 STAT_COLUMNS = ("value_shape", "value_dtype", "mean", "std", "min", "max", "norm", "nan", "inf",
@@ -110,6 +120,54 @@ def _why_not(value: torch.Tensor, uninitialized: bool) -> str:
     if value.numel() == 0:
         return "empty"
     return ""
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """Statistics of one value (see the module docstring for the definitions).
+
+    Attributes:
+        shape: The tensor's shape (None for a non-tensor).
+        dtype: Its dtype without ``torch.`` (the type name for a non-tensor).
+        mean: Mean of the (finite) elements.
+        std: Population standard deviation (``correction=0``) of the (finite) elements.
+        min: Smallest (finite) element.
+        max: Largest (finite) element.
+        norm: L2 norm of the (finite) elements.
+        nan: Number of NaN elements (None when not described).
+        inf: Number of +-Inf elements (None when not described).
+        note: Why there are no statistics (``""`` when there are): ``uninitialized``,
+            ``sparse``, ``quantized``, ``complex``, ``empty`` or ``not a tensor``.
+    """
+
+    shape: tuple[int, ...] | None
+    dtype: str
+    mean: float
+    std: float
+    min: float
+    max: float
+    norm: float
+    nan: int | None
+    inf: int | None
+    note: str
+
+
+def describe(value: Any, *, uninitialized: bool = False) -> ValueStats:
+    """The statistics of ``value``, as ``jl.record``'s table and the stepper panel show them.
+
+    Args:
+        value: Any node value; only a tensor gets statistics.
+        uninitialized: The value comes from an ``empty*`` op (its memory is garbage).
+
+    Returns:
+        A :class:`ValueStats`.
+    """
+    if not isinstance(value, torch.Tensor):
+        return ValueStats(None, type(value).__name__, *NAN_ROW, None, None, "not a tensor")
+    note = _why_not(value, uninitialized)
+    stats, nan, inf = (NAN_ROW, None, None) if note else _describe(value)
+    return ValueStats(tuple(value.shape), str(value.dtype).removeprefix("torch."), *stats, nan,
+                      inf, note)
 
 
 class ValueObserver:
