@@ -412,7 +412,7 @@ def _stats(t: torch.Tensor) -> dict[str, float]:
     import numpy as np
 
     x = t.detach().double().numpy()
-    return {"mean": x.mean(), "std": x.std(ddof=1), "min": x.min(), "max": x.max(),
+    return {"mean": x.mean(), "std": x.std(ddof=0), "min": x.min(), "max": x.max(),
             "norm": float(np.sqrt((x * x).sum()))}
 
 

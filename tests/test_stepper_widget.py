@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import ipywidgets as W  # noqa: E402, F401
@@ -38,7 +39,7 @@ def test_inspector_shows_stats_of_the_stepped_value(panel):
     want = torch.nn.functional.linear(inputs["x"], model.fc1.weight, model.fc1.bias).detach()
     page = w.inspector.value
     assert "addmm" in page and "(4, 32) float32" in page
-    for stat in (want.min(), want.max(), want.mean(), want.std()):
+    for stat in (want.min(), want.max(), want.mean(), want.std(correction=0)):
         assert f">{float(stat):.4g}<" in page  # 4 significant digits, from eager's own values
     assert not re.search(r"\d\.\d{7,}", page)  # never 17 digits
     assert "jl-hist" in page
@@ -170,3 +171,37 @@ def test_compare_shows_first_divergence_on_top_and_reset_clears_it():
     assert not re.search(r"\d\.\d{7,}", box)
     w.buttons["reset"].click()
     assert w.compare_box.value == ""
+
+
+def _cells(page: str) -> dict[str, str]:
+    """``{key: number}`` of the inspector's statistics table."""
+    return dict(re.findall(r"<td class='k'>([\w-]+)</td><td class='n'>([^<]*)</td>", page))
+
+
+def test_record_table_and_stepper_panel_show_the_same_statistics():
+    """One value, three views: jl.record's row, the inspector and the DAG detail rows agree.
+
+    The reference for "which std" is numpy's population std of the eager value.
+    """
+    from jointlab.widgets._stepper_html import fmt
+
+    f = zoo.FIXTURES["mlp"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    rec = jl.record(joint, copy.deepcopy(model), inputs)
+    s = jl.Stepper(joint, model, inputs, device="cpu", seed=0)
+    w = s.widget(dag=True)
+    while s.current.name != "addmm":
+        w.buttons["step"].click()
+    w.buttons["step"].click()  # addmm: a (4, 32) value, where Bessel's factor shows in 4 digits
+    want = torch.nn.functional.linear(inputs["x"], model.fc1.weight, model.fc1.bias)
+    x = want.detach().double().numpy()
+    assert fmt(float(x.std(ddof=0))) != fmt(float(x.std(ddof=1)))  # the test can tell them apart
+    row = rec.table.loc["addmm"]
+    detail = w.dag.values["addmm"]
+    inspector = _cells(w.inspector.value)
+    for k in ("mean", "std", "min", "max"):
+        assert fmt(float(row[k])) == detail[k] == inspector[k], (k, row[k], detail, inspector)
+    assert fmt(float(row["std"])) == fmt(float(x.std(ddof=0)))
+    assert fmt(float(row["norm"])) == detail["norm"]
+    assert detail["NaN / Inf"] == f"{row['nan']} / {row['inf']}" == "0 / 0"

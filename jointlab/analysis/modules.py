@@ -14,7 +14,8 @@ submodules* (the root row is the whole model):
   by the trace's own module hooks (symbolic sizes as text in a dynamic trace).
   Nothing is run again. None for a graph loaded from disk
   (``DataFrame.attrs["in_shapes"]`` says why).
-- ``flops_fwd``/``flops_bwd``/``bytes_fwd``/``bytes_bwd``: from the node table.
+- ``flops_fwd``/``flops_bwd``/``bytes_fwd``/``bytes_bwd``: from the nodes' annotations
+  (the figures of the node table, read without building it).
 - ``time_fwd_s``/``time_bwd_s``: from a :class:`jointlab.analysis.record.Record`
   of the same graph; NaN without one.
 """
@@ -27,9 +28,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from torch import nn
 
-from jointlab.analysis.tables import node_table
 from jointlab.errors import RecordError
-from jointlab.meta import TRAIN_FN
+from jointlab.meta import TRAIN_FN, info, node_info
 
 if TYPE_CHECKING:
     from jointlab.analysis.record import Record
@@ -76,16 +76,16 @@ def _param_columns(model: nn.Module, names: list[str]) -> dict[str, list[Any]]:
     }
 
 
-def _out_shapes(joint: TracedGraph, table: pd.DataFrame) -> tuple[dict[str, list], dict]:
+def _out_shapes(joint: TracedGraph) -> tuple[dict[str, list], dict]:
     """First-call output shapes and call counts per module, from the probes."""
     first: dict[str, dict[int, Any]] = {}
     calls: dict[str, set[int]] = {}
-    shapes = table["shape"]
     for node in joint.graph.nodes:
-        for fqn, call, leaf in node.meta.get("jointlab", {}).get("probe_out", []):
+        probes = info(node).get("probe_out")
+        for fqn, call, leaf in probes or ():
             calls.setdefault(fqn, set()).add(call)
             if call == 0:
-                first.setdefault(fqn, {})[leaf] = shapes[node.name]
+                first.setdefault(fqn, {})[leaf] = node_info(node).shape
     return ({m: [leaves[k] for k in sorted(leaves)] for m, leaves in first.items()},
             {m: len(c) for m, c in calls.items()})
 
@@ -97,24 +97,33 @@ def _in_shapes(joint: TracedGraph) -> tuple[dict[str, list], str]:
     return {}, "this graph has no recorded module inputs (loaded from disk)"
 
 
-def _node_sums(table: pd.DataFrame, record: Record | None, names: list[str]
+def _node_sums(joint: TracedGraph, record: Record | None, names: list[str]
                ) -> dict[str, list[float]]:
-    """FLOPs, bytes (and time) of forward and backward nodes per module and below."""
-    parts = table[["module", "phase", "flops", "bytes"]].copy()
-    parts["time_s"] = record.table["time_s"].reindex(table.index) if record else math.nan
-    parts = parts[parts["phase"].isin(["forward", "backward"])]
-    per = parts.groupby(["module", "phase"], sort=False)[["flops", "bytes", "time_s"]].sum(
-        min_count=1)
-    out = {c: dict.fromkeys(names, 0.0) for c in _SUMS}
-    for (mod, phase), row in per.iterrows():
+    """FLOPs, bytes (and time) of forward and backward nodes per module and below.
+
+    Read from the nodes' annotations in one pass (the node table is not needed).
+    """
+    times = record.table["time_s"].to_numpy() if record is not None else None
+    per: dict[tuple[str, str], list[float]] = {}
+    for i, node in enumerate(joint.graph.nodes):
+        m = info(node)
+        phase = m.get("phase")
+        if phase != "forward" and phase != "backward":
+            continue
+        mod = m.get("module", "")
         if mod == TRAIN_FN:  # the loss, outside the model
             continue
-        side = "fwd" if phase == "forward" else "bwd"
+        acc = per.setdefault((mod, "fwd" if phase == "forward" else "bwd"), [0, 0, 0.0])
+        acc[0] += m.get("flops", 0)
+        acc[1] += m.get("bytes", 0)
+        acc[2] += times[i] if times is not None else 0.0
+    out = {c: dict.fromkeys(names, 0.0) for c in _SUMS}
+    for (mod, side), (flops, nbytes, secs) in per.items():
         for anc in _ancestors(mod):
             if anc in out["flops_fwd"]:
-                out[f"flops_{side}"][anc] += row["flops"]
-                out[f"bytes_{side}"][anc] += row["bytes"]
-                out[f"time_{side}_s"][anc] += row["time_s"]
+                out[f"flops_{side}"][anc] += flops
+                out[f"bytes_{side}"][anc] += nbytes
+                out[f"time_{side}_s"][anc] += secs
     return {c: [out[c][n] for n in names] for c in _SUMS}
 
 
@@ -140,21 +149,21 @@ def module_summary(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any] 
     """
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
         raise RecordError(f"depth must be a non-negative int or None, got {depth!r}")
-    table = joint.cached("nodes", node_table)
-    if record is not None and not record.table.index.equals(table.index):
+    if record is not None and (len(record.table) != len(joint.graph.nodes) or any(
+            a != n.name for a, n in zip(record.table.index, joint.graph.nodes))):
         raise RecordError("this record was made on another graph (its nodes differ): "
                           "record this joint graph with jl.record(joint, model, inputs)")
     mods = [(n, m) for n, m in model.named_modules()
             if depth is None or (len(n.split(".")) if n else 0) <= depth]
     names = [n for n, _ in mods]
-    outs, calls = _out_shapes(joint, table)
+    outs, calls = _out_shapes(joint)
     ins, why = _in_shapes(joint)
     df = pd.DataFrame({"type": [type(m).__name__ for _, m in mods],
                        **_param_columns(model, names),
                        "calls": [calls.get(n, 0) for n in names],
                        "in_shapes": [ins.get(n) for n in names],
                        "out_shapes": [outs.get(n) for n in names],
-                       **_node_sums(table, record, names)},
+                       **_node_sums(joint, record, names)},
                       index=pd.Index(names, name="module"))
     for c in ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd"):
         df[c] = df[c].astype("int64")

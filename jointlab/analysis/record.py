@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.fx as fx
@@ -174,15 +175,18 @@ class Record:
 
 def _table(names: list[str], rec: ValueObserver) -> pd.DataFrame:
     empty = (None, "", *NAN_ROW, None, None, False, "not run")
-    rows = [rec.rows.get(i, empty) for i in range(len(names))]
-    df = pd.DataFrame(rows, columns=[c for c in STAT_COLUMNS if c != "time_s"],
-                      index=pd.Index(names, name="node"))
+    get, times = rec.rows.get, rec.times.get
+    cols = list(zip(*[get(i, empty) for i in range(len(names))])) or [()] * 11
+    data: dict[str, Any] = dict(zip([c for c in STAT_COLUMNS if c != "time_s"], cols))
     for c in ("nan", "inf"):
-        df[c] = pd.array(df[c].tolist(), dtype="Int64")
-    df["kept"] = df["kept"].astype(bool)
-    df.insert(STAT_COLUMNS.index("time_s"), "time_s",
-              [rec.times.get(i, math.nan) for i in range(len(names))])
-    return HumanFrame(df)  # shown in human units, no number wrapped
+        data[c] = pd.array(data[c], dtype="Int64")
+    for c in ("mean", "std", "min", "max", "norm"):
+        data[c] = np.fromiter(data[c], dtype=np.float64, count=len(names))
+    data["kept"] = np.fromiter(data["kept"], dtype=bool, count=len(names))
+    data["time_s"] = np.fromiter((times(i, math.nan) for i in range(len(names))),
+                                 dtype=np.float64, count=len(names))
+    df = pd.DataFrame(data, index=pd.Index(names, name="node"))
+    return HumanFrame(df[list(STAT_COLUMNS)])  # shown in human units, no number wrapped
 
 
 def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
@@ -226,7 +230,12 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
     table = _table([n.name for n in rec.nodes], rec)
     return Record(table=table, loss=float(loss), param_grad_norms=MappingProxyType(norms),
                   values=MappingProxyType(dict(rec.values)),
-                  gradients=MappingProxyType(_gradient_nodes(rec.nodes)))
+                  gradients=joint.cached("record.gradients", _gradient_map))
+
+
+def _gradient_map(joint: TracedGraph) -> Mapping[str, str]:
+    """:func:`_gradient_nodes` of the joint graph, read-only (cached per graph version)."""
+    return MappingProxyType(_gradient_nodes(list(joint.graph_module.graph.nodes)))
 
 
 def _gradient_nodes(nodes: list[fx.Node]) -> dict[str, str]:

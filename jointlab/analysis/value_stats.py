@@ -1,4 +1,13 @@
-"""What ``jl.record`` observes: per-value statistics taken right after each node runs.
+"""Value statistics, the one implementation: ``jl.record``'s table and the stepper panel.
+
+:func:`describe` gives the statistics of one value as a :class:`ValueStats`;
+``jl.record``'s table and the stepper panel (its inspector and the DAG detail
+rows) show exactly these, formatted. The definitions, once: statistics are over
+every element in float32 (float64 for float64 and integer values); ``std`` is
+the population standard deviation (``correction=0``, numpy's default, not
+``torch.std``'s Bessel correction), so ``std**2 + mean**2 == norm**2 / numel``;
+when a value holds NaN or Inf, mean/std/min/max/norm are over its finite
+elements and ``nan``/``inf`` count the others (all NaN when none is finite).
 
 :class:`ValueObserver` is called by an instrumented copy of the joint graph
 (:func:`instrument`) after every node. Per node it keeps the value's shape and
@@ -14,6 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +35,7 @@ from jointlab.torch_compat import graph_codegen, op_schema
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
 
-__all__ = ["NAN_ROW", "STAT_COLUMNS", "ValueObserver", "instrument"]
+__all__ = ["NAN_ROW", "STAT_COLUMNS", "ValueObserver", "ValueStats", "describe", "instrument"]
 
 #: Columns of :attr:`Record.table`; none collides with a ``joint.nodes`` column.
 STAT_COLUMNS = ("value_shape", "value_dtype", "mean", "std", "min", "max", "norm", "nan", "inf",
@@ -41,6 +51,13 @@ NAN_ROW = (math.nan,) * 5
 _SAME_VALUES = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose",
                           "permute", "unsqueeze", "squeeze", "alias", "detach", "clone",
                           "contiguous", "view_as", "flatten", "unflatten", "movedim"})
+
+
+_STRIDED = torch.strided
+#: dtype -> its name without ``torch.`` (the common ones; others are spelled on the fly).
+_DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
 def _is_dense(x: torch.Tensor) -> bool:
@@ -68,20 +85,23 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 
 def _describe(x: torch.Tensor) -> tuple[tuple[float, ...], int, int]:
-    """``(mean, std, min, max, norm)``, #NaN and #Inf of a strided real tensor."""
+    """``(mean, std, min, max, norm)``, #NaN and #Inf of a strided real tensor.
+
+    Three reductions over the value where it lies (min and max together, sum,
+    L2 norm); a constant value needs only the first; a mean-dominated one (where
+    ``E[x^2] - mean^2`` would cancel) takes one more pass for an exact variance.
+    """
     if not x.is_contiguous():
         x = _flat(x)
     if x.dtype is not torch.float32 and x.dtype is not torch.float64:
         x = x.float() if x.dtype.is_floating_point else x.double()
     lo, hi = torch.aminmax(x)
     lo_f, hi_f = lo.item(), hi.item()
-    if not (math.isfinite(lo_f) and math.isfinite(hi_f)):  # aminmax propagates NaN
-        nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-        finite = x[torch.isfinite(x)]
-        if finite.numel() == 0:
-            return NAN_ROW, nan, inf
-        return _describe(finite)[0], nan, inf
     n = x.numel()
+    if not (math.isfinite(lo_f) and math.isfinite(hi_f)):  # aminmax propagates NaN
+        return _describe_nonfinite(x)
+    if lo_f == hi_f:  # constant: every statistic follows from the one value
+        return (lo_f, 0.0, lo_f, hi_f, abs(lo_f) * math.sqrt(n)), 0, 0
     mean, nrm = x.sum().item() / n, torch.linalg.vector_norm(x).item()
     var = nrm * nrm / n - mean * mean
     if var < _CANCELLATION * mean * mean:  # mean-dominated: exact two-pass variance
@@ -89,6 +109,29 @@ def _describe(x: torch.Tensor) -> tuple[tuple[float, ...], int, int]:
     else:
         std = math.sqrt(var)
     return (mean, std, lo_f, hi_f, nrm), 0, 0
+
+
+def _describe_nonfinite(x: torch.Tensor) -> tuple[tuple[float, ...], int, int]:
+    """:func:`_describe` of a value holding NaN or Inf: statistics of its finite elements.
+
+    Arithmetic only (``nan_to_num`` and reductions), no boolean masks: they run
+    several times slower than arithmetic on CPU, and a masked copy more so.
+    """
+    n = x.numel()
+    zero = torch.nan_to_num(x, 0.0, 0.0, 0.0)  # the finite elements, the others 0
+    # at a finite element both terms are x (difference exactly 0); elsewhere 1 - 0
+    nan = int(torch.nan_to_num(x, 1.0, 0.0, 0.0).sub_(zero).sum(dtype=torch.float64))
+    inf = int(torch.nan_to_num(x, 0.0, 1.0, 1.0).sub_(zero).sum(dtype=torch.float64))
+    k = n - nan - inf
+    if k == 0:
+        return NAN_ROW, nan, inf
+    lo = torch.nan_to_num(x, math.inf, math.inf, math.inf).amin().item()
+    hi = torch.nan_to_num(x, -math.inf, -math.inf, -math.inf).amax().item()
+    mean, nrm = zero.sum().item() / k, torch.linalg.vector_norm(zero).item()
+    # exact two-pass variance: the non-finite elements become the mean, adding 0
+    dev = torch.nan_to_num(x, mean, mean, mean).sub_(mean)
+    std = torch.linalg.vector_norm(dev).item() / math.sqrt(k)
+    return (mean, std, lo, hi, nrm), nan, inf
 
 
 def _expanded(row: tuple[Any, ...], times: float) -> tuple[tuple[float, ...], Any, Any]:
@@ -110,6 +153,54 @@ def _why_not(value: torch.Tensor, uninitialized: bool) -> str:
     if value.numel() == 0:
         return "empty"
     return ""
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """Statistics of one value (see the module docstring for the definitions).
+
+    Attributes:
+        shape: The tensor's shape (None for a non-tensor).
+        dtype: Its dtype without ``torch.`` (the type name for a non-tensor).
+        mean: Mean of the (finite) elements.
+        std: Population standard deviation (``correction=0``) of the (finite) elements.
+        min: Smallest (finite) element.
+        max: Largest (finite) element.
+        norm: L2 norm of the (finite) elements.
+        nan: Number of NaN elements (None when not described).
+        inf: Number of +-Inf elements (None when not described).
+        note: Why there are no statistics (``""`` when there are): ``uninitialized``,
+            ``sparse``, ``quantized``, ``complex``, ``empty`` or ``not a tensor``.
+    """
+
+    shape: tuple[int, ...] | None
+    dtype: str
+    mean: float
+    std: float
+    min: float
+    max: float
+    norm: float
+    nan: int | None
+    inf: int | None
+    note: str
+
+
+def describe(value: Any, *, uninitialized: bool = False) -> ValueStats:
+    """The statistics of ``value``, as ``jl.record``'s table and the stepper panel show them.
+
+    Args:
+        value: Any node value; only a tensor gets statistics.
+        uninitialized: The value comes from an ``empty*`` op (its memory is garbage).
+
+    Returns:
+        A :class:`ValueStats`.
+    """
+    if not isinstance(value, torch.Tensor):
+        return ValueStats(None, type(value).__name__, *NAN_ROW, None, None, "not a tensor")
+    note = _why_not(value, uninitialized)
+    stats, nan, inf = (NAN_ROW, None, None) if note else _describe(value)
+    return ValueStats(tuple(value.shape), str(value.dtype).removeprefix("torch."), *stats, nan,
+                      inf, note)
 
 
 class ValueObserver:
@@ -146,24 +237,30 @@ class ValueObserver:
             self.rows[src][-1])
 
     def _tensor_row(self, i: int, value: torch.Tensor) -> tuple[Any, ...]:
-        note = _why_not(value, self.uninitialized[i])
-        src = self.same_as[i]
-        if note:
-            stats, nan, inf = NAN_ROW, None, None
-        elif src >= 0 and self._unchanged(src):
-            # same values (or repeated, for expand) as a node whose value is unchanged since
-            stats, nan, inf = _expanded(self.rows[src], value.numel() / self.numel[src])
+        numel = value.numel()
+        if (numel and value.layout is _STRIDED and not value.is_complex()
+                and not value.is_quantized and not self.uninitialized[i]):
+            note = ""
+            src = self.same_as[i]
+            if src >= 0 and self._unchanged(src):
+                # same values (or repeated, for expand) as a node whose value is unchanged since
+                stats, nan, inf = _expanded(self.rows[src], numel / self.numel[src])
+            else:
+                stats, nan, inf = _describe(value)
         else:
-            stats, nan, inf = _describe(value)
-        kept = 0 < value.nbytes <= self.budget
-        if kept:
-            self.values[self.nodes[i].name] = value.detach().clone()
-            self.budget -= value.nbytes
-        self.numel[i] = value.numel()
+            note = _why_not(value, self.uninitialized[i])
+            stats, nan, inf = NAN_ROW, None, None
+        kept = False
+        if self.budget:
+            kept = 0 < value.nbytes <= self.budget
+            if kept:
+                self.values[self.nodes[i].name] = value.detach().clone()
+                self.budget -= value.nbytes
+        self.numel[i] = numel
         ptr = value.untyped_storage().data_ptr()
         self.stamp[i] = (ptr, self.writes.get(ptr, 0))
-        return (tuple(value.shape), str(value.dtype).removeprefix("torch."), *stats, nan, inf,
-                kept, note)
+        dtype = _DTYPE_NAMES.get(value.dtype) or str(value.dtype).removeprefix("torch.")
+        return (tuple(value.shape), dtype, *stats, nan, inf, kept, note)
 
     def observe(self, i: int, value: Any, *written: Any) -> None:
         """Record node ``i``'s value; its time runs from the previous node's end.

@@ -167,14 +167,24 @@ class _NoBackward(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+#: Per op: (position, name) of the arguments its schema writes (``Tensor(a!)``, ``out=``).
+_WRITE_ARGS: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def _write_args(func: Any) -> tuple[tuple[int, str], ...]:
+    """``(position, name)`` of the arguments ``func``'s schema writes, cached per op."""
+    hit = _WRITE_ARGS.get(func)
+    if hit is None:
+        hit = _WRITE_ARGS[func] = tuple(
+            (i, arg.name) for i, arg in enumerate(getattr(op_schema(func), "arguments", ()))
+            if arg.alias_info is not None and arg.alias_info.is_write)
+    return hit
+
+
 def _written(func: Any, args: tuple, kwargs: dict) -> Iterator[Any]:
     """Tensors an aten op writes in place (``Tensor(a!)`` arguments, ``out=``)."""
-    schema = op_schema(func)
-    for i, arg in enumerate(getattr(schema, "arguments", ())):
-        info = arg.alias_info
-        if info is None or not info.is_write:
-            continue
-        value = args[i] if i < len(args) else kwargs.get(arg.name)
+    for i, name in _write_args(func):
+        value = args[i] if i < len(args) else kwargs.get(name)
         yield from value if isinstance(value, (list, tuple)) else (value,)
 
 

@@ -19,6 +19,7 @@ import ipywidgets as W
 import torch
 
 from jointlab import meta as _meta
+from jointlab.analysis.value_stats import describe
 from jointlab.errors import ValueNotAvailableError
 from jointlab.widgets._dagcursor import DagCursor
 from jointlab.widgets._stepper_html import (
@@ -34,20 +35,25 @@ __all__ = ["stepper_widget", "value_summary"]
 
 
 def value_summary(value: Any) -> dict[str, Any]:
-    """Shape, dtype and statistics of a node value (first tensor of a tuple)."""
+    """Shape, dtype and statistics of a node value (first tensor of a tuple).
+
+    The statistics are :func:`jointlab.analysis.value_stats.describe`'s, the same
+    as ``jl.record``'s table (population std; over the finite elements, with the
+    NaN/Inf count in ``non_finite``).
+    """
     items = value if isinstance(value, (tuple, list)) else [value]
     tensors = [v for v in items if isinstance(v, torch.Tensor)]
     if not tensors:
         return {"type": type(value).__name__, "repr": repr(value)[:200]}
     t = tensors[0]
-    out: dict[str, Any] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+    st = describe(t)
+    out: dict[str, Any] = {"shape": list(st.shape or ()), "dtype": st.dtype,
                            "device": str(t.device)}
-    if t.numel() and (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
-        x = t.detach().double()
-        finite = torch.isfinite(x)
-        out.update(min=float(x.min()), max=float(x.max()), mean=float(x.mean()),
-                   std=float(x.std()) if x.numel() > 1 else 0.0,
-                   non_finite=int((~finite).sum()))
+    if st.note:
+        out["note"] = st.note
+    else:
+        out.update(min=st.min, max=st.max, mean=st.mean, std=st.std,
+                   non_finite=int(st.nan or 0) + int(st.inf or 0))
     return out
 
 

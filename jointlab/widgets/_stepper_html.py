@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from jointlab import meta as _meta
+from jointlab.analysis.value_stats import describe
 
 __all__ = ["CSS", "breakpoint_label", "compare_card", "fmt", "node_card", "stats_card",
            "value_rows"]
@@ -132,7 +133,8 @@ def stats_card(name: str, summary: dict[str, Any], histogram: str = "") -> str:
     head = (f"<div class='jl-head'>value of <code>{_esc(name)}</code>"
             + (f" ({', '.join(map(str, shape))}) {_esc(summary.get('dtype', ''))}"
                if shape is not None else "") + "</div>")
-    keys = [k for k in ("min", "max", "mean", "std", "non_finite", "device", "type", "repr")
+    keys = [k for k in ("min", "max", "mean", "std", "non_finite", "note", "device", "type",
+                        "repr")
             if k in summary]
     body = "".join(f"<tr><td class='k'>{k.replace('_', '-')}</td>"
                    f"<td class='n'>{_esc(fmt(summary[k]))}</td></tr>" for k in keys)
@@ -142,10 +144,11 @@ def stats_card(name: str, summary: dict[str, Any], histogram: str = "") -> str:
 def value_rows(value: Any) -> dict[str, str]:
     """The DAG detail panel's rows for a held value: shape, mean, std, min, max, NaN/Inf, norm.
 
-    Statistics are over every element in float64 (a NaN makes them NaN, as it should;
-    the NaN and Inf counts say why); ``std`` is Bessel-corrected like ``torch.std``;
-    ``norm`` is the L2 norm of all elements. Numbers in 4 significant digits. Of a
-    tuple, the first tensor is described.
+    The statistics are :func:`jointlab.analysis.value_stats.describe`'s, the same
+    as ``jl.record``'s table: ``std`` is the population std (``correction=0``);
+    a value with NaN or Inf is described over its finite elements and the
+    ``NaN / Inf`` row counts the others; ``norm`` is the L2 norm. Numbers in 4
+    significant digits. Of a tuple, the first tensor is described.
 
     Args:
         value: What the stepper holds for a node.
@@ -157,15 +160,12 @@ def value_rows(value: Any) -> dict[str, str]:
     t = next((v for v in items if isinstance(v, torch.Tensor)), None)
     if t is None:
         return {"value": repr(value)[:80]}
-    rows = {"value": f"({', '.join(map(str, t.shape))}) {str(t.dtype).removeprefix('torch.')}"}
-    if not t.numel() or t.dtype == torch.bool or t.is_complex():
-        return rows
-    x = t.detach().to(torch.float64)
-    rows.update({"mean": fmt(float(x.mean())),
-                 "std": fmt(float(x.std())) if x.numel() > 1 else "-",
-                 "min": fmt(float(x.min())), "max": fmt(float(x.max())),
-                 "NaN / Inf": f"{int(torch.isnan(x).sum())} / {int(torch.isinf(x).sum())}",
-                 "norm": fmt(float(torch.linalg.vector_norm(x)))})
+    st = describe(t)
+    rows = {"value": f"({', '.join(map(str, t.shape))}) {st.dtype}"}
+    if st.note:
+        return {**rows, "note": st.note}
+    rows.update({"mean": fmt(st.mean), "std": fmt(st.std), "min": fmt(st.min),
+                 "max": fmt(st.max), "NaN / Inf": f"{st.nan} / {st.inf}", "norm": fmt(st.norm)})
     return rows
 
 
