@@ -151,13 +151,22 @@ def _plot_titles(page) -> list[str]:
     return page.locator("div.js-plotly-plot .gtitle").all_text_contents()
 
 
+VIEW_STATE = """els => els.map(p => { const v = p.jlView, c = v.canvas;
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    let ink = 0; for (let k = 3; k < d.length; k += 4) if (d[k] > 0) ink++;
+    return {nodes: v.visNodes.length, boxes: v.visBoxes.length, ink,
+            area: c.width * c.height}; })"""
+
+
 def _dag_views(page, at_least: int) -> list[dict]:
-    """The page's ``dag_view`` outputs once drawn: visible node count, ink and labels."""
-    page.wait_for_function(
-        "n => [...document.querySelectorAll('.jp-OutputArea-output .jl-dag')]"
-        ".filter(d => d.dataset.ready && d.jlView).length >= n", arg=at_least, timeout=120_000)
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
-    return page.eval_on_selector_all(".jp-OutputArea-output .jl-dag", DAG_STATE)
+    """The page's ``dag_view`` outputs once drawn: visible nodes and boxes, canvas ink."""
+    for k in range(at_least):  # a view paints when it is scrolled into sight
+        page.locator(".jp-OutputArea-output .jl-dag").nth(k).scroll_into_view_if_needed()
+        page.wait_for_function(
+            "k => { const d = document.querySelectorAll('.jp-OutputArea-output .jl-dag')[k];"
+            " return d && d.jlView && d.jlView.lastFrameMs !== undefined }", arg=k,
+            timeout=120_000)
+    return page.eval_on_selector_all(".jp-OutputArea-output .jl-dag", VIEW_STATE)
 
 
 def test_quickstart_in_jupyterlab(lab, tmp_path):
@@ -743,7 +752,10 @@ def _assert_dags_drawn(page, want_nodes: int) -> list[dict]:
 
 
 def _current_name(panel) -> str:
-    return panel.locator(".jl-current .jl-head code").first.text_content()
+    """The graph node the card shows (a placeholder shows its FQN, its graph name on hover)."""
+    code = panel.locator(".jl-current .jl-head code").first
+    hover = code.get_attribute("title") or ""
+    return hover.removeprefix("graph node ") if hover else code.text_content()
 
 
 def _panel_timing(page) -> float:
@@ -783,6 +795,7 @@ def test_stepper_panel_in_jupyterlab(lab, tmp_path):
         card = panel.locator(".jl-current")
         assert "%" not in card.text_content() and "num_users" not in card.text_content()
         assert states[0]["ringed"] == _current_name(panel) == "arg0_1"
+        assert panel.locator(".jl-current .jl-head code").first.text_content() == first
         step = panel.get_by_role("button", name="Step", exact=True)
         for _ in range(31):  # past the 30 parameters and inputs, onto a forward node
             step.click()
