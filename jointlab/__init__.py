@@ -49,7 +49,7 @@ _LAZY = {
     "record": "jointlab.analysis.record",
     "Record": "jointlab.analysis.record",
     "module_summary": "jointlab.analysis.modules",
-    "fake_cpu": "jointlab.trace.fake_cpu",
+    "fake_cpu": "jointlab.runtime.fakes",
     "fake_world": "jointlab.trace.distributed",
     "run_all_ranks": "jointlab.analysis.distributed",
     "track_fsdp_step": "jointlab.analysis.memory.fsdp_check",

@@ -40,8 +40,8 @@ from jointlab.passes.analyze import (
     mark_saved_for_backward,
     same_version,
 )
-from jointlab.runtime import MakeFxRuntime, Runtime
-from jointlab.trace.refusals import torch_errors
+from jointlab.runtime.plans import MakeFxRuntime, Runtime
+from jointlab.runtime.torch_errors import torch_errors
 
 if TYPE_CHECKING:
     import pandas as pd

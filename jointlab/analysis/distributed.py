@@ -27,7 +27,7 @@ from jointlab import meta as _meta
 from jointlab import torch_compat as compat  # LocalTensor names resolve on first use
 from jointlab.analysis.lockstep import per_rank, run_rank_classes
 from jointlab.errors import StateMismatchError
-from jointlab.trace.dtensor import DTensorRuntime, is_dtensor
+from jointlab.runtime.dtensor import DTensorRuntime, is_dtensor
 from jointlab.trace.rank_reads import rank_reads
 from jointlab.trace.rank_view import RankGraphs, model_ranks
 from jointlab.trace.request import split_loss

@@ -74,7 +74,7 @@ from jointlab.io.records import (
     encode_node_meta,
 )
 from jointlab.passes.analyze import require_analyzed
-from jointlab.runtime import AotRuntime, MakeFxRuntime
+from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
 from jointlab.torch_compat import pytree
 
 FORMAT = "jointlab.joint-graph"

@@ -14,7 +14,7 @@ reads those descriptors once at trace time and builds:
 DTensor parameters and buffers reach the export as they are; AOT flattens
 each into its parts, and :mod:`jointlab.trace.aot_subclass` keeps one
 local-shard placeholder and one gradient output per DTensor, with an
-:class:`~jointlab.trace.aot_subclass.AotDTensorRuntime` around the plan.
+:class:`~jointlab.runtime.dtensor.AotDTensorRuntime` around the plan.
 
 The export runs inside an ``ExitStack`` that holds a fake mode; the graph is
 taken out and the stack closed before anything touches real tensors again.
@@ -36,17 +36,17 @@ from torch.overrides import TorchFunctionMode
 from jointlab.analysis.descriptors import state_base
 from jointlab.core import GraphParts
 from jointlab.errors import TraceError
-from jointlab.guards import fakeify, symbolic_fake_mode
 from jointlab.inputs import state_on_meta
 from jointlab.meta import TRAIN_FN
 from jointlab.passes.annotate import annotate, is_user_frame
 from jointlab.passes.classify import AotRules
 from jointlab.passes.probes import write_probes
-from jointlab.runtime import AotRuntime
+from jointlab.runtime.dtensor import AotDTensorRuntime, DTensorLayout
+from jointlab.runtime.fakes import fakeify, symbolic_fake_mode
+from jointlab.runtime.plans import AotRuntime
 from jointlab.torch_compat import pytree, torch_attr, torch_module
 from jointlab.trace import request
 from jointlab.trace.aot_subclass import (
-    AotDTensorRuntime,
     drop_opaque_parts,
     grad_specs,
     is_subclass_part,
@@ -57,7 +57,6 @@ from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
 )
-from jointlab.trace.dtensor import DTensorLayout
 from jointlab.trace.hf_compat import hf_tracing_compat
 from jointlab.trace.probes import module_probes
 from jointlab.trace.refusals import in_train_fn

@@ -9,7 +9,7 @@ records every SDPA call on meta tensors; after tracing,
 call takes a fused kernel on CPU and, if so, warns with
 :class:`jointlab.errors.MetaAttentionWarning` and records the calls on the
 graph (``graph_module.meta["jointlab_meta_attention"]``; read it with
-:func:`meta_attention_notes`). The remedy is :func:`jointlab.trace.fake_cpu.fake_cpu`.
+:func:`meta_attention_notes`). The remedy is :func:`jointlab.runtime.fakes.fake_cpu`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from jointlab.errors import DataDependentError, LossError, NoTrainableParameters
 from jointlab.guards import ShapeGuards, resolve_dynamic_dims
 from jointlab.inputs import InputSpec, StateSpec, describe_inputs, describe_state, flatten_inputs
 from jointlab.passes.annotate import frame_text, innermost_user_frame
-from jointlab.trace.refusals import caller_line
+from jointlab.runtime.torch_errors import caller_line
 
 
 def _data_dependent() -> tuple[type, ...]:

@@ -21,6 +21,7 @@ from jointlab.errors import TraceError
 from jointlab.graph import JointGraph
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.repair import repair_views
+from jointlab.runtime.torch_errors import torch_errors
 from jointlab.trace.distributed import (
     loss_parallel_refusals,
     refuse_dtensor_inputs,
@@ -40,7 +41,7 @@ from jointlab.trace.python_state import (
 )
 from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
 from jointlab.trace.rank_reads import rank_reads
-from jointlab.trace.refusals import refuse_compiled, torch_errors, tracing_guard
+from jointlab.trace.refusals import refuse_compiled, tracing_guard
 from jointlab.trace.request import TraceRequest
 from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
 

@@ -23,8 +23,8 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab import meta as _meta
+from jointlab.runtime.dtensor import is_dtensor
 from jointlab.torch_compat import pytree
-from jointlab.trace.dtensor import is_dtensor
 from jointlab.trace.probes import tensor_leaves
 from jointlab.trace.request import split_loss
 

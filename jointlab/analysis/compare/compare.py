@@ -59,8 +59,8 @@ from jointlab.analysis.compare.scale import produced_scale, scale_reads
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompareError
-from jointlab.trace.dtensor import is_dtensor
-from jointlab.trace.refusals import torch_errors
+from jointlab.runtime.dtensor import is_dtensor
+from jointlab.runtime.torch_errors import torch_errors
 
 __all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
 
