@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 import jointlab as jl
 from jointlab.analysis.memory.whatif import functional_joint, what_if
 from jointlab.errors import GradientLostError, MetaAttentionWarning
-from jointlab.trace.meta_attention import meta_attention_notes
+from jointlab.passes.meta_attention import meta_attention_notes
 from tests.fixtures import zoo
 from tests.fixtures.real import hf_config
 from tests.util import assert_unchanged, deep_state, eager_step

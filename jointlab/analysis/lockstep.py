@@ -24,8 +24,8 @@ from jointlab import meta as _meta
 from jointlab import torch_compat as compat
 from jointlab.errors import NodeExecutionError, UnsupportedWrapperError
 from jointlab.runtime.dtensor import is_dtensor
+from jointlab.runtime.rank_view import as_rank, state_of_ranks
 from jointlab.runtime.torch_errors import torch_errors
-from jointlab.trace.rank_view import as_rank, state_of_ranks
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph

@@ -50,7 +50,7 @@ SAFE_FUNCTIONS.update({
     if hasattr(torch, n)
 })
 # Gradient checkpointing's generator-state replay (jointlab.runtime.custom_ops) and
-# the oneDNN RNN layer that keeps its workspace under no_grad (jointlab.trace.rnn).
+# the oneDNN RNN layer that keeps its workspace under no_grad (same module).
 SAFE_FUNCTIONS.update({f"torch.ops.jointlab.{op_parts(op)[1]}.default": op
                        for op in (GET_STATE, SET_STATE, MKLDNN_RNN_LAYER)})
 _FUNCTION_NAMES = {id(fn): name for name, fn in SAFE_FUNCTIONS.items()}

@@ -27,8 +27,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from jointlab.analysis.descriptors import D, subclass_base
 from jointlab.errors import UnsupportedWrapperError
+from jointlab.runtime.descriptors import D, subclass_base
 from jointlab.runtime.dtensor import (
     DTensorLayout,
     ShardSpec,

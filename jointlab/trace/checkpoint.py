@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 import torch.utils.checkpoint as torch_checkpoint
 
-from jointlab.errors import CheckpointWarning, UnsupportedCheckpointError
+from jointlab.errors import CheckpointWarning, UnsupportedCheckpointError, user_stacklevel
 from jointlab.meta import RECOMPUTE_TAG
 from jointlab.passes.annotate import frame_text, innermost_user_frame
 from jointlab.runtime.custom_ops import GET_STATE, ORIGINAL_RNG, SET_STATE
@@ -163,4 +163,4 @@ def warn_checkpoint_not_recomputed(regions: int) -> None:
         "the recompute: the joint graph keeps their activations for backward, so "
         "joint.memory() and saved_for_backward describe training without checkpointing "
         "(gradients are still exact). Trace with mode='make_fx' to see the recompute."),
-        stacklevel=4)
+        stacklevel=user_stacklevel())

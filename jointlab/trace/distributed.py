@@ -21,15 +21,7 @@ from torch import nn
 
 from jointlab.errors import UnsupportedWrapperError
 from jointlab.runtime.dtensor import is_dtensor
-
-
-def fsdp_module_class() -> Any:
-    """FSDP2's ``FSDPModule`` (what ``fully_shard`` makes a module), or None without it."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2 (or without distributed): nothing to refuse
-        return None
-    return FSDPModule
+from jointlab.torch_compat import fsdp_module_class
 
 
 def _fsdp1_class() -> Any:

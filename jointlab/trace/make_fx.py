@@ -25,6 +25,8 @@ from jointlab.passes.classify import MakeFxRules
 from jointlab.passes.probes import write_probes
 from jointlab.runtime.dtensor import DTensorLayout
 from jointlab.runtime.fakes import fakeify, symbolic_dispatch, symbolic_fake_mode
+from jointlab.runtime.snapshot import ModelSnapshot
+from jointlab.runtime.train_fn import check_loss, split_loss
 from jointlab.torch_compat import (
     FakeTensorMode,
     TracingContext,
@@ -44,12 +46,9 @@ from jointlab.trace.refusals import in_train_fn
 from jointlab.trace.request import (
     LossBox,
     TraceRequest,
-    check_loss,
-    split_loss,
     state_placeholder_info,
     user_errors,
 )
-from jointlab.trace.snapshot import ModelSnapshot
 
 __all__ = ["trace_make_fx"]
 

@@ -23,10 +23,10 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab import meta as _meta
+from jointlab.inputs import tensor_leaves
 from jointlab.runtime.dtensor import is_dtensor
+from jointlab.runtime.train_fn import split_loss
 from jointlab.torch_compat import pytree
-from jointlab.trace.probes import tensor_leaves
-from jointlab.trace.request import split_loss
 
 Key = tuple[str, int, int]  # (module fqn, call index, output leaf)
 

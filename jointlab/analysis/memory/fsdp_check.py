@@ -48,7 +48,7 @@ from jointlab.analysis.memory.profile import memory_profile
 from jointlab.errors import MemoryQueryError
 from jointlab.meta import node_info
 from jointlab.runtime.dtensor import is_dtensor
-from jointlab.trace.distributed import fsdp_module_class
+from jointlab.torch_compat import fsdp_module_class
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
