@@ -7,16 +7,13 @@ produce and what every layer reads: the graph module, its layout, ``run``.
 ``save()``, the card in a notebook), each a one-line hand-off to the module
 that does the work. This module sits at the top of the package, above every
 reader it hands off to, so those imports point down; nothing inside the
-package imports it. The public entry points that hand a graph to the user
-(``jl.trace``, ``jl.trace_ranks``, ``jl.load``) are defined here and wrap the
-plain graph with :meth:`JointGraph.of`.
+package imports it, and it imports no tracer: ``jl.load`` is here,
+``jl.trace`` and ``jl.trace_ranks`` are in :mod:`jointlab.tracing`, and both
+wrap the plain graph with :meth:`JointGraph.of`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -25,16 +22,14 @@ from jointlab.display import rich_html
 from jointlab.errors import TableQueryError
 from jointlab.passes.analyze import mark_analyzed, mark_saved_for_backward
 from jointlab.runtime.graph import RunnableGraph
-from jointlab.trace import rank_classes, tracer
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from jointlab.analysis.record import Record
-    from jointlab.runtime.rank_view import RankGraphs
-    from jointlab.viz.tables import ModuleTable
+    from jointlab.viz.module_table import ModuleTable
 
-__all__ = ["JointGraph", "load", "trace", "trace_ranks"]
+__all__ = ["JointGraph", "load"]
 
 
 class JointGraph(RunnableGraph):
@@ -85,7 +80,7 @@ class JointGraph(RunnableGraph):
         Returns:
             Counts, FLOPs, bytes and saved bytes per group, forward and backward side
             by side (a DataFrame). With ``model``: a
-            :class:`jointlab.viz.tables.ModuleTable`, the styled table in a notebook,
+            :class:`jointlab.viz.module_table.ModuleTable`, the styled table in a notebook,
             its DataFrame in ``.data``.
 
         Raises:
@@ -103,7 +98,7 @@ class JointGraph(RunnableGraph):
             raise TableQueryError(f"model= is for by='module' (per-module parameters, shapes "
                                   f"and times), not by={by!r}")
         from jointlab.analysis.modules import module_summary
-        from jointlab.viz.tables import ModuleTable
+        from jointlab.viz.module_table import ModuleTable
 
         return ModuleTable(module_summary(self, model, inputs, record=record, depth=depth))
 
@@ -165,27 +160,6 @@ class JointGraph(RunnableGraph):
         from jointlab.io.persist import save
 
         save(self, path)
-
-
-def _returns_joint(fn: Callable[..., RunnableGraph]) -> Callable[..., JointGraph]:
-    @functools.wraps(fn)
-    def public(*args: Any, **kwargs: Any) -> JointGraph:
-        return JointGraph.of(fn(*args, **kwargs))
-
-    public.__annotations__ = {**fn.__annotations__, "return": "JointGraph"}
-    return public
-
-
-#: ``jl.trace``: :func:`jointlab.trace.tracer.trace`, returning a :class:`JointGraph`.
-trace = _returns_joint(tracer.trace)
-
-
-@functools.wraps(rank_classes.trace_ranks)
-def trace_ranks(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any],
-                **kwargs: Any) -> RankGraphs:
-    ranks = rank_classes.trace_ranks(model, train_fn, inputs, **kwargs)
-    return dataclasses.replace(ranks, graphs={c: JointGraph.of(g)
-                                              for c, g in ranks.graphs.items()})
 
 
 def load(path: str) -> JointGraph:

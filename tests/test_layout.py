@@ -28,10 +28,10 @@ RENDERERS = ("jointlab.viz", "jointlab.widgets")
 #: tracer, the readers and io each stand on the runtime alone). A name is a module or a
 #: package (all of its modules). DEVELOPERS.md documents the same order.
 LEVELS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
-    (("base", ("jointlab.errors", "jointlab.units", "jointlab._deprecation", "jointlab._lazy",
-               "jointlab.models")),),
+    (("base", ("jointlab.errors", "jointlab.units", "jointlab.sources", "jointlab._deprecation",
+               "jointlab._lazy", "jointlab.models")),),
     (("torch_compat/meta", ("jointlab.torch_compat", "jointlab.meta")),),
-    (("core", ("jointlab.core", "jointlab.inputs", "jointlab.assumptions", "jointlab.guards",
+    (("core", ("jointlab.core", "jointlab.inputs", "jointlab.assumptions", "jointlab.shape_guards",
                "jointlab.display")),),
     (("passes", ("jointlab.passes",)),),
     (("runtime", ("jointlab.runtime",)),),
@@ -39,8 +39,8 @@ LEVELS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
      ("io", ("jointlab.io",))),
     (("viz", ("jointlab.viz",)),),
     (("widgets", ("jointlab.widgets",)),),
-    (("api", ("jointlab", "jointlab.graph", "jointlab.reporting", "jointlab.cli",
-              "jointlab.__main__")),),
+    (("api", ("jointlab", "jointlab.graph", "jointlab.tracing", "jointlab.reporting",
+              "jointlab.cli", "jointlab.__main__")),),
 )
 #: ``(layer name, level, module names)`` for every layer.
 LAYERS = tuple((name, level, names) for level, layers in enumerate(LEVELS)
@@ -166,8 +166,8 @@ def test_the_import_graph_is_read_from_source():
     # guards against a walker that silently finds nothing
     edges = _edges()
     assert len(MODS) > 30 and sum(map(len, edges.values())) > 50
-    assert "jointlab.graph" in edges["jointlab"]  # jl.trace
-    assert "jointlab.trace.tracer" in edges["jointlab.graph"]
+    assert "jointlab.tracing" in edges["jointlab"]  # jl.trace
+    assert "jointlab.trace.tracer" in edges["jointlab.tracing"]
     assert "<module>" in edges["jointlab.trace.tracer"]["jointlab.trace.python_state"]
     assert "rich_html" in edges["jointlab.display"]["jointlab.viz.cards"]  # function-local
 
@@ -216,6 +216,20 @@ def test_imports_point_down_the_layers():
     order = " -> ".join("|".join(name for name, _ in layers) for layers in LEVELS)
     assert not found, (f"{len(found)} import(s) against the layer order {order}:\n"
                        + "\n".join(found))
+
+
+def test_the_graph_objects_never_import_the_tracer():
+    """Running or loading a graph never loads the tracer: neither graph class imports it."""
+    edges = _edges()
+    for mod in ("jointlab.graph", "jointlab.runtime.graph", "jointlab.io.codec",
+                "jointlab.io.persist"):
+        reach, todo = set(), [mod]
+        while todo:  # everything it loads, transitively (package __init__s excluded)
+            for t in edges[todo.pop()]:
+                if t not in reach and MODS[t].name != "__init__.py":
+                    reach.add(t)
+                    todo.append(t)
+        assert not {t for t in reach if t.startswith("jointlab.trace")}, (mod, sorted(reach))
 
 
 def test_nothing_inside_the_package_imports_the_facade():

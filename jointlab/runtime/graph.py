@@ -46,7 +46,7 @@ from jointlab.runtime.torch_errors import torch_errors
 if TYPE_CHECKING:
     import pandas as pd
 
-    from jointlab.guards import ShapeGuards
+    from jointlab.shape_guards import ShapeGuards
 
 _G = TypeVar("_G", bound="RunnableGraph")
 

@@ -64,7 +64,7 @@ from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
 )
 from jointlab.trace.hf_compat import hf_tracing_compat
-from jointlab.trace.probes import module_probes
+from jointlab.trace.probe_hooks import module_probes
 from jointlab.trace.refusals import in_train_fn
 
 D = aot_descriptors()

@@ -41,7 +41,7 @@ from jointlab.torch_compat import (
     tracing,
 )
 from jointlab.trace.checkpoint import checkpoint_tracing
-from jointlab.trace.probes import module_probes
+from jointlab.trace.probe_hooks import module_probes
 from jointlab.trace.refusals import in_train_fn
 from jointlab.trace.request import (
     LossBox,

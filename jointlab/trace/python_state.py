@@ -47,8 +47,8 @@ from jointlab.runtime.constants import (
     is_kv_cache_placeholder,
     is_scalar_literal,
 )
+from jointlab.sources import source_location
 from jointlab.torch_compat import is_op_overload, op_schema
-from jointlab.units import source_location
 
 _SCALARS = (int, float)
 

@@ -23,10 +23,10 @@ from torch import nn
 from jointlab import torch_compat
 from jointlab.core import GraphParts
 from jointlab.errors import DataDependentError, NoTrainableParametersError
-from jointlab.guards import ShapeGuards, resolve_dynamic_dims
 from jointlab.inputs import InputSpec, StateSpec, describe_inputs, describe_state, flatten_inputs
 from jointlab.passes.annotate import frame_text, innermost_user_frame
 from jointlab.runtime.torch_errors import caller_line
+from jointlab.shape_guards import ShapeGuards, resolve_dynamic_dims
 
 
 def _data_dependent() -> tuple[type, ...]:

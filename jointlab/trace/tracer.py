@@ -25,7 +25,7 @@ from jointlab.passes.repair import repair_views
 from jointlab.runtime.graph import RunnableGraph
 from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.torch_errors import torch_errors
-from jointlab.trace.distributed import (
+from jointlab.trace.fake_world import (
     loss_parallel_refusals,
     refuse_dtensor_inputs,
     refuse_loss_parallel,

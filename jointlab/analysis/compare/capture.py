@@ -4,7 +4,7 @@ One eager training step runs on a copy of the model with forward hooks on
 every module (recording a copy of each call's output tensors at the moment
 they are returned) and tensor hooks on those outputs (recording the gradient
 that reaches them in backward). Values are keyed ``(module fqn, call index,
-output leaf)``, exactly as the tracer's probes (:mod:`jointlab.trace.probes`) key
+output leaf)``, exactly as the tracer's probes (:mod:`jointlab.trace.probe_hooks`) key
 the graph nodes that hold the same values, so pairing needs no guessing.
 
 A graph traced from DTensor state computes this rank's local shards, so a

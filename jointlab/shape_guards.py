@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from jointlab.errors import GuardError, InputStructureError
-from jointlab.units import source_location
+from jointlab.sources import source_location
 
 if TYPE_CHECKING:  # sympy and the shape environment load on first use: import jointlab stays light
     import sympy
