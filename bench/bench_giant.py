@@ -124,11 +124,11 @@ def measure(layers: int, tp: int = 0) -> dict:
         The JSON record of one depth.
     """
     import jointlab as jl
-    from jointlab.graph import JointGraph
+    from jointlab.runtime.graph import RunnableGraph
 
     spent = _timed_passes()
-    from_parts = JointGraph.from_parts.__func__
-    JointGraph.from_parts = classmethod(lambda cls, p: _add(spent, from_parts, cls, p))
+    from_parts = RunnableGraph.from_parts.__func__
+    RunnableGraph.from_parts = classmethod(lambda cls, p: _add(spent, from_parts, cls, p))
     if not tp:
         return _trace_and_views(_model(layers), layers, spent)
     from torch.distributed.tensor.parallel import parallelize_module

@@ -19,7 +19,7 @@ from jointlab.torch_compat import unsupported, warn_if_untested
 
 try:
     from jointlab.graph import JointGraph as JointGraph
-    from jointlab.trace.tracer import trace as trace
+    from jointlab.tracing import trace as trace
 except ImportError as exc:  # a torch without one of the private modules jointlab imports
     if not (exc.name or "").startswith("torch"):
         raise
@@ -45,17 +45,17 @@ _LAZY = {
     "plot_diff": "jointlab.viz",
     "export_figure": "jointlab.viz",
     "explore": "jointlab.widgets",
-    "report": "jointlab.viz.report",
+    "report": "jointlab.reporting",
     "record": "jointlab.analysis.record",
     "Record": "jointlab.analysis.record",
     "module_summary": "jointlab.analysis.modules",
-    "fake_cpu": "jointlab.trace.fake_cpu",
-    "fake_world": "jointlab.trace.distributed",
+    "fake_cpu": "jointlab.runtime.fakes",
+    "fake_world": "jointlab.trace.fake_world",
     "run_all_ranks": "jointlab.analysis.distributed",
     "track_fsdp_step": "jointlab.analysis.memory.fsdp_check",
     "fsdp_memory_check": "jointlab.analysis.memory.fsdp_check",
-    "trace_ranks": "jointlab.trace.rank_classes",
-    "RankGraphs": "jointlab.trace.rank_view",
+    "trace_ranks": "jointlab.tracing",
+    "RankGraphs": "jointlab.runtime.rank_view",
     "diff": "jointlab.analysis.diff",
     "GraphDiff": "jointlab.analysis.diff",
 }

@@ -21,7 +21,7 @@ Recorded (each row of :meth:`Assumptions.table`):
   device type and its dtype, the default dtype, deterministic algorithms,
   float32 matmul precision, PyTorch's fused attention fast path).
 - ``rank``: every rank the user's code read while traced (``dist.get_rank()``,
-  ``mesh.get_local_rank("tp")``...; :mod:`jointlab.trace.rank_reads`), with
+  ``mesh.get_local_rank("tp")``...; :mod:`jointlab.runtime.rank_reads`), with
   the value read, the user's line and the world ranks that read the same
   value: the only ranks the graph may run as (a branch on the rank is baked).
   Also (attr ``"coordinate"``) each mesh coordinate torch's DTensor read to

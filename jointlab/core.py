@@ -18,8 +18,8 @@ from torch import nn
 
 if TYPE_CHECKING:
     from jointlab.assumptions import Assumptions
-    from jointlab.guards import ShapeGuards
     from jointlab.inputs import InputSpec, StateSpec
+    from jointlab.shape_guards import ShapeGuards
 
 
 class RunResult(NamedTuple):

@@ -8,6 +8,9 @@ generic handlers keep working.
 
 from __future__ import annotations
 
+import os
+import sys
+
 __all__ = [
     "AssumptionError",
     "BakedConstantWarning",
@@ -238,3 +241,24 @@ class UnsupportedWrapperError(TraceError):
 
 class ReproError(JointlabError, ValueError):
     """``compiled.repro()`` has nothing to reproduce, or no region that still diverges alone."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning name the first frame outside jointlab.
+
+    Call it as the argument of ``warnings.warn`` in the function that warns: the
+    warning then points at the user's line that called into jointlab, however
+    many jointlab frames (public wrappers, passes) lie between.
+
+    Returns:
+        1 for the calling function, plus one per jointlab frame above it.
+    """
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level

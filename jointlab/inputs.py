@@ -287,3 +287,8 @@ def check_state(spec: StateSpec, model: nn.Module) -> list[torch.Tensor]:
                 "Move the model back, or trace it again on the new device."
             )
     return tensors
+
+
+def tensor_leaves(out: Any) -> list[torch.Tensor]:
+    """The tensor leaves of a module's output, in pytree order (both sides use this)."""
+    return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]

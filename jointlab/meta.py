@@ -15,7 +15,7 @@ only read it. Keys written at trace time:
 - ``zero_grad``: the node only emits zeros for a parameter without a gradient.
 - ``probe_out`` / ``probe_grad``: ``[fqn, call, leaf]`` triples: the node is
   that module call's output leaf, or the gradient reaching it (written by
-  :mod:`jointlab.trace.probes` while tracing).
+  :mod:`jointlab.trace.probe_hooks` while tracing).
 - ``fwd_twin``: on a backward node, the forward node whose gradient it computes
   (its module and source are the twin's).
 - ``grad_acc_of``: on a gradient-accumulation add, the forward value whose
@@ -64,7 +64,7 @@ TRAIN_FN = "<train_fn>"
 #: nodes created while checkpoint recomputes; the annotation pass reads it.
 RECOMPUTE_TAG = "jointlab_checkpoint_recompute"
 PHASES = ("param", "buffer", "input", "forward", "backward", "output")
-#: Phases drawn in a DAG's backward band (the graph's output holds the gradients).
+#: The phases drawn on the backward side of a graph (the output returns the gradients).
 BACKWARD_PHASES = ("backward", "output")
 
 

@@ -18,7 +18,7 @@ from torch import nn
 import jointlab as jl
 from jointlab.analysis.distributed import collectives
 from jointlab.errors import BakedConstantWarning, UnsupportedWrapperError
-from jointlab.trace.dtensor import DTensorRuntime
+from jointlab.runtime.dtensor import DTensorRuntime
 from tests.test_distributed import (
     SHARDINGS,
     _assert_like_single_device,

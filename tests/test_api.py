@@ -31,8 +31,8 @@ def test_lazy_names_are_the_api_objects_on_every_access():
 
 def test_trace_stays_the_function_after_its_subpackage_loads():
     code = ("import jointlab as jl, jointlab.trace.aot, jointlab.trace.make_fx, "
-            "jointlab.trace.request; from jointlab.trace import tracer; "
-            "print(jl.trace is tracer.trace, callable(jl.trace))")
+            "jointlab.trace.request; from jointlab import tracing; "
+            "print(jl.trace is tracing.trace, callable(jl.trace))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
 

@@ -82,7 +82,7 @@ def test_errors_name_the_cell_and_line(shell):
 
 
 def test_outside_a_shell_files_keep_their_names():
-    from jointlab.units import source_location
+    from jointlab.sources import source_location
 
     assert source_location("/tmp/ipykernel_1/123.py", 7) == "/tmp/ipykernel_1/123.py:7"
     assert source_location("/a/model.py", 7, short=True) == "model.py:7"

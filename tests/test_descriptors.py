@@ -98,7 +98,8 @@ def test_tables_descriptors_and_memory_import_neither_the_graph_nor_a_renderer()
     import jointlab
 
     root = pathlib.Path(jointlab.__file__).parent / "analysis"
-    files = [root / "tables.py", root / "descriptors.py", *sorted((root / "memory").glob("*.py"))]
+    files = [root / "tables.py", root.parent / "runtime" / "descriptors.py",
+             *sorted((root / "memory").glob("*.py"))]
     handoffs = []
     for path in files:
         tree = ast.parse(path.read_text())

@@ -5,6 +5,8 @@ One Inductor compile of the zoo's two-layer GPT (tiny_lm) serves the module.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -33,6 +35,44 @@ def test_inductor_compiles_the_traced_graph_and_compares_within_tolerance(tiny_c
     # the compiled side ran other kernels: a float64 reference tells who is closer
     assert cmp.fp64 is not None and len(cmp.fp64) == 1 + len(joint.param_names)
     assert set(cmp.fp64["closer"]) <= {"inductor", "eager", "tie"}
+
+
+def _max_abs(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return (a.double() - ref).abs().max().item()
+
+
+def _eager(model, train_fn, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Plain eager autograd from seed 0: the loss and every parameter's gradient."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        loss = train_fn(model, **inputs)
+        names, params = zip(*model.named_parameters())
+        grads = torch.autograd.grad(loss, params)
+    return loss.detach(), dict(zip(names, grads))
+
+
+def test_fp64_verdict_says_who_is_really_closer(tiny_compiled):
+    """Recompute each value's distance to float64 eager with plain autograd, and check
+    ``closer`` names the side really nearer (an inverted verdict fails here)."""
+    f, model, inputs, joint, compiled, cmp = tiny_compiled
+    with one_thread():
+        e_loss, e_grads = _eager(copy.deepcopy(model), f.train_fn, inputs)
+        r_loss, r_grads = _eager(copy.deepcopy(model).double(), f.train_fn, inputs)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            c_loss, c_grads, _ = compiled.run(copy.deepcopy(model), inputs)
+    mine = {"loss": (c_loss, e_loss, r_loss)}
+    mine.update({k: (c_grads[k], e_grads[k], r_grads[k]) for k in c_grads})
+    decisive = 0
+    for row in cmp.fp64.itertuples():
+        cand, eager, ref = mine[row.name]
+        c_err, e_err = _max_abs(cand, ref), _max_abs(eager, ref)
+        assert row.candidate_vs_fp64 == pytest.approx(c_err, rel=1e-6, abs=1e-12), row
+        assert row.eager_vs_fp64 == pytest.approx(e_err, rel=1e-6, abs=1e-12), row
+        if max(c_err, e_err) > 1.5 * min(c_err, e_err):  # clearly one side
+            decisive += 1
+            assert row.closer == ("inductor" if c_err < e_err else "eager"), row
+    assert decisive >= 3, cmp.fp64
 
 
 def test_kernel_table_covers_matmuls_with_extern_calls(tiny_compiled):

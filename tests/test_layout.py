@@ -1,10 +1,13 @@
-"""The package is a one-way pipeline: no import cycles, no core -> renderer imports.
+"""The package is a stack of layers: every import points down, no cycles, passes write meta.
 
 The import graph is read from the source with ``ast``, so it counts what a
 runtime check would miss: function-local imports, ``TYPE_CHECKING`` imports
 and module names written as strings in the package's lazy tables (the same
-rules as ``../shared/tools/import_cycles.py``). Package ``__init__`` modules
-re-export downwards by design and are left out of the cycle search.
+rules as ``../shared/tools/import_cycles.py``). Every module belongs to one
+layer of :data:`LAYERS` (the order ``DEVELOPERS.md`` documents) and may import
+only its own layer or lower ones, except the named :data:`HANDOFFS`. Package
+``__init__`` modules re-export downwards by design and are left out of the
+cycle search (they are still held to the layer order).
 """
 
 from __future__ import annotations
@@ -16,16 +19,42 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "jointlab"
-CORE = ("jointlab.analysis", "jointlab.passes", "jointlab.trace", "jointlab.io")
+CORE = ("jointlab.analysis", "jointlab.passes", "jointlab.trace", "jointlab.io",
+        "jointlab.runtime")
 RENDERERS = ("jointlab.viz", "jointlab.widgets")
 
-#: The only core -> renderer imports allowed: one lazy hand-off each, inside the named
-#: function. (importer, imported renderer module, function holding the import)
+#: The layers, lowest level first. A module may import its own layer and the layers of
+#: lower levels; layers on one level are siblings that never import each other (the
+#: tracer, the readers and io each stand on the runtime alone). A name is a module or a
+#: package (all of its modules). DEVELOPERS.md documents the same order.
+LEVELS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
+    (("base", ("jointlab.errors", "jointlab.units", "jointlab.sources", "jointlab._deprecation",
+               "jointlab._lazy", "jointlab.models")),),
+    (("torch_compat/meta", ("jointlab.torch_compat", "jointlab.meta")),),
+    (("core", ("jointlab.core", "jointlab.inputs", "jointlab.assumptions", "jointlab.shape_guards",
+               "jointlab.display")),),
+    (("passes", ("jointlab.passes",)),),
+    (("runtime", ("jointlab.runtime",)),),
+    (("trace", ("jointlab.trace",)), ("analysis", ("jointlab.analysis",)),
+     ("io", ("jointlab.io",))),
+    (("viz", ("jointlab.viz",)),),
+    (("widgets", ("jointlab.widgets",)),),
+    (("api", ("jointlab", "jointlab.graph", "jointlab.tracing", "jointlab.reporting",
+              "jointlab.cli", "jointlab.__main__")),),
+)
+#: ``(layer name, level, module names)`` for every layer.
+LAYERS = tuple((name, level, names) for level, layers in enumerate(LEVELS)
+               for name, names in layers)
+
+#: The only upward imports allowed: one lazy hand-off each, inside the named function.
+#: (importer, imported module, function holding the import)
 HANDOFFS: set[tuple[str, str, str]] = {
     # Stepper.widget() builds the stepper panel: the one documented widget hand-off
     ("jointlab.analysis.step.stepper", "jointlab.widgets._stepper", "widget"),
+    # a result's _repr_html_ -> display.rich_html -> its card: the one card hand-off
+    ("jointlab.display", "jointlab.viz.cards", "rich_html"),
     # HumanFrame._repr_html_: joint.nodes and the summaries shown in human units, unwrapped
-    ("jointlab.analysis.tables", "jointlab.viz.tables", "_repr_html_"),
+    ("jointlab.analysis.tables", "jointlab.viz.frames", "_repr_html_"),
 }
 MAX_HANDOFFS = 3
 
@@ -54,7 +83,10 @@ def _targets(cur: str, node: ast.Import | ast.ImportFrom) -> list[str]:
             name = ".".join(base + ([node.module] if node.module else []))
         else:
             name = node.module or ""
-        names = [name] + [f"{name}.{a.name}" for a in node.names]
+        subs = [f"{name}.{a.name}" for a in node.names]
+        # ``from pkg import mod`` loads mod (pkg is already loaded above it); ``from pkg
+        # import name`` reads pkg's own namespace, an import of pkg
+        names = subs + ([name] if any(s not in MODS for s in subs) else [])
     return [n for n in names if n in MODS and n != cur]
 
 
@@ -136,8 +168,78 @@ def test_the_import_graph_is_read_from_source():
     # guards against a walker that silently finds nothing
     edges = _edges()
     assert len(MODS) > 30 and sum(map(len, edges.values())) > 50
-    assert "jointlab.trace.tracer" in edges["jointlab"]  # jl.trace
+    assert "jointlab.tracing" in edges["jointlab"]  # jl.trace
+    assert "jointlab.trace.tracer" in edges["jointlab.tracing"]
     assert "<module>" in edges["jointlab.trace.tracer"]["jointlab.trace.python_state"]
+    assert "rich_html" in edges["jointlab.display"]["jointlab.viz.cards"]  # function-local
+
+
+def layer_of(mod: str) -> tuple[str, int]:
+    """The layer holding ``mod`` (longest name wins): its name and level."""
+    best, found = "", ("", -1)
+    for name, level, names in LAYERS:
+        for prefix in names:
+            if (mod == prefix or mod.startswith(prefix + ".")) and len(prefix) > len(best):
+                best, found = prefix, (name, level)
+    assert found[1] >= 0, f"{mod} is in no layer of LEVELS: add it to the right one"
+    return found
+
+
+def points_down(mod: str, target: str) -> bool:
+    """True when ``mod`` may import ``target``: same layer, or a lower level."""
+    (layer, level), (t_layer, t_level) = layer_of(mod), layer_of(target)
+    return layer == t_layer or t_level < level
+
+
+def upward_imports(edges: dict[str, dict[str, set[str]]]) -> list[str]:
+    """``importer (layer) -> imported (layer) in function`` for each import against the order."""
+    found = []
+    for mod, targets in sorted(edges.items()):
+        for target, funcs in sorted(targets.items()):
+            if points_down(mod, target):
+                continue
+            for func in sorted(funcs):
+                if (mod, target, func) not in HANDOFFS:
+                    found.append(f"  {mod} ({layer_of(mod)[0]}) -> {target} "
+                                 f"({layer_of(target)[0]}) in {func}")
+    return found
+
+
+def test_every_module_is_in_a_layer():
+    for mod in MODS:
+        layer_of(mod)
+
+
+def test_imports_point_down_the_layers():
+    """Every import, function-local and TYPE_CHECKING ones included, goes to its own layer or
+    a lower one; the only exceptions are the named hand-offs."""
+    assert len(HANDOFFS) <= MAX_HANDOFFS
+    found = upward_imports(_edges())
+    order = " -> ".join("|".join(name for name, _ in layers) for layers in LEVELS)
+    assert not found, (f"{len(found)} import(s) against the layer order {order}:\n"
+                       + "\n".join(found))
+
+
+def test_the_graph_objects_never_import_the_tracer():
+    """Running or loading a graph never loads the tracer: neither graph class imports it."""
+    edges = _edges()
+    for mod in ("jointlab.graph", "jointlab.runtime.graph", "jointlab.io.codec",
+                "jointlab.io.persist"):
+        reach, todo = set(), [mod]
+        while todo:  # everything it loads, transitively (package __init__s excluded)
+            for t in edges[todo.pop()]:
+                if t not in reach and MODS[t].name != "__init__.py":
+                    reach.add(t)
+                    todo.append(t)
+        assert not {t for t in reach if t.startswith("jointlab.trace")}, (mod, sorted(reach))
+
+
+def test_nothing_inside_the_package_imports_the_facade():
+    """JointGraph (jointlab.graph) is the users' front door: no layer below the API takes it."""
+    api = layer_of("jointlab.graph")
+    found = sorted(f"{m} -> jointlab.graph" for m, ts in _edges().items()
+                   if "jointlab.graph" in ts and layer_of(m) != api)
+    assert not found, found
 
 
 def test_no_import_cycles():
@@ -157,7 +259,7 @@ def test_core_never_imports_a_renderer_except_the_handoffs():
     assert not extra, "core -> renderer imports outside the allowed hand-offs:\n" + "\n".join(
         f"  {m} -> {t} (in {func})" for m, t, func in extra)
     handoff_funcs = {func for _, _, func in HANDOFFS}
-    assert handoff_funcs <= {"_repr_html_", "widget"}, handoff_funcs
+    assert handoff_funcs <= {"_repr_html_", "rich_html", "widget"}, handoff_funcs
 
 
 def test_import_jointlab_loads_neither_plotly_nor_ipywidgets():
@@ -169,21 +271,45 @@ def test_import_jointlab_loads_neither_plotly_nor_ipywidgets():
     assert r.stdout.strip() == "[]", f"import jointlab loads {r.stdout.strip()}"
 
 
+_MUTATORS = ("setdefault", "update", "pop", "popitem", "clear", "append", "extend", "insert",
+             "remove", "add", "discard")
+
+
+def _is_meta(expr: ast.AST) -> bool:
+    """``x.meta``, or an item of it at any depth (``x.meta[k]``, ``x.meta[k][j]``)."""
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    return isinstance(expr, ast.Attribute) and expr.attr == "meta"
+
+
+def _is_meta_target(target: ast.AST) -> bool:
+    """An assignment target that writes meta: ``x.meta = v`` or ``x.meta[k]... = v``."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return any(_is_meta_target(e) for e in target.elts)
+    if isinstance(target, ast.Starred):
+        return _is_meta_target(target.value)
+    return _is_meta(target)
+
+
 def _meta_writes(tree: ast.AST) -> list[int]:
-    """Lines that write into a node's meta: ``x.meta[k] = v`` or ``x.meta.setdefault/update``."""
+    """Lines that write a node's meta.
 
-    def is_meta(expr: ast.AST) -> bool:
-        return isinstance(expr, ast.Attribute) and expr.attr == "meta"
-
+    ``x.meta = v``, ``x.meta[k] = v`` (at any depth, augmented and ``del`` too),
+    ``setattr(x, "meta", v)``, and mutating calls on ``x.meta`` or an item of it
+    (``x.meta.update(...)``, ``x.meta["jointlab"].setdefault(...)``).
+    """
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            lines += [node.lineno for t in targets
-                      if isinstance(t, ast.Subscript) and is_meta(t.value)]
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete))
+                       else [node.target])
+            lines += [node.lineno for t in targets if _is_meta_target(t)]
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("setdefault", "update", "pop", "clear") \
-                and is_meta(node.func.value):
+                and node.func.attr in _MUTATORS and _is_meta(node.func.value):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("setattr", "delattr") and len(node.args) > 1
+              and isinstance(node.args[1], ast.Constant) and node.args[1].value == "meta"):
             lines.append(node.lineno)
     return lines
 
@@ -193,6 +319,8 @@ GRAPH_BUILDERS = {
     "jointlab.io.persist": "decodes an archive into a new graph and restores its saved meta",
     "jointlab.io.fakes": "rebuilds the fake values of a graph it is decoding",
     "jointlab.analysis.memory.whatif": "tags its private copies for torch's partitioners",
+    "jointlab.analysis.bisect": "gives a region graph's placeholders a copy of their source "
+                                "meta (Inductor compiles the region from meta['val'])",
     "jointlab.torch_compat.inductor": "adds provenance to Inductor's post-grad nodes",
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -194,13 +195,43 @@ ALLOWED = {
 }
 
 
-def _is_operator(node: ast.Attribute) -> bool:
-    """``aten._foo`` or ``torch.ops.aten._foo``: an operator's name, not a private API."""
-    base = node.value
-    if isinstance(base, ast.Name):
-        return base.id in ("aten", "prims")
-    return (isinstance(base, ast.Attribute) and isinstance(base.value, ast.Attribute)
-            and base.value.attr == "ops")
+#: Strings naming a private torch API that only name it to the user (never looked up).
+ALLOWED_STRINGS = {
+    "torch._transformer_encoder_layer_fwd": "the fused kernel a FastPathError names",
+    "torch._native_multi_head_attention": "the fused kernel a FastPathError names",
+}
+#: A dotted path into a private part of torch: ``torch._foo``, ``torch.x._y.z``.
+_PRIVATE_PATH = re.compile(r"torch(\.\w+)*\._\w+(\.\w+)*")
+
+
+def _private_op_namespaces() -> set[str]:
+    """The underscore op namespaces this torch registers (``_c10d_functional``, ...)."""
+    names = torch._C._dispatch_get_all_op_names()
+    return {n.split("::")[0] for n in names if n.startswith("_") and "::" in n}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id`` of every docstring constant (documentation may name what it describes)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _private_torch_strings(tree: ast.AST, namespaces: set[str]) -> list[tuple[int, str]]:
+    """``(line, string)`` for a string that names a private torch module, API or op namespace."""
+    docs = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) \
+                or id(node) in docs or node.value in ALLOWED_STRINGS:
+            continue
+        if _PRIVATE_PATH.fullmatch(node.value) or node.value in namespaces:
+            found.append((node.lineno, node.value))
+    return found
 
 
 def _is_private(name: str) -> bool:
@@ -224,10 +255,16 @@ def _jointlab_private_names() -> set[str]:
     return {n for n in names if _is_private(n)} - TORCH_PRIVATE
 
 
-def _private_torch_uses(path: pathlib.Path, own: set[str]) -> list[str]:
-    """``file:line: what`` for each private torch import or attribute in ``path``."""
+def _private_torch_uses(path: pathlib.Path, own: set[str], namespaces: set[str]) -> list[str]:
+    """``file:line: what`` for each private torch import, attribute, op or string in ``path``.
+
+    Private ATen overloads (``aten._foo``) and private op namespaces
+    (``torch.ops._c10d_functional``, or the string ``"_c10d_functional"``) count too.
+    """
     found, rel = [], path.relative_to(ROOT)
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    found += [f'{rel}:{line}: "{s}"' for line, s in _private_torch_strings(tree, namespaces)]
+    for node in ast.walk(tree):
         what = None
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
             parts = node.module.split(".") + [a.name for a in node.names]
@@ -237,7 +274,7 @@ def _private_torch_uses(path: pathlib.Path, own: set[str]) -> list[str]:
             bad = [a.name for a in node.names if a.name.split(".")[0] == "torch"
                    and any(_is_private(p) or p == "experimental" for p in a.name.split("."))]
             what = f"import {bad[0]}" if bad else None
-        elif isinstance(node, ast.Attribute) and _is_private(node.attr) and not _is_operator(node):
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr):
             base = node.value
             if not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
                 what = node.attr
@@ -257,8 +294,10 @@ def _private_torch_uses(path: pathlib.Path, own: set[str]) -> list[str]:
 
 def test_private_torch_apis_are_used_only_in_torch_compat():
     own = _jointlab_private_names()
+    namespaces = _private_op_namespaces()
+    assert "_c10d_functional" in namespaces  # the check reads the dispatcher, not a list
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) if COMPAT not in path.parents
-             for hit in _private_torch_uses(path, own)]
+             for hit in _private_torch_uses(path, own, namespaces)]
     assert not found, ("private torch API outside jointlab/torch_compat/ (add an accessor "
                        "there, guarded, and use it):\n" + "\n".join(found))
 

@@ -39,9 +39,9 @@ from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_la
 from jointlab.analysis.step.kernel_code import KernelPiece, kernel_pieces
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError, JointlabError, NodeExecutionError
+from jointlab.runtime.constants import is_kv_cache_placeholder
+from jointlab.runtime.torch_errors import wrap_exception
 from jointlab.torch_compat import inductor_provenance
-from jointlab.trace.python_state import is_kv_cache_placeholder
-from jointlab.trace.refusals import wrap_exception
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -27,10 +27,10 @@ from jointlab import meta as _meta
 from jointlab import torch_compat as compat  # LocalTensor names resolve on first use
 from jointlab.analysis.lockstep import per_rank, run_rank_classes
 from jointlab.errors import StateMismatchError
-from jointlab.trace.dtensor import DTensorRuntime, is_dtensor
-from jointlab.trace.rank_reads import rank_reads
-from jointlab.trace.rank_view import RankGraphs, model_ranks
-from jointlab.trace.request import split_loss
+from jointlab.runtime.dtensor import DTensorRuntime, is_dtensor
+from jointlab.runtime.rank_reads import rank_reads
+from jointlab.runtime.rank_view import RankGraphs, model_ranks
+from jointlab.runtime.train_fn import split_loss
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
@@ -40,7 +40,7 @@ COLUMNS = ["node", "op", "phase", "module", "group", "mesh_dim", "bytes", "wait"
 
 def is_collective(node: fx.Node) -> bool:
     """True for a functional collective node (``_c10d_functional`` op, not a wait)."""
-    return (_meta.is_aten_op(node) and node.target.namespace == "_c10d_functional"
+    return (_meta.is_aten_op(node) and compat.is_functional_collective(node.target)
             and _meta.op_name(node) != "wait_tensor")
 
 

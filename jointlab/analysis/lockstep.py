@@ -23,9 +23,9 @@ from torch import nn
 from jointlab import meta as _meta
 from jointlab import torch_compat as compat
 from jointlab.errors import NodeExecutionError, UnsupportedWrapperError
-from jointlab.trace.dtensor import is_dtensor
-from jointlab.trace.rank_view import as_rank, state_of_ranks
-from jointlab.trace.refusals import torch_errors
+from jointlab.runtime.dtensor import is_dtensor
+from jointlab.runtime.rank_view import as_rank, state_of_ranks
+from jointlab.runtime.torch_errors import torch_errors
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph

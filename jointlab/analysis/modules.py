@@ -9,7 +9,7 @@ submodules* (the root row is the whole model):
   embeddings) counts once. ``tied`` lists, for the module's own parameters,
   the other names of the same tensor (``weight=transformer.wte.weight``).
 - ``out_shapes``: the shapes of the tensors the module's first call returned,
-  from the trace's probes (:mod:`jointlab.trace.probes`); ``calls`` counts its calls.
+  from the trace's probes (:mod:`jointlab.trace.probe_hooks`); ``calls`` counts its calls.
 - ``in_shapes``: the shapes of the tensor arguments of its first call, recorded
   by the trace's own module hooks (symbolic sizes as text in a dynamic trace).
   Nothing is run again. None for a graph loaded from disk

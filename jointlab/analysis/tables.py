@@ -51,7 +51,7 @@ class HumanFrame(pd.DataFrame):
 
     Computation sees the raw ``int64``/``float`` columns; only ``_repr_html_``
     formats (bytes as ``3 MiB``, FLOPs as ``1.2 GFLOP``, seconds as ``45 µs``,
-    no number wrapped: :func:`jointlab.viz.tables.frame_html`). Slices, filters
+    no number wrapped: :func:`jointlab.viz.frames.frame_html`). Slices, filters
     and joins keep the class, so ``joint.nodes[cols].head()`` displays the same way.
     """
 
@@ -60,7 +60,7 @@ class HumanFrame(pd.DataFrame):
         return HumanFrame
 
     def _repr_html_(self) -> str | None:
-        from jointlab.viz.tables import frame_html  # the hand-off to the renderer
+        from jointlab.viz.frames import frame_html  # the hand-off to the renderer
 
         return frame_html(self)
 

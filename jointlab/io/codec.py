@@ -24,10 +24,9 @@ import torch
 import torch.fx as fx
 
 from jointlab.errors import PersistError
+from jointlab.runtime.custom_ops import GET_STATE, MKLDNN_RNN_LAYER, SET_STATE
 from jointlab.torch_compat import int_oo, is_op_overload, op_parts
 from jointlab.torch_compat import sympy_functions as sym_fns
-from jointlab.trace.checkpoint import GET_STATE, SET_STATE
-from jointlab.trace.rnn import MKLDNN_RNN_LAYER
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: A dotted name of identifiers (``fullmatch`` it: one regex call a name, a load checks thousands).
@@ -50,8 +49,8 @@ SAFE_FUNCTIONS.update({
               "_sym_sqrt")
     if hasattr(torch, n)
 })
-# Gradient checkpointing's generator-state replay (see jointlab.trace.checkpoint) and
-# the oneDNN RNN layer that keeps its workspace under no_grad (jointlab.trace.rnn).
+# Gradient checkpointing's generator-state replay (jointlab.runtime.custom_ops) and
+# the oneDNN RNN layer that keeps its workspace under no_grad (same module).
 SAFE_FUNCTIONS.update({f"torch.ops.jointlab.{op_parts(op)[1]}.default": op
                        for op in (GET_STATE, SET_STATE, MKLDNN_RNN_LAYER)})
 _FUNCTION_NAMES = {id(fn): name for name, fn in SAFE_FUNCTIONS.items()}

@@ -10,7 +10,7 @@ The archive is a zip file:
 - ``format.json``: the format name and version.
 - ``graph.json``: one record per node (op, name, target by qualified name,
   args/kwargs as tagged JSON with node references by name) and the JSON-safe
-  part of its meta, ``meta["jointlab"]`` included (:mod:`jointlab.io.records`).
+  part of its meta, ``meta["jointlab"]`` included (:mod:`jointlab.io.node_records`).
 - ``layout.json``: mode, state and input specs (the input treespec through
   ``torch.utils._pytree.treespec_dumps``), parameter names, loss_dict keys,
   dynamic dims and the shape guards as sympy expression trees.
@@ -26,7 +26,7 @@ Version 2 added every node's value spec with its storage, and stores each
 meta value that repeats across nodes (stack traces, module stacks) once in
 ``graph.json``'s ``shared`` list, referenced from a node's ``shared_meta``.
 Version 3 (written now) stores ``meta["jointlab"]`` as rows of values with
-their keys once in ``jl_keys`` (:mod:`jointlab.io.records`). Versions 1 and 2
+their keys once in ``jl_keys`` (:mod:`jointlab.io.node_records`). Versions 1 and 2
 are still read.
 """
 
@@ -48,7 +48,6 @@ import torch.fx as fx
 from jointlab.assumptions import KINDS, Assumption, Assumptions
 from jointlab.core import GraphParts, TracedGraph
 from jointlab.errors import PersistError
-from jointlab.guards import ShapeGuards
 from jointlab.inputs import InputSpec, LeafSpec, StateSpec
 from jointlab.io.codec import (
     DOTTED,
@@ -65,7 +64,7 @@ from jointlab.io.codec import (
 )
 from jointlab.io.deferred import DeferredGraphModule
 from jointlab.io.fakes import SPEC_KEY, encode_vals, rebuild_vals
-from jointlab.io.records import (
+from jointlab.io.node_records import (
     KeyTuples,
     decode_args,
     decode_keys,
@@ -74,7 +73,8 @@ from jointlab.io.records import (
     encode_node_meta,
 )
 from jointlab.passes.analyze import require_analyzed
-from jointlab.runtime import AotRuntime, MakeFxRuntime
+from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
+from jointlab.shape_guards import ShapeGuards
 from jointlab.torch_compat import pytree
 
 FORMAT = "jointlab.joint-graph"

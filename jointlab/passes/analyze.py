@@ -50,7 +50,7 @@ from torch.utils.flop_counter import flop_registry
 
 from jointlab.errors import StaleAnalysisError
 from jointlab.meta import KEY, is_aten_op, op_name, phase
-from jointlab.torch_compat import op_schema, storage_id
+from jointlab.torch_compat import is_collective_op, op_schema, storage_id
 
 _STAMP = "_jointlab_analyzed"
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "dot", "mv"}
@@ -188,7 +188,7 @@ def category(node: fx.Node) -> str:
         return "norm"
     if name in _RNG or base in _RNG:
         return "rng"
-    if is_op(node) and node.target.namespace in ("_c10d_functional", "c10d_functional", "c10d"):
+    if is_op(node) and is_collective_op(node.target):
         return "collective"
     if name in _COPY or base in _COPY:
         return "copy"

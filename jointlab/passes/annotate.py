@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from jointlab.meta import KEY, RECOMPUTE_TAG, TRAIN_FN
 from jointlab.passes.accumulate import CandidateIndex, attribute_accumulation, is_gradient_acc
-from jointlab.units import source_location
+from jointlab.sources import source_location
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 #: The jointlab package directory (this module lives in its ``passes/``).

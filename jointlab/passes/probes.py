@@ -1,6 +1,6 @@
 """Probe pass: mark the nodes that are module outputs and the gradients reaching them.
 
-The tracer's hooks (:mod:`jointlab.trace.probes`) record, while tracing,
+The tracer's hooks (:mod:`jointlab.trace.probe_hooks`) record, while tracing,
 which graph node *is* each module call's output leaf and which node is the
 gradient reaching it. This pass writes those identities into the meta of the
 final graph (which may be a copy of the traced one).

@@ -35,15 +35,15 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from jointlab.torch_compat import batch_norm_legit_overloads
+
 aten = torch.ops.aten
 
 #: Ops whose real CPU output strides can differ from their meta kernel's.
 STRIDE_UNCERTAIN = {
     aten.native_batch_norm.default,
     aten.native_batch_norm_backward.default,
-    aten._native_batch_norm_legit.default,
-    aten._native_batch_norm_legit_functional.default,
-    aten._native_batch_norm_legit_no_training.default,
+    *batch_norm_legit_overloads(),
     # Dynamic make_fx traces run under the Python dispatcher, where dropout's
     # fake output strides come from its decomposition, not the CPU kernel.
     aten.native_dropout.default,

@@ -15,7 +15,9 @@ In exchange it says plainly what it does not know:
   (or a silently different result) from deep inside. ``tests/test_torch_version.py``
   fails on a private torch name used anywhere else in ``jointlab/``.
 
-The accessors live in four modules, all re-exported here:
+The accessors live in six modules, all re-exported here:
+:mod:`~jointlab.torch_compat.ops` (private ATen overloads and op namespaces),
+:mod:`~jointlab.torch_compat.aot` (AOT's joint export, its descriptors, the partitioners),
 :mod:`~jointlab.torch_compat.graphs` (ops, FX graphs, fake tensors, tracing,
 the profiler, checkpointing), :mod:`~jointlab.torch_compat.distributed`
 (meshes, ``LocalTensor``, FSDP2's memory tracker, AOT subclass metadata) and
@@ -47,10 +49,15 @@ from jointlab.torch_compat._base import torch_attr as torch_attr
 from jointlab.torch_compat._base import torch_module as torch_module
 from jointlab.torch_compat._base import unsupported as unsupported
 from jointlab.torch_compat._base import untested_message as untested_message
+from jointlab.torch_compat.aot import Partitioners as Partitioners
+from jointlab.torch_compat.aot import aot_descriptors as aot_descriptors
+from jointlab.torch_compat.aot import aot_export_joint as aot_export_joint
+from jointlab.torch_compat.aot import partitioners as partitioners
 from jointlab.torch_compat.distributed import aot_grad_subclass_metas as aot_grad_subclass_metas
 from jointlab.torch_compat.distributed import backward_node_name as backward_node_name
 from jointlab.torch_compat.distributed import coordinate_reader as coordinate_reader
 from jointlab.torch_compat.distributed import fsdp_mem_tracker as fsdp_mem_tracker
+from jointlab.torch_compat.distributed import fsdp_module_class as fsdp_module_class
 from jointlab.torch_compat.distributed import loss_parallel_active as loss_parallel_active
 from jointlab.torch_compat.distributed import loss_parallel_entry as loss_parallel_entry
 from jointlab.torch_compat.distributed import mesh_coordinates as mesh_coordinates
@@ -93,6 +100,11 @@ from jointlab.torch_compat.inductor_state import (
     inductor_state_applied as inductor_state_applied,
 )
 from jointlab.torch_compat.inductor_state import state_changes as state_changes
+from jointlab.torch_compat.ops import COLLECTIVE_NAMESPACES as COLLECTIVE_NAMESPACES
+from jointlab.torch_compat.ops import FUNCTIONAL_COLLECTIVES as FUNCTIONAL_COLLECTIVES
+from jointlab.torch_compat.ops import batch_norm_legit_overloads as batch_norm_legit_overloads
+from jointlab.torch_compat.ops import is_collective_op as is_collective_op
+from jointlab.torch_compat.ops import is_functional_collective as is_functional_collective
 
 _warned = False
 

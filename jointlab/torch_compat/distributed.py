@@ -71,7 +71,7 @@ def mesh_coordinates(mesh: Any) -> dict[int, tuple[int, ...]]:
     return out
 
 
-#: The DeviceMesh methods that report the calling rank (``jointlab.trace.rank_view`` sets them).
+#: The DeviceMesh methods that report the calling rank (``jointlab.runtime.rank_view`` sets them).
 _MESH_RANK_METHODS = ("get_coordinate", "get_local_rank", "get_rank",
                       "_is_current_rank_part_of_mesh", "_sym_get_coordinate")
 
@@ -288,3 +288,12 @@ def loss_parallel_entry() -> tuple[Any, str] | None:
     if loss is None or not callable(getattr(loss, "_enable_custom_loss_ops", None)):
         return None
     return loss, "_enable_custom_loss_ops"
+
+
+def fsdp_module_class() -> Any:
+    """FSDP2's ``FSDPModule`` (what ``fully_shard`` makes a module), or None without it."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2 (or without distributed): nothing to refuse
+        return None
+    return FSDPModule

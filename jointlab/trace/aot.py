@@ -14,7 +14,7 @@ reads those descriptors once at trace time and builds:
 DTensor parameters and buffers reach the export as they are; AOT flattens
 each into its parts, and :mod:`jointlab.trace.aot_subclass` keeps one
 local-shard placeholder and one gradient output per DTensor, with an
-:class:`~jointlab.trace.aot_subclass.AotDTensorRuntime` around the plan.
+:class:`~jointlab.runtime.dtensor.AotDTensorRuntime` around the plan.
 
 The export runs inside an ``ExitStack`` that holds a fake mode; the graph is
 taken out and the stack closed before anything touches real tensors again.
@@ -33,20 +33,26 @@ from torch import nn
 from torch.fx import traceback as fx_tb
 from torch.overrides import TorchFunctionMode
 
-from jointlab.analysis.descriptors import state_base
 from jointlab.core import GraphParts
 from jointlab.errors import TraceError
-from jointlab.guards import fakeify, symbolic_fake_mode
 from jointlab.inputs import state_on_meta
 from jointlab.meta import TRAIN_FN
 from jointlab.passes.annotate import annotate, is_user_frame
 from jointlab.passes.classify import AotRules
 from jointlab.passes.probes import write_probes
-from jointlab.runtime import AotRuntime
-from jointlab.torch_compat import pytree, torch_attr, torch_module
+from jointlab.runtime.descriptors import state_base
+from jointlab.runtime.dtensor import AotDTensorRuntime, DTensorLayout
+from jointlab.runtime.fakes import fakeify, symbolic_fake_mode
+from jointlab.runtime.plans import AotRuntime
+from jointlab.runtime.snapshot import ModelSnapshot
+from jointlab.runtime.train_fn import check_loss, split_loss
+from jointlab.torch_compat import (
+    aot_descriptors,
+    aot_export_joint,
+    pytree,
+)
 from jointlab.trace import request
 from jointlab.trace.aot_subclass import (
-    AotDTensorRuntime,
     drop_opaque_parts,
     grad_specs,
     is_subclass_part,
@@ -57,16 +63,12 @@ from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
 )
-from jointlab.trace.dtensor import DTensorLayout
 from jointlab.trace.hf_compat import hf_tracing_compat
-from jointlab.trace.probes import module_probes
+from jointlab.trace.probe_hooks import module_probes
 from jointlab.trace.refusals import in_train_fn
-from jointlab.trace.snapshot import ModelSnapshot
 
-D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
-aot_export_joint_with_descriptors = torch_attr(
-    "torch._functorch.aot_autograd", "aot_export_joint_with_descriptors",
-    "export the joint graph in mode='aot'")
+D = aot_descriptors()
+aot_export_joint_with_descriptors = aot_export_joint()
 
 _PREFIX = "model."  # the wrapper holds the model as ``self.model``
 
@@ -101,8 +103,8 @@ class _TrainStep(nn.Module):
                   for v, is_tensor in zip(self._leaves, self._tensor_mask)]
         kwargs = pytree.tree_unflatten(values, self._treespec)
         with _source_recorder(), in_train_fn(self.model):
-            loss, loss_dict = request.split_loss(self._train_fn(self.model, **kwargs))
-        request.check_loss(loss)
+            loss, loss_dict = split_loss(self._train_fn(self.model, **kwargs))
+        check_loss(loss)
         self.box.record(loss_dict)
         plain = DTensorLayout().plain_output  # a replicated DTensor loss: its local value
         vals = [plain(f"loss_dict[{k!r}]", v).detach() for k, v in loss_dict.items()

@@ -27,23 +27,21 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from jointlab.analysis.descriptors import D, subclass_base
 from jointlab.errors import UnsupportedWrapperError
-from jointlab.runtime import AotRuntime
+from jointlab.runtime.descriptors import D, subclass_base
+from jointlab.runtime.dtensor import (
+    DTensorLayout,
+    ShardSpec,
+    dtensor_class,
+    is_dtensor,
+)
 from jointlab.torch_compat import (
     aot_grad_subclass_metas,
     opaque_real_object,
     subclass_creation_parts,
 )
-from jointlab.trace.dtensor import (
-    DTensorLayout,
-    DTensorRuntime,
-    ShardSpec,
-    dtensor_class,
-    is_dtensor,
-)
 
-__all__ = ["AotDTensorRuntime", "drop_opaque_parts", "grad_specs", "is_subclass_part",
+__all__ = ["drop_opaque_parts", "grad_specs", "is_subclass_part",
            "refuse_subclass_state", "subclass_part_error"]
 
 _PREFIX = "model."  # the AOT wrapper holds the model as ``self.model``
@@ -177,48 +175,6 @@ def _check_same_layout(first: ShardSpec, other: ShardSpec, alias: str) -> None:
             f"through its alias '{alias}' and {first.placements} through another; their "
             "local tensors cannot simply be added. Trace with mode='make_fx' (the default), "
             "where autograd sums the DTensor gradients itself.")
-
-
-class AotDTensorRuntime(DTensorRuntime):
-    """AOT runtime of a graph traced from DTensor state: local shards in, DTensors out.
-
-    The AOT plan (:class:`AotRuntime`) places the local shards on the graph's
-    arguments and reads its outputs back; :class:`DTensorRuntime` checks the
-    live DTensors against the trace and wraps the gradients. Graphs with this
-    runtime are not saved (the mesh is a live process-group object).
-
-    Attributes:
-        plan: The AOT call plan over jointlab's flat layout.
-    """
-
-    def __init__(self, plan: AotRuntime, specs: list[ShardSpec | None],
-                 grads: dict[str, ShardSpec]) -> None:
-        """Hold the AOT plan and the trace-time shard specs."""
-        super().__init__(specs, grads)
-        self.plan = plan
-
-    def prepare(self, joint: Any, flat: list[torch.Tensor]) -> list[Any]:
-        """Check each DTensor, then lay the local shards out as the AOT graph takes them.
-
-        Raises:
-            StateMismatchError: A DTensor's mesh, placements or local shape differ.
-        """
-        return self.plan.prepare(joint, super().prepare(joint, flat))
-
-    def finish(self, joint: Any, outputs: list[Any], flat: list[torch.Tensor]
-               ) -> tuple[Any, list[torch.Tensor], list[Any]]:
-        """Apply buffer updates to the local shards, wrap each gradient back into a DTensor."""
-        local = list(flat)
-        for i, spec in enumerate(self.specs):
-            if spec is not None:
-                local[i] = spec.local(flat[i])
-        loss, grads, ld = self.plan.finish(joint, outputs, local)
-        state = {s.fqn: s for s in self.specs if s is not None}
-        wrapped = []
-        for name, g in zip(joint.param_names, grads):
-            spec = self.grads.get(name) or state.get(name)  # unused: zeros in the param's layout
-            wrapped.append(g if spec is None else spec.wrap(g))
-        return loss, wrapped, ld
 
 
 # -- refusals: other subclasses, and parts jointlab does not map ----------------------

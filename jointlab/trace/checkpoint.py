@@ -26,66 +26,15 @@ import torch
 import torch.fx as fx
 import torch.utils.checkpoint as torch_checkpoint
 
-from jointlab.errors import CheckpointWarning, UnsupportedCheckpointError
+from jointlab.errors import CheckpointWarning, UnsupportedCheckpointError, user_stacklevel
 from jointlab.meta import RECOMPUTE_TAG
 from jointlab.passes.annotate import frame_text, innermost_user_frame
+from jointlab.runtime.custom_ops import GET_STATE, ORIGINAL_RNG, SET_STATE
 from jointlab.torch_compat import (
     checkpoint_internals,
     checkpoint_region_entry,
     get_proxy_mode,
 )
-
-_STATE_BYTES = {"cpu": torch.get_rng_state().numel()}
-_SEEDED = (torch.Tag.nondeterministic_seeded,)  # the Stepper runs these in its own stream
-
-
-# -- the generator state as graph values ----------------------------------------
-def _device_generator_state(device: torch.device) -> torch.Tensor:
-    if device.type == "cpu":
-        return _ORIGINAL["cpu_get"]()
-    return _ORIGINAL["cuda_get"](device)
-
-
-@torch.library.custom_op("jointlab::rng_get_state", mutates_args=(), tags=_SEEDED)
-def _rng_get_state(*, device: torch.device) -> torch.Tensor:
-    """The default generator's state on ``device``, as a uint8 tensor (a copy)."""
-    return _device_generator_state(device).clone()
-
-
-@_rng_get_state.register_fake
-def _(*, device: torch.device) -> torch.Tensor:
-    size = _STATE_BYTES.get(device.type)
-    if size is None:
-        size = _device_generator_state(device).numel()
-    return torch.empty(size, dtype=torch.uint8)
-
-
-@torch.library.custom_op("jointlab::rng_set_state", mutates_args=(), tags=_SEEDED)
-def _rng_set_state(state: torch.Tensor, *, device: torch.device) -> None:
-    """Set the default generator on ``device`` to ``state``."""
-    if device.type == "cpu":
-        _ORIGINAL["cpu_set"](state)
-    else:
-        _ORIGINAL["cuda_set"](state, device)
-
-
-@_rng_set_state.register_fake
-def _(state: torch.Tensor, *, device: torch.device) -> None:
-    return None
-
-
-GET_STATE = torch.ops.jointlab.rng_get_state.default
-SET_STATE = torch.ops.jointlab.rng_set_state.default
-torch.fx.node.has_side_effect(SET_STATE)  # never dead-code: it has no users
-_ORIGINAL: dict[str, Callable[..., Any]] = {
-    "cpu_get": torch.get_rng_state, "cpu_set": torch.set_rng_state,
-    "cuda_get": torch.cuda.get_rng_state, "cuda_set": torch.cuda.set_rng_state,
-}
-
-
-def is_rng_state_op(node: fx.Node) -> bool:
-    """True for a node that reads or sets the generator state (checkpoint's replay)."""
-    return node.target in (GET_STATE, SET_STATE)
 
 
 def _cuda_device(device: Any) -> torch.device:
@@ -113,12 +62,12 @@ def _traced_set(original: Callable[..., Any], cuda: bool) -> Callable[..., Any]:
 
 
 def _rng_patches() -> list[tuple[Any, str, Any]]:
-    cpu_get = _traced_get(_ORIGINAL["cpu_get"], False)
-    cpu_set = _traced_set(_ORIGINAL["cpu_set"], False)
+    cpu_get = _traced_get(ORIGINAL_RNG["cpu_get"], False)
+    cpu_set = _traced_set(ORIGINAL_RNG["cpu_set"], False)
     return [(torch, "get_rng_state", cpu_get), (torch, "set_rng_state", cpu_set),
             (torch.random, "get_rng_state", cpu_get), (torch.random, "set_rng_state", cpu_set),
-            (torch.cuda, "get_rng_state", _traced_get(_ORIGINAL["cuda_get"], True)),
-            (torch.cuda, "set_rng_state", _traced_set(_ORIGINAL["cuda_set"], True))]
+            (torch.cuda, "get_rng_state", _traced_get(ORIGINAL_RNG["cuda_get"], True)),
+            (torch.cuda, "set_rng_state", _traced_set(ORIGINAL_RNG["cuda_set"], True))]
 
 
 # -- marking the recompute ---------------------------------------------------------
@@ -214,4 +163,4 @@ def warn_checkpoint_not_recomputed(regions: int) -> None:
         "the recompute: the joint graph keeps their activations for backward, so "
         "joint.memory() and saved_for_backward describe training without checkpointing "
         "(gradients are still exact). Trace with mode='make_fx' to see the recompute."),
-        stacklevel=4)
+        stacklevel=user_stacklevel())

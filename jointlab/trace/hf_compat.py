@@ -52,7 +52,7 @@ from torch import nn
 from jointlab import torch_compat
 from jointlab.errors import DataDependentError, JointlabError, TraceError
 from jointlab.passes.annotate import frame_text, innermost_user_frame
-from jointlab.trace.probes import traced_node
+from jointlab.trace.probe_hooks import traced_node
 
 _IMPORT_UTILS = "transformers.utils.import_utils"
 _NAME = "is_fake_tensor"

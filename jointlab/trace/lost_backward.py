@@ -162,5 +162,5 @@ def refuse_lost_backward(joint: TracedGraph, no_kernel_ops: list[str]) -> None:
         "mode='aot' on the meta device and F.cross_entropy/nll_loss: use mode='make_fx', "
         "an mse_loss or a hand-written loss ((logits.logsumexp(-1) - logits.gather(-1, "
         "labels[..., None]).squeeze(-1)).mean()), or trace on CPU fakes instead of meta "
-        "(jointlab.trace.fake_cpu). For your own op, register its autograd formula."
+        "(jointlab.runtime.fakes). For your own op, register its autograd formula."
     )

@@ -19,11 +19,14 @@ from torch import nn
 from torch.fx.traceback import preserve_node_meta
 
 from jointlab.core import GraphParts
-from jointlab.guards import fakeify, symbolic_dispatch, symbolic_fake_mode
 from jointlab.inputs import model_state, state_on_meta
 from jointlab.passes.annotate import annotate
 from jointlab.passes.classify import MakeFxRules
 from jointlab.passes.probes import write_probes
+from jointlab.runtime.dtensor import DTensorLayout
+from jointlab.runtime.fakes import fakeify, symbolic_dispatch, symbolic_fake_mode
+from jointlab.runtime.snapshot import ModelSnapshot
+from jointlab.runtime.train_fn import check_loss, split_loss
 from jointlab.torch_compat import (
     FakeTensorMode,
     TracingContext,
@@ -38,18 +41,14 @@ from jointlab.torch_compat import (
     tracing,
 )
 from jointlab.trace.checkpoint import checkpoint_tracing
-from jointlab.trace.dtensor import DTensorLayout
-from jointlab.trace.probes import module_probes
+from jointlab.trace.probe_hooks import module_probes
 from jointlab.trace.refusals import in_train_fn
 from jointlab.trace.request import (
     LossBox,
     TraceRequest,
-    check_loss,
-    split_loss,
     state_placeholder_info,
     user_errors,
 )
-from jointlab.trace.snapshot import ModelSnapshot
 
 __all__ = ["trace_make_fx"]
 

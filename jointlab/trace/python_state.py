@@ -39,10 +39,16 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from jointlab.errors import BakedConstantWarning, DataDependentError
+from jointlab.errors import BakedConstantWarning, DataDependentError, user_stacklevel
 from jointlab.passes.annotate import is_user_frame
+from jointlab.runtime.constants import (
+    graph_constant,
+    is_fresh_literal,
+    is_kv_cache_placeholder,
+    is_scalar_literal,
+)
+from jointlab.sources import source_location
 from jointlab.torch_compat import is_op_overload, op_schema
-from jointlab.units import source_location
 
 _SCALARS = (int, float)
 
@@ -89,7 +95,7 @@ def _graph_literals(gm: fx.GraphModule) -> list[Any]:
             for arg in _value_args(node):
                 visit(arg)
         elif is_scalar_literal(gm, node):
-            found.append(_constant(gm, node).reshape(()))
+            found.append(graph_constant(gm, node).reshape(()))
     return found
 
 
@@ -142,45 +148,13 @@ def baked_scalars(gm: fx.GraphModule, fns: dict[str, Callable[..., Any]]) -> lis
     return out
 
 
-def _constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
-    t = getattr(gm, str(node.target), None) if node.op == "get_attr" else None
-    return t if isinstance(t, torch.Tensor) else None
-
-
-def is_fresh_literal(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """True for a constant made by ``torch.tensor(...)`` in the traced code.
-
-    Such a constant is read only through ``lift_fresh_copy``; a captured
-    tensor or a baked parameter is read by the ops themselves.
-    """
-    return (_constant(gm, node) is not None and bool(node.users)
-            and all(u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users))
-
-
-def is_scalar_literal(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """True for a fresh literal holding one Python number (e.g. from ``x[i] = 3``)."""
-    t = _constant(gm, node)
-    return is_fresh_literal(gm, node) and t.numel() == 1 and t.dim() <= 1
-
-
-def is_kv_cache_placeholder(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """True for an empty fresh literal created by HF's KV cache."""
-    t = _constant(gm, node)
-    return (is_fresh_literal(gm, node) and t.numel() == 0
-            and any(_from_hf_cache(u.meta.get("stack_trace") or "") for u in node.users))
-
-
-def _from_hf_cache(stack_trace: str) -> bool:
-    return "cache_utils.py" in stack_trace or "cache.update(" in stack_trace
-
-
 def _holds_no_user_state(gm: fx.GraphModule, node: fx.Node) -> bool:
-    t = _constant(gm, node)
+    t = graph_constant(gm, node)
     return is_scalar_literal(gm, node) or (is_fresh_literal(gm, node) and t.numel() == 0)
 
 
 def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
-    t = _constant(gm, node)
+    t = graph_constant(gm, node)
     return (f"{node.target}: tensor{list(t.shape)} {t.dtype} (used by "
             f"{', '.join(u.name for u in node.users)})")
 
@@ -191,7 +165,7 @@ def baked_tensors(gm: fx.GraphModule) -> list[str]:
     Fresh one-element and empty literals (see the module docstring) are left out.
     """
     return [_describe(gm, node) for node in gm.graph.find_nodes(op="get_attr")
-            if _constant(gm, node) is not None and not _holds_no_user_state(gm, node)]
+            if graph_constant(gm, node) is not None and not _holds_no_user_state(gm, node)]
 
 
 def kv_cache_constants(gm: fx.GraphModule) -> list[str]:
@@ -224,7 +198,7 @@ def warn_baked_constants(gm: fx.GraphModule, train_fn: Callable[..., Any],
             + "; ".join(found) + ". Changing them later does not change what run() computes. "
             "Pass them to train_fn as inputs (tensors, to let them vary) or register them on "
             "the model as buffers, then trace again.",
-            BakedConstantWarning, stacklevel=3)
+            BakedConstantWarning, stacklevel=user_stacklevel())
     cache = kv_cache_constants(gm)
     if cache:
         warnings.warn(
@@ -232,7 +206,7 @@ def warn_baked_constants(gm: fx.GraphModule, train_fn: Callable[..., Any],
             "tensors baked into the graph: " + "; ".join(cache[:2])
             + ("; ..." if len(cache) > 2 else "") + "). A training step does not need it: "
             "pass use_cache=False to the model call in train_fn, then trace again.",
-            BakedConstantWarning, stacklevel=3)
+            BakedConstantWarning, stacklevel=user_stacklevel())
     return found + cache
 
 

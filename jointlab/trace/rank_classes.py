@@ -1,9 +1,9 @@
 """``jl.trace_ranks``: one joint graph per rank class of a simulated world.
 
 Ranks whose DTensor inputs have the same local shapes form a class
-(:func:`jointlab.trace.dtensor.rank_classes`). Each class is traced once,
+(:func:`jointlab.runtime.dtensor.rank_classes`). Each class is traced once,
 as its first rank: the model's DTensors hold that rank's shards and the
-world reports that rank (:mod:`jointlab.trace.rank_view`). Uneven sharding
+world reports that rank (:mod:`jointlab.runtime.rank_view`). Uneven sharding
 (6 rows over 4 ranks: 2, 2, 2, 0) gives two classes and two graphs. A
 class whose ranks read different values where the user's code reads the
 rank (``dist.get_rank()``, ``mesh.get_local_rank()``), or where torch's
@@ -24,8 +24,8 @@ from torch import nn
 
 from jointlab.errors import TraceError, UnsupportedWrapperError
 from jointlab.inputs import model_state
-from jointlab.trace.dtensor import ShardSpec, is_dtensor, rank_classes
-from jointlab.trace.rank_view import RankGraphs, as_rank, model_ranks, state_of_ranks
+from jointlab.runtime.dtensor import ShardSpec, is_dtensor, rank_classes
+from jointlab.runtime.rank_view import RankGraphs, as_rank, model_ranks, state_of_ranks
 from jointlab.trace.tracer import trace
 
 __all__ = ["trace_ranks"]

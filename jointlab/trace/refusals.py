@@ -17,15 +17,13 @@ tracing change the model, or give a graph that hides an update:
 before anything is written. :func:`refuse_compiled` refuses compiled
 submodules before any compilation starts, and :func:`torch_errors` turns any
 other exception that escapes into a :class:`~jointlab.errors.TraceError`
-(or a subclass of the user's own exception type) with the cause chained.
+(or a subclass of the user's own exception type) with the cause chained
+(:mod:`jointlab.runtime.torch_errors`, which running a graph uses too).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import sys
-import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,17 +35,9 @@ from torch.overrides import TorchFunctionMode
 from jointlab import torch_compat
 from jointlab.errors import (
     CompiledModuleError,
-    JointlabError,
-    TraceError,
-    TrainFnError,
     TrainFnMisuseError,
 )
-from jointlab.passes.annotate import (
-    JOINTLAB_DIR,
-    frame_text,
-    innermost_user_frame,
-    is_user_frame,
-)
+from jointlab.runtime.torch_errors import caller_line
 from jointlab.torch_compat import is_compiled_module, op_schema, storage_id
 from jointlab.trace.rng_calls import seed_call_refusals
 
@@ -67,43 +57,6 @@ _REAL: list[dict[Any, str]] = []
 
 
 
-# -- where in the user's code ---------------------------------------------------
-def _is_user_file(path: str) -> bool:
-    """A user source file: not torch, not jointlab's private modules, not FX's generated code."""
-    return is_user_frame(path) and not _generated(path)
-
-
-def _generated(path: str) -> bool:
-    # FX's generated graph code, and make_fx's wrapper of the traced function
-    return path.startswith("<eval_with_key") or path == "<string>"
-
-
-def user_line_of_frames(frames: list[traceback.FrameSummary]) -> str:
-    """``" at file:line: code"`` for the innermost user frame, or ``""``.
-
-    Args:
-        frames: Frames from outermost to innermost.
-
-    Returns:
-        The location text, empty when no frame is the user's.
-    """
-    frame = innermost_user_frame(frames, also_skip=_generated)
-    return f" at {frame_text(frame)}" if frame is not None else ""
-
-
-def _caller_line() -> str:
-    return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
-
-
-def caller_line() -> str:
-    """``" at file:line: code"`` for the innermost user frame of the current stack, or ``""``."""
-    return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
-
-
-def _traceback_line(exc: BaseException) -> str:
-    return user_line_of_frames(traceback.extract_tb(exc.__traceback__))
-
-
 # -- storages -------------------------------------------------------------------
 def _param_storages(model: nn.Module) -> dict[Any, str]:
     out: dict[Any, str] = {}
@@ -117,7 +70,7 @@ def _param_storages(model: nn.Module) -> dict[Any, str]:
 # -- the guards -------------------------------------------------------------------
 def _refuse_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     raise TrainFnMisuseError(
-        f"train_fn called {type(optimizer).__name__}.step(){_caller_line()}. Tracing "
+        f"train_fn called {type(optimizer).__name__}.step(){caller_line()}. Tracing "
         "never updates the model, and an optimizer step inside the traced step would "
         f"write the real parameters. {_RETURN_LOSS}"
     )
@@ -156,13 +109,13 @@ class _NoBackward(TorchFunctionMode):
         if func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
             name = "loss.backward()" if func is torch.Tensor.backward else (
                 f"torch.autograd.{func.__name__}()")
-            raise TrainFnMisuseError(f"train_fn called {name}{_caller_line()}. {_RETURN_LOSS}")
+            raise TrainFnMisuseError(f"train_fn called {name}{caller_line()}. {_RETURN_LOSS}")
         access = _GRAD_ACCESS.get(func)
         if access is not None:
             name = self.names.get(id(args[0])) if args else None
             what = f"parameter '{name}'" if name else "a tensor"
             raise TrainFnMisuseError(
-                f"train_fn {access} the .grad of {what}{_caller_line()} (e.g. "
+                f"train_fn {access} the .grad of {what}{caller_line()} (e.g. "
                 f"clip_grad_norm_ or zero_grad() inside train_fn). {_CLIP_OUTSIDE}")
         return func(*args, **(kwargs or {}))
 
@@ -199,7 +152,7 @@ def _param_write_mode(protected: dict[Any, str]) -> Any:
                 if name is not None:
                     raise TrainFnMisuseError(
                         f"train_fn writes in place into parameter '{name}' ({func})"
-                        f"{_caller_line()}. Tracing must not change the model, and the graph "
+                        f"{caller_line()}. Tracing must not change the model, and the graph "
                         "would replay the write on every run. Move parameter updates "
                         f"out of train_fn. {_RETURN_LOSS}"
                     )
@@ -251,100 +204,3 @@ def refuse_compiled(model: nn.Module) -> None:
             "for model.block = torch.compile(model.block)); to compile the joint graph, "
             "use joint.compile()."
         )
-
-
-# -- raw errors -------------------------------------------------------------------
-_JOINTLAB_OWN = (TypeError, ValueError)  # jointlab's own argument checks raise these
-
-
-def _innermost_file(exc: BaseException) -> str:
-    tb = traceback.extract_tb(exc.__traceback__)
-    return tb[-1].filename if tb else ""
-
-
-def _is_users_own(exc: BaseException) -> bool:
-    path = _innermost_file(exc)
-    return bool(path) and _is_user_file(path)
-
-
-def _is_jointlab_check(exc: BaseException) -> bool:
-    path = _innermost_file(exc)
-    return type(exc) in _JOINTLAB_OWN and path.startswith(JOINTLAB_DIR)
-
-
-@functools.cache
-def _train_fn_error_type(user_type: type[BaseException]) -> type[TrainFnError] | None:
-    try:
-        return type(f"TrainFnError[{user_type.__name__}]", (TrainFnError, user_type), {})
-    except TypeError:  # incompatible layout (e.g. OSError): keep the user's exception
-        return None
-
-
-_TRACE_HINT = ("This is a torch error jointlab has no specific check for. Simplify the code "
-               "at that line, or try the other tracing mode (mode='make_fx' or mode='aot')")
-
-
-def _graph_line(exc: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f.filename.startswith("<eval_with_key")]
-    return f" at graph node: {frames[-1].line.strip()}" if frames and frames[-1].line else ""
-
-
-def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = TraceError,
-                   hint: str = _TRACE_HINT) -> BaseException:
-    """The jointlab error to raise for ``exc`` escaping ``where`` (e.g. ``"jl.trace"``).
-
-    Args:
-        exc: An exception that is not a jointlab error.
-        where: The public entry point, for the message.
-        error: The class for an error raised inside torch.
-        hint: What to do about an error raised inside torch.
-
-    Returns:
-        The new exception (raise it ``from exc``), or ``exc`` itself when it
-        is jointlab's own argument check or its type cannot be combined with
-        :class:`~jointlab.errors.TrainFnError`.
-    """
-    if _is_jointlab_check(exc):
-        return exc
-    # No user frame in the traceback (torch raised inside jointlab's own call of it):
-    # the line that called the public entry point.
-    line = _traceback_line(exc) or _caller_line()
-    if _is_users_own(exc):
-        cls = _train_fn_error_type(type(exc))
-        if cls is None:
-            return exc
-        return cls(f"train_fn raised {type(exc).__name__}: {exc}{line} (during {where}). This "
-                   "is your code's own exception, chained as __cause__; fix it there.")
-    return error(f"{where} failed inside torch{line}{_graph_line(exc)}: "
-                 f"{type(exc).__name__}: {exc}\n{hint}; torch's error is chained as __cause__.")
-
-
-@contextlib.contextmanager
-def torch_errors(where: str, error: type[JointlabError] = TraceError,
-                 hint: str = _TRACE_HINT) -> Iterator[None]:
-    """Re-raise any non-jointlab exception as a jointlab error, the original chained.
-
-    Also usable as a decorator.
-
-    Args:
-        where: The public entry point's name, e.g. ``"jl.trace"``.
-        error: The class for an error raised inside torch.
-        hint: What to do about an error raised inside torch.
-
-    Yields:
-        Nothing; exceptions escaping the block are translated.
-    """
-    try:
-        yield
-    except JointlabError:
-        raise
-    except ImportError as exc:  # a torch without a (private) module it imports on first use
-        if not (exc.name or "").startswith("torch"):
-            raise
-        raise torch_compat.unsupported(f"{exc.name} (or a name in it)", f"run {where}") from exc
-    except Exception as exc:
-        new = wrap_exception(exc, where, error, hint)
-        if new is exc:
-            raise
-        raise new from exc

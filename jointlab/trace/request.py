@@ -22,11 +22,11 @@ from torch import nn
 
 from jointlab import torch_compat
 from jointlab.core import GraphParts
-from jointlab.errors import DataDependentError, LossError, NoTrainableParametersError
-from jointlab.guards import ShapeGuards, resolve_dynamic_dims
+from jointlab.errors import DataDependentError, NoTrainableParametersError
 from jointlab.inputs import InputSpec, StateSpec, describe_inputs, describe_state, flatten_inputs
 from jointlab.passes.annotate import frame_text, innermost_user_frame
-from jointlab.trace.refusals import caller_line
+from jointlab.runtime.torch_errors import caller_line
+from jointlab.shape_guards import ShapeGuards, resolve_dynamic_dims
 
 
 def _data_dependent() -> tuple[type, ...]:
@@ -69,32 +69,6 @@ def trainable_names(model: nn.Module) -> list[str]:
             "no gradient to trace. Unfreeze at least one parameter."
         )
     return names
-
-
-def check_loss(loss: Any) -> None:
-    """Raise :class:`LossError` unless ``loss`` is a differentiable one-element tensor."""
-    if not isinstance(loss, torch.Tensor):
-        raise LossError(
-            f"train_fn returned a {type(loss).__name__} as the loss; it must return a scalar "
-            "tensor (or (loss, loss_dict)). Return the tensor itself, not .item() or a float."
-        )
-    if loss.numel() != 1:
-        raise LossError(
-            f"train_fn returned a loss of shape {list(loss.shape)}; it must be a scalar. "
-            "Reduce it, e.g. loss.mean() or loss.sum()."
-        )
-    if not loss.requires_grad:
-        raise LossError(
-            "train_fn returned a loss that does not require grad: it does not depend on any "
-            "trainable parameter (was it detached, or computed under torch.no_grad()?)."
-        )
-
-
-def split_loss(out: Any) -> tuple[Any, dict[str, Any]]:
-    """Split ``train_fn``'s result into the loss and the ``loss_dict``."""
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
-        return out[0], dict(out[1])
-    return out, {}
 
 
 def _generated(path: str) -> bool:

@@ -36,11 +36,11 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab.errors import UnsupportedModuleError
+from jointlab.runtime.custom_ops import MKLDNN_RNN_LAYER
+from jointlab.runtime.torch_errors import user_line_of_frames
 from jointlab.torch_compat import without_python_decompositions
-from jointlab.trace.refusals import user_line_of_frames
 
 aten = torch.ops.aten
-_Tensor4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 #: RNN ops whose Python decompositions differ from eager's C++ composite.
 RNN_OPS = (aten.lstm.input, aten.lstm.data, aten.gru.input, aten.gru.data,
@@ -90,33 +90,6 @@ def eager_rnn_kernels(model: nn.Module) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-@torch.library.custom_op("jointlab::mkldnn_rnn_layer", mutates_args=())
-def _mkldnn_rnn_layer(input: torch.Tensor, weight0: torch.Tensor, weight1: torch.Tensor,
-                      weight2: torch.Tensor, weight3: torch.Tensor, hx_: torch.Tensor,
-                      cx_: torch.Tensor, reverse: bool, batch_sizes: list[int], mode: int,
-                      hidden_size: int, num_layers: int, has_biases: bool, bidirectional: bool,
-                      batch_first: bool, train: bool) -> _Tensor4:
-    """``aten.mkldnn_rnn_layer`` with grad mode on, so ``train=True`` yields the workspace."""
-    with torch.enable_grad():  # autograd is below this kernel: nothing is recorded
-        out = aten.mkldnn_rnn_layer.default(
-            input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, batch_sizes, mode,
-            hidden_size, num_layers, has_biases, bidirectional, batch_first, train)
-    return tuple(t.detach() for t in out)  # type: ignore[return-value]
-
-
-@_mkldnn_rnn_layer.register_fake
-def _(input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, batch_sizes, mode,
-      hidden_size, num_layers, has_biases, bidirectional, batch_first, train) -> _Tensor4:
-    with torch.enable_grad():
-        return aten.mkldnn_rnn_layer.default(
-            input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, batch_sizes, mode,
-            hidden_size, num_layers, has_biases, bidirectional, batch_first, train)
-
-
-#: The graph's form of ``aten.mkldnn_rnn_layer.default``: same arguments and outputs.
-MKLDNN_RNN_LAYER = torch.ops.jointlab.mkldnn_rnn_layer.default
 
 
 def keep_rnn_workspace(gm: fx.GraphModule) -> int:

@@ -5,7 +5,8 @@ The modes live in :mod:`jointlab.trace.make_fx` (default) and
 built from one :class:`jointlab.trace.request.TraceRequest`. After the mode,
 :func:`trace` runs the graph passes in order (random-op refusals, view
 repair, the baked-constant check, the cost-and-storage analysis) and only
-then builds the :class:`jointlab.JointGraph`.
+then builds the :class:`~jointlab.runtime.graph.RunnableGraph`
+(``jl.trace``, in :mod:`jointlab.graph`, hands it to the user as a JointGraph).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from torch import nn
 
 from jointlab.assumptions import Assumptions
 from jointlab.errors import TraceError
-from jointlab.graph import JointGraph
 from jointlab.passes.analyze import ensure_analyzed
+from jointlab.passes.meta_attention import flag_meta_attention
 from jointlab.passes.repair import repair_views
-from jointlab.trace.distributed import (
+from jointlab.runtime.graph import RunnableGraph
+from jointlab.runtime.rank_reads import rank_reads
+from jointlab.runtime.torch_errors import torch_errors
+from jointlab.trace.fake_world import (
     loss_parallel_refusals,
     refuse_dtensor_inputs,
     refuse_loss_parallel,
@@ -32,15 +36,14 @@ from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
 from jointlab.trace.inplace_collectives import inplace_collective_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
-from jointlab.trace.meta_attention import flag_meta_attention, meta_attention_calls
+from jointlab.trace.meta_attention import meta_attention_calls
 from jointlab.trace.python_state import (
     no_tensor_printing,
     python_rngs_kept,
     warn_baked_constants,
 )
 from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
-from jointlab.trace.rank_reads import rank_reads
-from jointlab.trace.refusals import refuse_compiled, torch_errors, tracing_guard
+from jointlab.trace.refusals import refuse_compiled, tracing_guard
 from jointlab.trace.request import TraceRequest
 from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
 
@@ -55,7 +58,7 @@ def trace(
     mode: str = "make_fx",
     dynamic: bool = False,
     dynamic_arg_dims: dict[str, int | list[int]] | None = None,
-) -> JointGraph:
+) -> RunnableGraph:
     """Trace ``train_fn(model, **inputs)`` and its backward into one FX graph.
 
     Args:
@@ -110,7 +113,7 @@ def trace(
     keep_rnn_workspace(gm)
     warn_baked_constants(gm, train_fn, model)
     ensure_analyzed(gm)
-    joint = JointGraph.from_parts(parts)
+    joint = RunnableGraph.from_parts(parts)
     refuse_lost_backward(joint, no_kernel)
     flag_meta_attention(joint, sdpa_calls)
     joint.train_fn = train_fn

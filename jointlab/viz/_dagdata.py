@@ -20,7 +20,7 @@ from jointlab.passes.analyze import require_analyzed
 __all__ = ["BACKWARD_PHASES", "DagData", "collapse", "graph_data", "keep_phases",
            "module_prefix"]
 
-BACKWARD_PHASES = ("backward", "output")
+BACKWARD_PHASES = _meta.BACKWARD_PHASES  # one home: jointlab.meta
 
 
 @dataclass

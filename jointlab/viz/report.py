@@ -1,4 +1,8 @@
-"""``jointlab.report``: one self-contained HTML file about a JointGraph.
+"""The HTML of ``jl.report``: one self-contained page about a traced graph.
+
+A renderer only: it is given the node table, the memory profile, the
+comparison and the versions (computed by :func:`jointlab.reporting.report`)
+and runs no analysis itself.
 
 The page opens with a header (model class, parameter count, mode, date,
 jointlab and torch versions) and holds the summary card, a sortable,
@@ -20,12 +24,14 @@ from __future__ import annotations
 import html
 import json
 import pathlib
+from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+import pandas as pd
 
 from jointlab.analysis.tables import card_facts
-from jointlab.core import TracedGraph as JointGraph
+from jointlab.core import TracedGraph
+from jointlab.viz.cards import summary_card_html
 from jointlab.viz.comparison import COMPARISON_STYLE, comparison_html
 
 TABLE_COLUMNS = ["phase", "module", "target", "shape", "dtype", "bytes", "flops", "category",
@@ -162,28 +168,26 @@ def _json_for_script(obj: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _table_data(joint: JointGraph) -> dict[str, Any]:
-    df = joint.nodes
+def _table_data(df: pd.DataFrame) -> dict[str, Any]:
     cols = [c for c in TABLE_COLUMNS if c in df.columns]
     rows = []
     for name, rec in zip(df.index, df[cols].itertuples(index=False, name=None)):
         rows.append([str(name), *(_cell(v) for v in rec)])
-    return {"columns": cols, "rows": rows, "module_types": root_module_types(joint)}
+    return {"columns": cols, "rows": rows, "module_types": root_module_types(df)}
 
 
-def root_module_types(joint: JointGraph) -> dict[str, str]:
+def root_module_types(df: pd.DataFrame) -> dict[str, str]:
     """Per node of the root module's own ops, the model's class (shown ``(root) <class>``).
 
     A node outside every module (the loss in ``train_fn``, placeholders) has module
     ``""`` and no module type, so it stays blank: only ops the root module ran are named.
 
     Args:
-        joint: The traced graph.
+        df: The graph's node table (``joint.nodes``).
 
     Returns:
         ``{node_name: module_type}`` for nodes with module ``""`` and a known type.
     """
-    df = joint.nodes
     if "module" not in df.columns or "module_type" not in df.columns:
         return {}
     own = (df["module"] == "") & (df["module_type"].fillna("") != "")
@@ -204,15 +208,32 @@ def _figure_div(fig: Any) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, config={"responsive": True})
 
 
-def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] | None,
-             comparison: Any = None) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the report shows, computed before it is rendered.
+
+    Attributes:
+        joint: The traced graph (its summary card and DAG).
+        nodes: Its node table (``joint.nodes``).
+        memory: Its memory profile (measured too when a model was given).
+        comparison: A :class:`jointlab.Comparison` with eager, or None.
+        model_class: The model's class name ("" when unknown: the graph's root class is used).
+        versions: ``(name, version)`` pairs for the header (jointlab, torch).
+    """
+
+    joint: TracedGraph
+    nodes: pd.DataFrame
+    memory: Any
+    comparison: Any = None
+    model_class: str = ""
+    versions: tuple[tuple[str, str], ...] = ()
+
+
+def sections(data: ReportData) -> list[tuple[str, str]]:
     """Build the report's ``(title, html)`` sections.
 
     Args:
-        joint: The traced graph.
-        model: Optional model; with ``inputs`` enables measured memory and the comparison.
-        inputs: Optional inputs for the model.
-        comparison: A :class:`jointlab.Comparison` already computed for them (else computed).
+        data: The computed results.
 
     Returns:
         Section titles and their HTML bodies, in page order.
@@ -220,8 +241,7 @@ def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] 
     from jointlab.viz import plot_memory
     from jointlab.viz.dagview import dag_view
 
-    live = model is not None and inputs is not None
-    out = [("Summary", joint._repr_html_())]
+    out = [("Summary", summary_card_html(data.joint))]
     out.append(("Nodes", (
         '<div class="jl-tools"><input id="jl-filter" '
         'placeholder="filter: op, module, phase, source ..."> '
@@ -232,75 +252,48 @@ def sections(joint: JointGraph, model: nn.Module | None, inputs: dict[str, Any] 
         '<span id="jl-count" class="jl-note"></span></div>'
         '<div class="jl-scroll"><table id="jl-nodes" class="jl-nodes"><thead></thead>'
         '<tbody></tbody></table></div>'
-        f'<script type="application/json" id="jl-node-data">{_json_for_script(_table_data(joint))}'
-        "</script>"
+        '<script type="application/json" id="jl-node-data">'
+        f"{_json_for_script(_table_data(data.nodes))}</script>"
     )))
-    out.append(("Forward/backward DAG", dag_view(joint, height=620).html()))
-    profile = joint.memory(model=model, inputs=inputs) if live else joint.memory()
-    out.append(("Memory", _figure_div(plot_memory(profile))))
-    if live:
-        if comparison is None:
-            from jointlab.analysis.compare.compare import compare
-
-            comparison = compare(joint, model, inputs)
-        out.append(("Comparison with eager", comparison_html(comparison)))
+    out.append(("Forward/backward DAG", dag_view(data.joint, height=620).html()))
+    out.append(("Memory", _figure_div(plot_memory(data.memory))))
+    if data.comparison is not None:
+        out.append(("Comparison with eager", comparison_html(data.comparison)))
     return out
 
 
-def header_html(joint: JointGraph, model: nn.Module | None) -> str:
+def header_html(data: ReportData, date: str) -> str:
     """The line under the title: model class, parameters, mode, date, versions.
 
     Args:
-        joint: The traced graph.
-        model: The model, when given (its class is named; else the graph's root class).
+        data: The computed results (model class, versions).
+        date: The date to show.
 
     Returns:
         An HTML fragment, every value escaped.
     """
-    import datetime
-
-    import torch
-
-    import jointlab
-
-    facts = card_facts(joint)
-    cls = type(model).__name__ if model is not None else _root_class(joint)
+    facts = card_facts(data.joint)
+    cls = data.model_class or _root_class(data.nodes)
     items = [("model", cls or "unknown"), ("parameters", f"{facts['param_numel']:,}"),
-             ("mode", facts["mode"]),
-             ("date", datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")),
-             ("jointlab", getattr(jointlab, "__version__", _version("jointlab"))),
-             ("torch", torch.__version__)]
+             ("mode", facts["mode"]), ("date", date), *data.versions]
     return "<div class='jl-header'>" + " · ".join(
         f"{html.escape(k)} <b>{html.escape(str(v))}</b>" for k, v in items) + "</div>"
 
 
-def _root_class(joint: JointGraph) -> str:
-    df = joint.nodes
+def _root_class(df: pd.DataFrame) -> str:
     root = df["module_type"][(df["module"] == "") & (df["module_type"] != "")]
     return str(root.iloc[0]) if len(root) else ""
 
 
-def _version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def report(joint: JointGraph, path: str | pathlib.Path, *, model: nn.Module | None = None,
-           inputs: dict[str, Any] | None = None, title: str = "jointlab report",
-           comparison: Any = None) -> pathlib.Path:
-    """Write a self-contained HTML report of ``joint`` to ``path``.
+def write_report(data: ReportData, path: str | pathlib.Path, *, title: str, date: str
+                 ) -> pathlib.Path:
+    """Write the self-contained HTML report of ``data`` to ``path``.
 
     Args:
-        joint: The traced graph.
+        data: The computed results.
         path: Output file; parent folders are created.
-        model: With ``inputs``, also measure memory and compare with eager.
-        inputs: Inputs for ``model``.
         title: Page title (escaped).
-        comparison: A comparison already computed for ``model`` and ``inputs``.
+        date: The date shown in the header.
 
     Returns:
         The path written.
@@ -309,12 +302,12 @@ def report(joint: JointGraph, path: str | pathlib.Path, *, model: nn.Module | No
 
     body = "".join(f"<h2>{html.escape(t)}</h2>\n<p class='jl-lede'>{html.escape(LEDES.get(t, ''))}"
                    f"</p>\n<section>{h}</section>\n"
-                   for t, h in sections(joint, model, inputs, comparison))
+                   for t, h in sections(data))
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_STYLE}{COMPARISON_STYLE}</style>"
         f"<script>{get_plotlyjs()}</script></head><body>"
-        f"<h1>{html.escape(title)}</h1>{header_html(joint, model)}{body}"
+        f"<h1>{html.escape(title)}</h1>{header_html(data, date)}{body}"
         f"<script>{_TABLE_JS}</script></body></html>"
     )
     out = pathlib.Path(path)

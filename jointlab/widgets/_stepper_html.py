@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from jointlab import meta as _meta
 from jointlab.analysis.value_stats import describe
+from jointlab.viz._style import PHASE_COLORS
 
 __all__ = ["CSS", "breakpoint_label", "compare_card", "fmt", "node_card", "stats_card",
            "value_rows"]
@@ -36,8 +37,6 @@ CSS = """<style>
 .jl-sp .jl-div{border-left:3px solid #cf222e;padding:2px 8px;margin:4px 0;background:#fff5f5}
 button.jl-chip{border-radius:12px;background:#ddf4ff;font-size:12px;height:24px;margin:2px}
 </style>"""
-PHASE_COLORS = {"param": "#2ca02c", "buffer": "#8c564b", "input": "#7f7f7f",
-                "forward": "#1f77b4", "backward": "#d62728", "output": "#9467bd"}
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 

@@ -4,7 +4,7 @@ One eager training step runs on a copy of the model with forward hooks on
 every module (recording a copy of each call's output tensors at the moment
 they are returned) and tensor hooks on those outputs (recording the gradient
 that reaches them in backward). Values are keyed ``(module fqn, call index,
-output leaf)``, exactly as the tracer's probes (:mod:`jointlab.trace.probes`) key
+output leaf)``, exactly as the tracer's probes (:mod:`jointlab.trace.probe_hooks`) key
 the graph nodes that hold the same values, so pairing needs no guessing.
 
 A graph traced from DTensor state computes this rank's local shards, so a
@@ -23,10 +23,10 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab import meta as _meta
+from jointlab.inputs import tensor_leaves
+from jointlab.runtime.dtensor import is_dtensor
+from jointlab.runtime.train_fn import split_loss
 from jointlab.torch_compat import pytree
-from jointlab.trace.dtensor import is_dtensor
-from jointlab.trace.probes import tensor_leaves
-from jointlab.trace.request import split_loss
 
 Key = tuple[str, int, int]  # (module fqn, call index, output leaf)
 

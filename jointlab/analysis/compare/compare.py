@@ -5,7 +5,7 @@ the same masks and neither side changes the user's model. The result, a
 :class:`Comparison`, holds the loss, per-parameter gradient errors, the loss_dict, the
 buffers after the step, and ``first_divergence``: the first graph node, in graph order,
 whose value differs from the eager value at the same point. Graph values are paired with
-eager ones through the tracer's probes (:mod:`jointlab.trace.probes`): the graph node
+eager ones through the tracer's probes (:mod:`jointlab.trace.probe_hooks`): the graph node
 that *is* a module call's output, or that output's gradient, as recorded while tracing.
 
 Verdicts come in three grades: ``bit-exact`` (every compared value is bitwise equal),
@@ -52,15 +52,15 @@ from jointlab.analysis.compare.fp64 import (
 from jointlab.analysis.compare.judge import Tolerance as Tolerance
 from jointlab.analysis.compare.judge import close, compute_dtype, errors, expects_exact
 from jointlab.analysis.compare.judge import default_tolerances as default_tolerances
-from jointlab.analysis.compare.layout import layout_drift, uncertain_layout_nodes
 from jointlab.analysis.compare.result import Comparison as Comparison
 from jointlab.analysis.compare.result import Divergence as Divergence
 from jointlab.analysis.compare.scale import produced_scale, scale_reads
+from jointlab.analysis.compare.stride_drift import layout_drift, uncertain_layout_nodes
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompareError
-from jointlab.trace.dtensor import is_dtensor
-from jointlab.trace.refusals import torch_errors
+from jointlab.runtime.dtensor import is_dtensor
+from jointlab.runtime.torch_errors import torch_errors
 
 __all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
 
@@ -169,7 +169,7 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
             kernels: a make_fx graph on one device, in any dtype, without ops
             whose accumulation order varies (see :func:`expects_exact`), and
             whose real strides stayed the traced ones (see
-            :func:`jointlab.analysis.compare.layout.layout_drift`).
+            :func:`jointlab.analysis.compare.stride_drift.layout_drift`).
             Explicit ``rtol``/``atol`` imply tolerances.
         device: Run both sides here; default: where the model lives.
         train_fn: The training step; default ``joint.train_fn``.

@@ -47,8 +47,8 @@ from jointlab import torch_compat
 from jointlab.analysis.memory.profile import memory_profile
 from jointlab.errors import MemoryQueryError
 from jointlab.meta import node_info
-from jointlab.trace.distributed import fsdp_module_class
-from jointlab.trace.dtensor import is_dtensor
+from jointlab.runtime.dtensor import is_dtensor
+from jointlab.torch_compat import fsdp_module_class
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph

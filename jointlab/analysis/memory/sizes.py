@@ -3,7 +3,7 @@
 A dynamic trace stores every node value with symbolic sizes; the analyses
 read their trace-time hints. :class:`Sizes` evaluates them instead with the
 symbol values that a call's inputs bind (the same binding
-:meth:`jointlab.guards.ShapeGuards.validate` checks), so a memory prediction
+:meth:`jointlab.shape_guards.ShapeGuards.validate` checks), so a memory prediction
 can be for the sizes the user runs, not the ones traced. :func:`round_alloc`
 gives the bytes an allocator really reserves for a size.
 """

@@ -1,10 +1,10 @@
 """What-if partitions: what saving fewer activations would buy.
 
-PyTorch's partitioners (``torch._functorch.partitioners``) split a joint graph
+PyTorch's partitioners (:func:`jointlab.torch_compat.partitioners`) split a joint graph
 into a forward graph that saves some values and a backward graph that reads
 them. They expect a functional graph with AOT conventions (a ``tangents_*``
 placeholder seeding the backward, forward outputs first). An ``aot`` graph
-already is one: its descriptors (:mod:`jointlab.analysis.descriptors`) say which
+already is one: its descriptors (:mod:`jointlab.runtime.descriptors`) say which
 outputs are forward outputs (buffer mutations, the loss, loss_dict values)
 and which placeholder is the loss tangent, so it is used as it is. The
 make_fx joint graph has neither, so :func:`functional_joint` builds such a copy:
@@ -30,14 +30,14 @@ import pandas as pd
 import torch
 import torch.fx as fx
 
-from jointlab.analysis.descriptors import has_descriptors, outputs_and_tangents
 from jointlab.analysis.memory.predict import predict
 from jointlab.errors import WhatIfError
 from jointlab.meta import KEY, op_name, storage_owner
 from jointlab.passes.analyze import ensure_analyzed, hint
-from jointlab.torch_compat import FakeTensorMode, make_fx, torch_attr, torch_module
+from jointlab.runtime.descriptors import has_descriptors, outputs_and_tangents
+from jointlab.torch_compat import FakeTensorMode, aot_descriptors, make_fx, partitioners
 
-D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
+D = aot_descriptors()
 
 TANGENT = "tangents_1"
 
@@ -229,13 +229,9 @@ def what_if(joint: Any, budgets: tuple[float, ...] = (1.0, 0.5, 0.2)) -> pd.Data
         ``saved_tensors``, ``forward_peak_bytes``, ``backward_peak_bytes``,
         ``peak_bytes`` and ``error`` (why an option could not be scored).
     """
-    fconfig = torch_module("torch._functorch.config", "score what-if partitions")
-    partitioners = "torch._functorch.partitioners"
-    default_partition = torch_attr(partitioners, "default_partition", "score what-if partitions")
-    min_cut_rematerialization_partition = torch_attr(
-        partitioners, "min_cut_rematerialization_partition", "score what-if partitions")
+    default_partition, min_cut_rematerialization_partition, fconfig = partitioners()
 
-    base = joint.memory()
+    base = predict(joint)  # what joint.memory() predicts: CPU, the traced sizes
     life = base.lifetimes
     rows: list[dict[str, Any]] = [{
         "option": "joint graph as traced", "budget": None,

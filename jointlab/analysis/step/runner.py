@@ -364,8 +364,7 @@ class NodeRunner(fx.Interpreter):
         g = fx.Graph()
         remap: dict[fx.Node, fx.Node] = {}
         for n in live_in:
-            remap[n] = g.placeholder(n.name)
-            remap[n].meta = n.meta
+            remap[n] = g.placeholder(n.name)  # no meta: the segment never shares the user's
         copies = []
         for n in inside:
             remap[n] = g.node_copy(n, lambda x: remap[x])

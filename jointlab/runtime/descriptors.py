@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch.fx as fx
 
 from jointlab.meta import info
-from jointlab.torch_compat import torch_module
+from jointlab.torch_compat import aot_descriptors
 
-D = torch_module("torch._functorch._aot_autograd.descriptors", "read AOT descriptors")
+D = aot_descriptors()
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph

@@ -6,7 +6,7 @@ storages in forward/backward hooks, outside autograd. A make_fx trace of it
 process when run, so it is refused with the routes that work: DTensor
 parameters (``parallelize_module`` tensor parallelism, or a SimpleFSDP-style
 parametrisation whose all-gathers are ordinary ops in the forward), which
-both modes trace as local shards (make_fx: :mod:`jointlab.trace.dtensor`;
+both modes trace as local shards (make_fx: :mod:`jointlab.runtime.dtensor`;
 AOT: :mod:`jointlab.trace.aot_subclass`).
 """
 
@@ -20,16 +20,8 @@ from typing import Any
 from torch import nn
 
 from jointlab.errors import UnsupportedWrapperError
-from jointlab.trace.dtensor import is_dtensor
-
-
-def fsdp_module_class() -> Any:
-    """FSDP2's ``FSDPModule`` (what ``fully_shard`` makes a module), or None without it."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2 (or without distributed): nothing to refuse
-        return None
-    return FSDPModule
+from jointlab.runtime.dtensor import is_dtensor
+from jointlab.torch_compat import fsdp_module_class
 
 
 def _fsdp1_class() -> Any:
@@ -76,7 +68,7 @@ def refuse_dtensor_state(model: nn.Module, mode: str = "make_fx", dynamic: bool 
     """Raise :class:`UnsupportedWrapperError` for DTensor state jointlab cannot trace honestly.
 
     Both modes trace DTensor parameters and buffers as their local shards
-    (make_fx: :mod:`jointlab.trace.dtensor`; AOT: :mod:`jointlab.trace.aot_subclass`).
+    (make_fx: :mod:`jointlab.runtime.dtensor`; AOT: :mod:`jointlab.trace.aot_subclass`).
     Refused in both: dynamic shapes with DTensor state, ``Partial`` parameters or
     buffers (their local tensor is not a shard of the value), and one tensor
     dimension sharded over several mesh dimensions.
@@ -139,8 +131,8 @@ def loss_parallel_refusals(mode: str) -> Iterator[None]:
     Yields:
         Nothing; torch's function is back on exit.
     """
+    from jointlab.runtime.torch_errors import caller_line
     from jointlab.torch_compat import loss_parallel_entry, patched_attrs
-    from jointlab.trace.refusals import caller_line
 
     entry = loss_parallel_entry()
     if entry is None:

@@ -34,7 +34,7 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab.errors import UnsupportedTorchError
-from jointlab.torch_compat import pytree
+from jointlab.inputs import tensor_leaves
 
 try:  # private torch APIs, present in torch 2.13 and 2.14
     from jointlab.torch_compat import (
@@ -50,11 +50,6 @@ except UnsupportedTorchError:  # pragma: no cover - a torch without these intern
     AVAILABLE = False
 
 Key = tuple[str, int, int]  # (module fqn, call index, output leaf)
-
-
-def tensor_leaves(out: Any) -> list[torch.Tensor]:
-    """The tensor leaves of a module's output, in pytree order (both sides use this)."""
-    return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
 
 
 def traced_node(t: Any) -> fx.Node | None:

@@ -29,7 +29,7 @@ from torch import nn
 from jointlab import torch_compat as compat
 from jointlab.errors import StateMismatchError, UnsupportedWrapperError
 from jointlab.inputs import model_state
-from jointlab.runtime import MakeFxRuntime
+from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
 from jointlab.torch_compat import root_mesh
 
 __all__ = ["DTensorLayout", "DTensorRuntime", "ShardSpec", "dtensor_class", "group_dims",
@@ -328,3 +328,45 @@ class DTensorRuntime(MakeFxRuntime):
         grads = [self.grads[n].wrap(g) if n in self.grads else g
                  for n, g in zip(joint.param_names, grads)]
         return loss, grads, ld
+
+
+class AotDTensorRuntime(DTensorRuntime):
+    """AOT runtime of a graph traced from DTensor state: local shards in, DTensors out.
+
+    The AOT plan (:class:`AotRuntime`) places the local shards on the graph's
+    arguments and reads its outputs back; :class:`DTensorRuntime` checks the
+    live DTensors against the trace and wraps the gradients. Graphs with this
+    runtime are not saved (the mesh is a live process-group object).
+
+    Attributes:
+        plan: The AOT call plan over jointlab's flat layout.
+    """
+
+    def __init__(self, plan: AotRuntime, specs: list[ShardSpec | None],
+                 grads: dict[str, ShardSpec]) -> None:
+        """Hold the AOT plan and the trace-time shard specs."""
+        super().__init__(specs, grads)
+        self.plan = plan
+
+    def prepare(self, joint: Any, flat: list[torch.Tensor]) -> list[Any]:
+        """Check each DTensor, then lay the local shards out as the AOT graph takes them.
+
+        Raises:
+            StateMismatchError: A DTensor's mesh, placements or local shape differ.
+        """
+        return self.plan.prepare(joint, super().prepare(joint, flat))
+
+    def finish(self, joint: Any, outputs: list[Any], flat: list[torch.Tensor]
+               ) -> tuple[Any, list[torch.Tensor], list[Any]]:
+        """Apply buffer updates to the local shards, wrap each gradient back into a DTensor."""
+        local = list(flat)
+        for i, spec in enumerate(self.specs):
+            if spec is not None:
+                local[i] = spec.local(flat[i])
+        loss, grads, ld = self.plan.finish(joint, outputs, local)
+        state = {s.fqn: s for s in self.specs if s is not None}
+        wrapped = []
+        for name, g in zip(joint.param_names, grads):
+            spec = self.grads.get(name) or state.get(name)  # unused: zeros in the param's layout
+            wrapped.append(g if spec is None else spec.wrap(g))
+        return loss, wrapped, ld

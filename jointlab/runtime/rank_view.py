@@ -34,8 +34,8 @@ from torch import nn
 
 from jointlab import torch_compat as compat
 from jointlab.errors import StateMismatchError, UnsupportedWrapperError
-from jointlab.trace.dtensor import ShardSpec, is_dtensor
-from jointlab.trace.snapshot import ModelSnapshot
+from jointlab.runtime.dtensor import ShardSpec, is_dtensor
+from jointlab.runtime.snapshot import ModelSnapshot
 
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph

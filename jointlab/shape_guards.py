@@ -10,21 +10,18 @@ naming the input, the dim, what was expected and what was given.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from jointlab import torch_compat
 from jointlab.errors import GuardError, InputStructureError
-from jointlab.trace.fake_cpu import cpu_fake, wants_cpu_fake
-from jointlab.units import source_location
+from jointlab.sources import source_location
 
 if TYPE_CHECKING:  # sympy and the shape environment load on first use: import jointlab stays light
     import sympy
 
-    from jointlab.torch_compat import FakeTensorMode, ShapeEnv
+    from jointlab.torch_compat import ShapeEnv
 
 
 def resolve_dynamic_dims(
@@ -63,46 +60,6 @@ def resolve_dynamic_dims(
                 )
             out.setdefault(path, set()).add(d % rank)
     return out
-
-
-def symbolic_fake_mode() -> FakeTensorMode:
-    """A fake mode with a fresh shape environment for a dynamic trace."""
-    return torch_compat.FakeTensorMode(allow_non_fake_inputs=True,
-                                       shape_env=torch_compat.ShapeEnv())
-
-
-def symbolic_dispatch(dynamic: bool) -> contextlib.AbstractContextManager[Any]:
-    """The Python dispatcher, which a make_fx trace with symbolic sizes needs.
-
-    make_fx enables it itself only with ``tracing_mode="symbolic"``; jointlab
-    hands it fake tensors from its own shape environment instead, so without
-    this the C++ kernels of composite ops (``F.pad`` in transformers' causal-LM
-    loss) read concrete sizes and specialize every dynamic dim they touch.
-
-    Args:
-        dynamic: Whether the trace has symbolic dims (otherwise a no-op).
-
-    Returns:
-        A context manager to hold around the trace.
-
-    Raises:
-        UnsupportedTorchError: The trace is dynamic and this torch lacks the dispatcher.
-    """
-    if not dynamic:
-        return contextlib.nullcontext()
-    return torch_compat.enable_python_dispatcher()  # resolved (and checked) on first use
-
-
-def fakeify(mode: FakeTensorMode, t: torch.Tensor, dyn: set[int] | None) -> torch.Tensor:
-    """Make a fake tensor, with the dims in ``dyn`` symbolic."""
-    if wants_cpu_fake(t) and not dyn:  # jl.fake_cpu(): a meta tensor faked as CPU
-        return cpu_fake(mode, t)
-    if not dyn or mode.shape_env is None:
-        return mode.from_tensor(t, static_shapes=True)
-    dim_dynamic = torch_compat.DimDynamic
-    sizes = [dim_dynamic.DYNAMIC if d in dyn else dim_dynamic.STATIC for d in range(t.dim())]
-    ctx = torch_compat.StatelessSymbolicContext(dynamic_sizes=sizes)
-    return mode.from_tensor(t, symbolic_context=ctx)
 
 
 def _where(sloc: Any) -> str:
