@@ -345,3 +345,17 @@ def test_trace_without_the_stack_trace_anchor_refuses(monkeypatch):
     with pytest.raises(jl.errors.UnsupportedTorchError, match="_register_stack_trace_anchor"):
         jl.trace(model, train_fn, inputs)
     assert_unchanged(before, model)
+
+
+def test_simulated_worlds_are_refused_before_torch_2_13(monkeypatch):
+    """On torch 2.11/2.12 jl.fake_world and DTensor tracing refuse, naming the version."""
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cpu")
+    with pytest.raises(jl.errors.UnsupportedTorchError) as info:
+        with jl.fake_world(2):
+            pass
+    msg = str(info.value)
+    assert "torch 2.11.0+cpu has no" in msg and "torch 2.13 or newer has it" in msg, msg
+    assert "jl.fake_world" in msg
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # refused before it took the process group

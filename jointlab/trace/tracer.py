@@ -24,6 +24,7 @@ from jointlab.passes.repair import repair_views
 from jointlab.trace.distributed import (
     loss_parallel_refusals,
     refuse_dtensor_inputs,
+    refuse_dtensor_state_on_old_torch,
     refuse_loss_parallel,
     refuse_unsupported_wrappers,
 )
@@ -85,6 +86,7 @@ def trace(
     refuse_compiled(model)
     refuse_unsupported_wrappers(model, mode, dynamic or bool(dynamic_arg_dims))
     refuse_loss_parallel(mode)
+    refuse_dtensor_state_on_old_torch(model)
     if mode == "make_fx":  # AOT mode names subclass inputs itself (trace/aot.py)
         refuse_dtensor_inputs(inputs)
     with python_rngs_kept(), no_tensor_printing(), torch_errors("jl.trace"), \
