@@ -17,6 +17,7 @@ import torch
 
 import jointlab as jl
 from jointlab.meta import TRAIN_FN, info
+from jointlab.torch_compat import release
 from tests.fixtures import real
 from tests.util import eager_step, traced_real
 
@@ -135,6 +136,10 @@ def test_memory_predicted_equals_measured(cell):
 
 def test_what_if_scores_every_option(cell):
     f, model, inputs, joint = cell
+    if "checkpoint" in f.name and release(torch.__version__) < (2, 13, 0):
+        pytest.skip("what-if's recompute options need torch 2.13 or newer for a checkpointed "
+                    "graph (2.11's partitioner rejects its generator-state ops; the rows "
+                    f"say so in 'error'); this is torch {torch.__version__}")
     df = joint.memory().what_if(budgets=(0.5,))
     errors = df["error"].dropna().tolist() if "error" in df else []
     assert not errors, errors

@@ -18,12 +18,13 @@ import torch
 
 from jointlab.errors import UnsupportedTorchError
 
-#: Oldest and newest torch releases the whole test suite passed on. jointlab installs
-#: and imports on torch 2.11 (Colab's; pyproject's floor), and its default trace works
-#: there through torch_compat.backport, but the suite does not pass whole on 2.11
-#: (distributed, DTensor AOT, checkpoint and explicit-generator features): it warns.
-OLDEST_TESTED = (2, 13, 0)
-NEWEST_TESTED = (2, 14, 1)
+#: Oldest and newest torch releases the whole test suite passed on (2.11.0, Colab's, and
+#: 2.13.0, 2.14.1, 2.15.0). On torch 2.11 and 2.12 the default trace works through
+#: torch_compat.backport; simulated worlds and DTensor tracing refuse there
+#: (:func:`jointlab.torch_compat.require_distributed_tracing`) and their tests skip,
+#: saying so (DEVELOPERS.md, "What differs on torch 2.11 and 2.12").
+OLDEST_TESTED = (2, 11, 0)
+NEWEST_TESTED = (2, 15, 0)
 
 _RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
