@@ -59,6 +59,7 @@ COLAB_RENDERS = {"text/html", "application/vnd.jupyter.widget-view+json", "image
 CACHE = pathlib.Path(os.environ.get("JOINTLAB_HOSTSIM_CACHE",
                                     pathlib.Path.home() / ".cache" / "jointlab-hostsim"))
 PIP_TIMEOUT_S = 900
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 STUB_COLAB = {
     "google/__init__.py": "",
     "google/colab/__init__.py": "from . import output as output\n",
@@ -80,6 +81,81 @@ dist = md.distribution('torch')
 print(json.dumps({'version': torch.__version__, 'file': torch.__file__, 'inode': st.st_ino,
                   'mtime_ns': st.st_mtime_ns, 'dist': str(dist._path)}))
 """
+
+
+# A notebook that builds every jointlab widget in a real kernel and drives each as its
+# browser does, through the widget's comm (a state "update", a button's "click"): run
+# under Colab's ipywidgets 7.7.1 by the light check. Cell 0 is its setup (a tiny model).
+WIDGET_CELLS = [
+    """\
+import json
+import ipywidgets as W
+import torch
+import jointlab as jl
+from IPython.utils.capture import capture_output
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+inputs = {"x": torch.randn(3, 8), "y": torch.randn(3, 4)}
+def train_fn(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+joint = jl.trace(model, train_fn, inputs)
+stepper = jl.Stepper(joint, model, inputs, device="cpu", seed=0)""",
+    "app = jl.explore(joint, height=300)\napp",
+    "panel = stepper.widget(train_fn=train_fn)\npanel",
+    """\
+def send(w, data):  # what the browser's widget manager sends on a comm
+    w.comm.handle_msg({"content": {"comm_id": w.comm.comm_id, "data": data}, "buffers": [],
+                       "header": {}, "parent_header": {}, "metadata": {}})
+def update(w, **state):
+    send(w, {"method": "update", "state": state, "buffer_paths": []})
+def tree(w, out):
+    if isinstance(w, W.Widget) and w.model_id not in out:
+        out[w.model_id] = w
+        for sub in [*getattr(w, "children", ()), getattr(w, "layout", None),
+                    getattr(w, "style", None)]:
+            tree(sub, out)
+    return out
+def view(w):
+    with capture_output() as cap:
+        display(w)
+    return cap.outputs[-1].data.get("application/vnd.jupyter.widget-view+json")
+from ipywidgets.widgets.widget import _remove_buffers
+def serialisable(w):
+    json.dumps(_remove_buffers(w.get_state())[0])
+    return True
+ex = app.explorer
+widgets = {**tree(app, {}), **tree(panel, {})}
+report = {"ipywidgets": W.__version__,
+          "views": {"explore": view(app), "stepper": view(panel)},
+          "view_ids": {"explore": app.model_id, "stepper": panel.model_id},
+          "modules": sorted({f"{w._model_module} {w._model_module_version}"
+                             for w in widgets.values()}),
+          "serialisable": all(serialisable(w) for w in widgets.values()),
+          "dag_widgets": [type(w).__name__ for w in widgets.values() if hasattr(w, "payload")]}
+update(ex.search, value="addmm")
+report["search"] = {"chosen": ex.chosen, "status": ex.status.value}
+node = next(n for n, m in ex.infos.items() if m.get("fwd_twin"))
+update(ex.view, click={"name": node, "n": 1})
+report["click"] = {"node": node, "twin": ex.infos[node]["fwd_twin"], "selected": ex.view.selected}
+update(ex.phases["backward"], value=False)
+report["hidden"] = ex.view.hidden
+update(ex.depth, index=1)
+report["depth"] = {"control": ex.depth.value, "view": ex.view.depth, "want": ex.depth.options[1][1]}
+send(panel.buttons["step"], {"method": "custom", "content": {"event": "click"}})
+send(panel.buttons["step"], {"method": "custom", "content": {"event": "click"}})
+report["step"] = {"position": stepper.position, "label": panel.position_label.value,
+                  "ring": panel.dag.current, "current": stepper.current.name}
+print("JL-WIDGETS " + json.dumps(report))""",
+]
+
+
+def write_widget_notebook(path: pathlib.Path) -> pathlib.Path:
+    """Write :data:`WIDGET_CELLS` as a notebook at ``path`` (nbformat 4, by hand)."""
+    cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+              "source": src} for src in WIDGET_CELLS]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
 
 
 def make_venv(path: pathlib.Path) -> pathlib.Path:
@@ -254,6 +330,8 @@ def _run(notebook: pathlib.Path, workdir: pathlib.Path, colab: bool) -> dict:
         "setup_output": "".join(o.get("text", "") for o in nb.cells[setup].get("outputs", [])),
         "probe": json.loads(text.split("JL-PROBE ", 1)[1]) if "JL-PROBE " in text else None,
         "outputs": output_mimetypes(nb, skip=setup + 1),
+        "stdout": "".join(o.get("text", "") for c in nb.cells[setup + 1:-1]
+                          for o in c.get("outputs", []) if o.get("output_type") == "stream"),
     }
 
 
@@ -267,6 +345,7 @@ def output_mimetypes(nb, skip: int = 0) -> list[dict]:
             if out.get("output_type") in ("display_data", "execute_result"):
                 rows.append({"cell": index + 1, "code": cell.source.strip().splitlines()[-1][:80],
                              "mimetypes": sorted(out["data"]),
+                             "widget_view": out["data"].get(WIDGET_VIEW),
                              "text": str(out["data"].get("text/plain", ""))[:120]})
     return rows
 

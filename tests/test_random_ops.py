@@ -20,7 +20,7 @@ from torch import nn
 import jointlab as jl
 from jointlab.errors import UnsupportedRandomOpError
 from jointlab.meta import draws_random
-from tests.util import assert_unchanged, deep_state, eager_step
+from tests.util import assert_unchanged, deep_state, eager_step, needs_torch
 
 MODES = ["make_fx", "aot"]
 SEED = 11
@@ -163,6 +163,8 @@ def test_compare_is_exact_for_several_draws_in_order(mode):
     assert (c.grads["max_abs_err"] == 0).all()
 
 
+@needs_torch((2, 13, 0), "a compiled graph drawing what eager draws (torch 2.11's inductor "
+             "draws other numbers even with fallback_random; jl.compare reports the MISMATCH)")
 def test_compiled_graph_draws_what_eager_draws():
     model = OneOp(_many)
     joint = jl.trace(model, train_fn, _inputs())

@@ -17,8 +17,9 @@ import torch
 
 import jointlab as jl
 from jointlab.meta import TRAIN_FN, info
+from jointlab.torch_compat import release
 from tests.fixtures import real
-from tests.util import eager_step, traced_real
+from tests.util import NEEDS_AOT_ACC_MARKS, eager_step, traced_real
 
 MODES = ("make_fx", "aot")
 CELLS = [(name, mode) for name in real.REAL for mode in MODES]
@@ -135,6 +136,11 @@ def test_memory_predicted_equals_measured(cell):
 
 def test_what_if_scores_every_option(cell):
     f, model, inputs, joint = cell
+    if ("checkpoint" in f.name and joint.mode == "make_fx"
+            and release(torch.__version__) < (2, 13, 0)):
+        pytest.skip("what-if's recompute options need torch 2.13 or newer for a checkpointed "
+                    "graph (2.11's partitioner rejects its generator-state ops; the rows "
+                    f"say so in 'error'); this is torch {torch.__version__}")
     df = joint.memory().what_if(budgets=(0.5,))
     errors = df["error"].dropna().tolist() if "error" in df else []
     assert not errors, errors
@@ -175,7 +181,8 @@ def _gpt2_with_ppl(model, input_ids, labels):
     return out.loss, {"ppl": out.loss.exp()}
 
 
-@pytest.fixture(scope="module", params=MODES)
+@pytest.fixture(scope="module", params=[
+    m if m != "aot" else pytest.param(m, marks=NEEDS_AOT_ACC_MARKS) for m in MODES])
 def gpt2_ppl(request):
     f = real.get("hf_gpt2")
     model, inputs = f.make_model(), f.make_inputs()

@@ -18,7 +18,7 @@ from jointlab.analysis.memory.predict import predict
 from jointlab.errors import MemoryQueryError
 from jointlab.passes.analyze import ensure_analyzed
 from tests.fixtures.real import hf_config
-from tests.util import assert_unchanged, deep_state
+from tests.util import NEEDS_DISTRIBUTED_TORCH, assert_unchanged, deep_state
 
 VOCAB = 96
 
@@ -179,6 +179,7 @@ def _aot_refusal(model, x, y) -> str:
     return str(info.value)
 
 
+@NEEDS_DISTRIBUTED_TORCH
 def test_aot_with_dtensor_parameters_traces_local_shards_named_by_their_fqn():
     from torch.distributed.tensor import DTensor
 
@@ -213,6 +214,7 @@ def test_aot_with_other_subclass_parameters_is_refused_naming_dtensor():
     assert "maps back only for DTensor parameters and buffers" in msg and "alias" not in msg
 
 
+@NEEDS_DISTRIBUTED_TORCH
 def test_aot_subclass_input_descriptor_is_named_not_blamed_on_aliasing():
     from torch.distributed.tensor import DTensor, Replicate
 

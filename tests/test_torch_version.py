@@ -46,7 +46,8 @@ def test_installed_torch_is_a_tested_one():
 
 @pytest.mark.parametrize(("version", "tested"), [
     ("2.13.0", True), ("2.13.0+cpu", True), ("2.14.1+cu130", True), ("2.14.0", True),
-    ("2.11.0+cpu", False), ("2.12.1", False), ("2.15.0", False), ("3.0", False)])
+    ("2.15.0", True), ("2.15.0+cu132", True), ("2.11.0+cpu", False), ("2.12.1", False),
+    ("2.15.1", False), ("2.16.0", False), ("3.0", False)])
 def test_tested_range(version, tested):
     assert _torch_version.is_tested(version) is tested
 
@@ -77,7 +78,7 @@ def test_tested_torch_does_not_warn(monkeypatch):
     monkeypatch.setattr(_torch_version, "_warned", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for version in ("2.13.0+cpu", "2.14.1"):
+        for version in ("2.13.0+cpu", "2.14.1", "2.15.0+cu132"):
             assert _torch_version.warn_if_untested(version) is False
 
 
@@ -383,3 +384,17 @@ def test_trace_without_the_stack_trace_anchor_refuses(monkeypatch):
     with pytest.raises(jl.errors.UnsupportedTorchError, match="_register_stack_trace_anchor"):
         jl.trace(model, train_fn, inputs)
     assert_unchanged(before, model)
+
+
+def test_simulated_worlds_are_refused_before_torch_2_13(monkeypatch):
+    """On torch 2.11/2.12 jl.fake_world and DTensor tracing refuse, naming the version."""
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cpu")
+    with pytest.raises(jl.errors.UnsupportedTorchError) as info:
+        with jl.fake_world(2):
+            pass
+    msg = str(info.value)
+    assert "torch 2.11.0+cpu has no" in msg and "torch 2.13 or newer has it" in msg, msg
+    assert "jl.fake_world" in msg
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # refused before it took the process group

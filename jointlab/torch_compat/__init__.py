@@ -1,6 +1,6 @@
 """The one place jointlab touches private torch APIs, and its torch-version policy.
 
-jointlab declares ``torch>=2.13`` with no upper cap, so installing it (for
+jointlab declares ``torch>=2.11`` (Colab's) with no upper cap, so installing it (for
 example from a notebook's setup cell on Colab) never replaces the host's torch.
 In exchange it says plainly what it does not know:
 
@@ -65,6 +65,9 @@ from jointlab.torch_compat.distributed import mesh_rank_methods as mesh_rank_met
 from jointlab.torch_compat.distributed import opaque_real_object as opaque_real_object
 from jointlab.torch_compat.distributed import patched_attrs as patched_attrs
 from jointlab.torch_compat.distributed import per_rank_values as per_rank_values
+from jointlab.torch_compat.distributed import (
+    require_distributed_tracing as require_distributed_tracing,
+)
 from jointlab.torch_compat.distributed import root_mesh as root_mesh
 from jointlab.torch_compat.distributed import subclass_creation_parts as subclass_creation_parts
 from jointlab.torch_compat.graphs import allocation_event_tag as allocation_event_tag

@@ -14,7 +14,30 @@ from typing import Any
 
 import torch
 
-from jointlab.torch_compat._base import required, resolve, torch_attr, unsupported
+from jointlab.torch_compat._base import release, required, resolve, torch_attr, unsupported
+
+#: The first torch release whose fake process group and DTensor internals jointlab's
+#: simulated worlds and DTensor tracing were verified on. On 2.11 the fake backend's
+#: collectives return uninitialised memory (eager's loss is NaN), AOT exports keep no
+#: subclass metadata for DTensor gradients, and DTensor.from_local reads a data-dependent
+#: scalar under make_fx: refused rather than half-working.
+DISTRIBUTED_SINCE = (2, 13, 0)
+
+
+def require_distributed_tracing(what: str) -> None:
+    """Refuse jointlab's simulated worlds and DTensor tracing on a torch older than 2.13.
+
+    Args:
+        what: The entry point, e.g. ``"jl.fake_world"``.
+
+    Raises:
+        UnsupportedTorchError: This torch is older than :data:`DISTRIBUTED_SINCE`.
+    """
+    if release(torch.__version__) < DISTRIBUTED_SINCE:
+        raise unsupported(
+            "the fake process group and DTensor behaviour jointlab's distributed tracing "
+            "is built on", f"run {what} (simulated worlds, DTensor parameters)",
+            since=".".join(map(str, DISTRIBUTED_SINCE[:2])))
 
 
 def root_mesh(mesh: Any) -> Any:
@@ -53,12 +76,15 @@ def mesh_coordinates(mesh: Any) -> dict[int, tuple[int, ...]]:
     layout = required(mesh, "_layout", "DeviceMesh._layout", purpose)
     rank_map = required(mesh, "_flatten_rank_map", "DeviceMesh._flatten_rank_map", purpose)
     try:
-        flat = layout.collapse()
+        # torch 2.13's collapse(); torch 2.11/2.12's _MeshLayout merges its axes with
+        # coalesce(), enumerating the ranks in the same (row-major) order
+        flat = layout.collapse() if hasattr(layout, "collapse") else layout.coalesce()
         offsets = flat.complement(len(rank_map)).all_ranks_from_zero()
         inner = flat.all_ranks_from_zero()
         sizes = tuple(layout.top_level_sizes)
     except AttributeError as exc:
-        raise unsupported("DeviceMesh._layout's collapse/complement/all_ranks_from_zero",
+        raise unsupported("DeviceMesh._layout's collapse (or coalesce)/complement/"
+                          "all_ranks_from_zero",
                           purpose) from exc
     out: dict[int, tuple[int, ...]] = {}
     for offset in offsets:

@@ -154,6 +154,20 @@ def shards_one_dim_twice(placements: Any) -> bool:
         type(p).__name__ == "_StridedShard" for p in placements)
 
 
+def refuse_dtensor_state_on_old_torch(model: nn.Module) -> None:
+    """Raise :class:`~jointlab.errors.UnsupportedTorchError` for DTensor state before torch 2.13.
+
+    Raises:
+        UnsupportedTorchError: A parameter or buffer is a DTensor and torch is older
+            than 2.13 (see :func:`jointlab.torch_compat.require_distributed_tracing`).
+    """
+    from jointlab.torch_compat import require_distributed_tracing
+
+    state = [*model.parameters(), *model.buffers()]
+    if any(is_dtensor(t) for t in state):
+        require_distributed_tracing("jl.trace on a model with DTensor parameters")
+
+
 def refuse_dtensor_inputs(inputs: Any) -> None:
     """Raise :class:`UnsupportedWrapperError` for a DTensor among the step's inputs.
 
@@ -219,12 +233,14 @@ def fake_world(world_size: int, mesh: dict[str, int] | None = None, rank: int = 
     Raises:
         ValueError: The mesh does not multiply to ``world_size``.
         UnsupportedWrapperError: A process group is already initialised.
+        UnsupportedTorchError: torch is older than 2.13.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from jointlab.torch_compat import FakeStore
+    from jointlab.torch_compat import FakeStore, require_distributed_tracing
 
+    require_distributed_tracing("jl.fake_world")
     world = FakeWorld(world_size, mesh, rank)
     if math.prod(world.mesh_dims.values()) != world_size:
         raise ValueError(f"mesh {world.mesh_dims} does not multiply to world_size={world_size}")

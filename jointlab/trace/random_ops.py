@@ -25,6 +25,7 @@ Two things cannot be made exact, and are refused while tracing:
 from __future__ import annotations
 
 import contextlib
+import traceback
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -35,6 +36,7 @@ import torch.fx as fx
 from jointlab import meta as _meta
 from jointlab.errors import UnsupportedRandomOpError
 from jointlab.passes.annotate import user_source
+from jointlab.trace.refusals import user_line_of_frames
 
 __all__ = ["draws_from_generator", "random_op_refusals", "refuse_explicit_generators"]
 
@@ -63,6 +65,13 @@ def _where(node: fx.Node) -> str:
     return f"at {source}" if source else "at an unknown source line"
 
 
+_EXPLICIT_GENERATOR = (
+    "draws from an explicit torch.Generator (generator=...). A joint graph would share that "
+    "generator with your code, and jl.Stepper(seed=...) and jl.compare can seed only the "
+    "default one, so their results would not be reproducible. Drop generator= and seed the "
+    "default generator with torch.manual_seed(seed) before the step.")
+
+
 def refuse_explicit_generators(gm: fx.GraphModule) -> None:
     """Raise when an op of the traced graph draws from a user-supplied generator.
 
@@ -71,12 +80,13 @@ def refuse_explicit_generators(gm: fx.GraphModule) -> None:
     """
     for node in gm.graph.nodes:
         if draws_from_generator(gm, node):
-            raise UnsupportedRandomOpError(
-                f"{node.target} {_where(node)} draws from an explicit torch.Generator "
-                "(generator=...). A joint graph would share that generator with your code, "
-                "and jl.Stepper(seed=...) and jl.compare can seed only the default one, so "
-                "their results would not be reproducible. Drop generator= and seed the "
-                "default generator with torch.manual_seed(seed) before the step.")
+            raise UnsupportedRandomOpError(f"{node.target} {_where(node)} {_EXPLICIT_GENERATOR}")
+
+
+def _is_generator_argument_error(exc: NotImplementedError) -> bool:
+    # torch 2.11/2.12's proxy tensor mode cannot take a Generator argument at all (2.13
+    # records it as a graph constant, which refuse_explicit_generators then finds)
+    return "torch._C.Generator" in str(exc)
 
 
 def _keyword_overload_source(tb: types.TracebackType | None) -> str:
@@ -92,13 +102,20 @@ def _keyword_overload_source(tb: types.TracebackType | None) -> str:
 
 @contextlib.contextmanager
 def random_op_refusals() -> Iterator[None]:
-    """Turn torch's code-generation failure on ``random_(from, to)`` into a clear refusal.
+    """Turn torch's failures on ``random_(from, to)`` and on a generator into clear refusals.
 
     Raises:
-        UnsupportedRandomOpError: The traced code calls ``Tensor.random_(from, to)``.
+        UnsupportedRandomOpError: The traced code calls ``Tensor.random_(from, to)``, or
+            (torch 2.11/2.12) passes an explicit ``torch.Generator`` to an op.
     """
     try:
         yield
+    except NotImplementedError as exc:
+        if not _is_generator_argument_error(exc):
+            raise
+        line = user_line_of_frames(traceback.extract_tb(exc.__traceback__))
+        raise UnsupportedRandomOpError(
+            f"a random op{line or ' at an unknown source line'} {_EXPLICIT_GENERATOR}") from exc
     except SyntaxError as exc:
         if not any(f".{o.split('.')[1]}(" in (exc.text or "") for o in _KEYWORD_OVERLOADS):
             raise

@@ -28,6 +28,7 @@ from jointlab.runtime.torch_errors import torch_errors
 from jointlab.trace.fake_world import (
     loss_parallel_refusals,
     refuse_dtensor_inputs,
+    refuse_dtensor_state_on_old_torch,
     refuse_loss_parallel,
     refuse_unsupported_wrappers,
 )
@@ -88,6 +89,7 @@ def trace(
     refuse_compiled(model)
     refuse_unsupported_wrappers(model, mode, dynamic or bool(dynamic_arg_dims))
     refuse_loss_parallel(mode)
+    refuse_dtensor_state_on_old_torch(model)
     if mode == "make_fx":  # AOT mode names subclass inputs itself (trace/aot.py)
         refuse_dtensor_inputs(inputs)
     with python_rngs_kept(), no_tensor_printing(), torch_errors("jl.trace"), \
