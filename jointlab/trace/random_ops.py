@@ -36,7 +36,7 @@ import torch.fx as fx
 from jointlab import meta as _meta
 from jointlab.errors import UnsupportedRandomOpError
 from jointlab.passes.annotate import user_source
-from jointlab.trace.refusals import user_line_of_frames
+from jointlab.runtime.torch_errors import user_line_of_frames
 
 __all__ = ["draws_from_generator", "random_op_refusals", "refuse_explicit_generators"]
 
