@@ -234,3 +234,19 @@ def required(obj: Any, attr: str, api: str, purpose: str, since: str | None = No
     if value is None:
         raise unsupported(api, purpose, since)
     return value
+
+
+def is_generator_argument_error(exc: BaseException) -> bool:
+    """True for make_fx's refusal of a ``torch.Generator`` argument (torch 2.11 and 2.12).
+
+    Those releases' proxy tensor mode cannot take a Generator argument at all and
+    say so naming the private ``torch._C.Generator`` type; 2.13 records the
+    generator as a graph constant instead.
+
+    Args:
+        exc: The error make_fx raised.
+
+    Returns:
+        Whether it is that refusal.
+    """
+    return isinstance(exc, NotImplementedError) and "torch._C.Generator" in str(exc)

@@ -34,6 +34,7 @@ import torch
 import torch.fx as fx
 
 from jointlab import meta as _meta
+from jointlab import torch_compat
 from jointlab.errors import UnsupportedRandomOpError
 from jointlab.passes.annotate import user_source
 from jointlab.runtime.torch_errors import user_line_of_frames
@@ -83,12 +84,6 @@ def refuse_explicit_generators(gm: fx.GraphModule) -> None:
             raise UnsupportedRandomOpError(f"{node.target} {_where(node)} {_EXPLICIT_GENERATOR}")
 
 
-def _is_generator_argument_error(exc: NotImplementedError) -> bool:
-    # torch 2.11/2.12's proxy tensor mode cannot take a Generator argument at all (2.13
-    # records it as a graph constant, which refuse_explicit_generators then finds)
-    return "torch._C.Generator" in str(exc)
-
-
 def _keyword_overload_source(tb: types.TracebackType | None) -> str:
     while tb is not None:  # make_fx's dispatch_trace holds the traced graph
         graph = tb.tb_frame.f_locals.get("graph")
@@ -111,7 +106,7 @@ def random_op_refusals() -> Iterator[None]:
     try:
         yield
     except NotImplementedError as exc:
-        if not _is_generator_argument_error(exc):
+        if not torch_compat.is_generator_argument_error(exc):
             raise
         line = user_line_of_frames(traceback.extract_tb(exc.__traceback__))
         raise UnsupportedRandomOpError(
