@@ -25,7 +25,6 @@ import jointlab as jl
 from jointlab.meta import KEY
 from jointlab.passes import accumulate
 from tests.fixtures import real, zoo
-from tests.util import NEEDS_AOT_ACC_MARKS
 
 _PASSTHROUGH = ("add.Tensor", "sub.Tensor", "add_.Tensor")
 
@@ -192,8 +191,7 @@ def _trace(case: str, mode: str) -> Any:
 
 # make_fx on every case; AOT shares the pass, three cases keep it cheap.
 RUNS = [(c, "make_fx") for c in sorted(CASES)] + [
-    pytest.param(c, "aot", marks=NEEDS_AOT_ACC_MARKS)
-    for c in ("diamond", "gpt2_small", "hf_llama")]
+    (c, "aot") for c in ("diamond", "gpt2_small", "hf_llama")]
 
 
 @pytest.mark.parametrize(("case", "mode"), RUNS)
@@ -397,7 +395,7 @@ def _autograd_cases() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
 AUTOGRAD_CASES = _autograd_cases()
 
 
-@pytest.mark.parametrize("mode", ["make_fx", pytest.param("aot", marks=NEEDS_AOT_ACC_MARKS)])
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
 @pytest.mark.parametrize("case", sorted(AUTOGRAD_CASES))
 def test_accumulations_match_autograd(case, mode):
     make, fn, inputs = AUTOGRAD_CASES[case]

@@ -17,7 +17,6 @@ from jointlab import errors
 from jointlab.meta import KEY, TRAIN_FN
 from tests.fixtures import zoo
 from tests.util import (
-    NEEDS_AOT_ACC_MARKS,
     assert_unchanged,
     deep_state,
     eager_step,
@@ -111,7 +110,6 @@ def test_dropout_bitwise_and_seed_dependent():
     assert torch.equal(a, eager_step(f.make_model(), f.train_fn, inputs, seed=0)[0])
 
 
-@NEEDS_AOT_ACC_MARKS
 def test_annotations_match_make_fx_keys_and_attribution_share():
     _, _, aot = traced_fixture("tiny_lm", "aot")
     _, _, mfx = traced_fixture("tiny_lm", "make_fx")

@@ -19,7 +19,7 @@ import jointlab as jl
 from jointlab.meta import TRAIN_FN, info
 from jointlab.torch_compat import release
 from tests.fixtures import real
-from tests.util import NEEDS_AOT_ACC_MARKS, eager_step, traced_real
+from tests.util import eager_step, traced_real
 
 MODES = ("make_fx", "aot")
 CELLS = [(name, mode) for name in real.REAL for mode in MODES]
@@ -181,8 +181,7 @@ def _gpt2_with_ppl(model, input_ids, labels):
     return out.loss, {"ppl": out.loss.exp()}
 
 
-@pytest.fixture(scope="module", params=[
-    m if m != "aot" else pytest.param(m, marks=NEEDS_AOT_ACC_MARKS) for m in MODES])
+@pytest.fixture(scope="module", params=MODES)
 def gpt2_ppl(request):
     f = real.get("hf_gpt2")
     model, inputs = f.make_model(), f.make_inputs()

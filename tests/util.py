@@ -29,11 +29,6 @@ def needs_torch(since: tuple[int, int, int], what: str) -> pytest.MarkDecorator:
 #: jl.fake_world and DTensor tracing: refused before torch 2.13 (test_torch_version checks it).
 NEEDS_DISTRIBUTED_TORCH = needs_torch(
     DISTRIBUTED_SINCE, "jl.fake_world / DTensor tracing (refused with UnsupportedTorchError)")
-#: mode="aot" marks gradient-accumulation adds (is_gradient_acc) from torch 2.13 on; before,
-#: jointlab cannot find them: grad_acc_of stays unset and their module falls back to
-#: <train_fn> (a wrong attribution on 2.11, not yet refused: DEVELOPERS.md).
-NEEDS_AOT_ACC_MARKS = needs_torch(
-    (2, 13, 0), "attributing mode='aot' gradient accumulations (AOT's is_gradient_acc marks)")
 
 
 def _copy(t: torch.Tensor | None) -> Any:

@@ -17,7 +17,8 @@ In exchange it says plainly what it does not know:
 
 The accessors live in six modules, all re-exported here:
 :mod:`~jointlab.torch_compat.ops` (private ATen overloads and op namespaces),
-:mod:`~jointlab.torch_compat.aot` (AOT's joint export, its descriptors, the partitioners),
+:mod:`~jointlab.torch_compat.aot` (AOT's joint export and backward marks, its descriptors,
+the partitioners),
 :mod:`~jointlab.torch_compat.graphs` (ops, FX graphs, fake tensors, tracing,
 the profiler, checkpointing), :mod:`~jointlab.torch_compat.distributed`
 (meshes, ``LocalTensor``, FSDP2's memory tracker, AOT subclass metadata) and
@@ -50,7 +51,9 @@ from jointlab.torch_compat._base import torch_attr as torch_attr
 from jointlab.torch_compat._base import torch_module as torch_module
 from jointlab.torch_compat._base import unsupported as unsupported
 from jointlab.torch_compat._base import untested_message as untested_message
+from jointlab.torch_compat.aot import MARKS_ENGINE_BACKWARD_IN_AOT as MARKS_ENGINE_BACKWARD_IN_AOT
 from jointlab.torch_compat.aot import Partitioners as Partitioners
+from jointlab.torch_compat.aot import aot_backward_marks as aot_backward_marks
 from jointlab.torch_compat.aot import aot_descriptors as aot_descriptors
 from jointlab.torch_compat.aot import aot_export_joint as aot_export_joint
 from jointlab.torch_compat.aot import partitioners as partitioners

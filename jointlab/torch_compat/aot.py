@@ -7,11 +7,19 @@ error naming the API when this torch lacks it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from jointlab.torch_compat._base import torch_attr, torch_module
+import torch
+
+from jointlab.torch_compat._base import release, torch_attr, torch_module
+
+#: From torch 2.13 on, AOT's joint export tags each backward node with
+#: ``meta["autograd_backward"]`` (and the gradient-accumulation adds it marks
+#: ``is_gradient_acc`` with it); before, :func:`aot_backward_marks` adds the tags.
+MARKS_ENGINE_BACKWARD_IN_AOT = release(torch.__version__) >= (2, 13, 0)
 
 _DESCRIPTORS = "torch._functorch._aot_autograd.descriptors"
 _PARTITIONERS = "torch._functorch.partitioners"
@@ -26,6 +34,23 @@ def aot_export_joint() -> Callable[..., Any]:
     """``aot_export_joint_with_descriptors``: the joint export of ``mode="aot"``."""
     return torch_attr("torch._functorch.aot_autograd", "aot_export_joint_with_descriptors",
                       "export the joint graph in mode='aot'")
+
+
+def aot_backward_marks() -> contextlib.AbstractContextManager[Any]:
+    """A context under which the AOT export tags its backward nodes as 2.13's does.
+
+    torch 2.13 and newer tag them themselves (a no-op context); on 2.11 and
+    2.12 :func:`jointlab.torch_compat.backport.patch_aot_backward_marks` rebuilds
+    the tags, without which no backward node would find its forward twin.
+
+    Returns:
+        The context to hold while ``aot_export_joint_with_descriptors`` traces.
+    """
+    if MARKS_ENGINE_BACKWARD_IN_AOT:
+        return contextlib.nullcontext()
+    from jointlab.torch_compat import backport
+
+    return backport.patch_aot_backward_marks()
 
 
 class Partitioners(NamedTuple):

@@ -12,6 +12,14 @@ and ``TracerBase._filter_traceback_frames``. This module does what 2.13's
 versions do with them, and only while jointlab traces: every patch is undone
 when its context exits. :mod:`jointlab.torch_compat.graphs` uses torch's own
 version where it exists and this one only before 2.13.
+
+The same hooks serve ``mode="aot"``: 2.11's AOT export installs its own
+(``setup_stacktrace_preservation_hooks``), which set the stack and ``seq_nr``
+but not the ``autograd_backward`` mark 2.13's set. Without the mark no backward
+node finds its forward twin, so every backward node (and every gradient
+accumulation, whose module comes from its terms' twins) would take a
+neighbour's module or ``<train_fn>``. :func:`patch_aot_backward_marks` puts
+this module's hooks in their place while the export runs.
 """
 
 from __future__ import annotations
@@ -157,5 +165,44 @@ def patch_engine_backward() -> Iterator[None]:
     finally:
         graph._engine_run_backward = original
         torch.autograd._engine_run_backward = original_autograd
+        if added:
+            fields.remove(_MARK)
+
+
+_AOT_CAPTURE = "torch._functorch._aot_autograd.graph_capture_wrappers"
+_AOT_HOOKS = "setup_stacktrace_preservation_hooks"
+_AOT_PURPOSE = "tag the backward nodes of a mode='aot' export (torch 2.13's hooks, rebuilt)"
+
+
+@contextlib.contextmanager
+def patch_aot_backward_marks() -> Iterator[None]:
+    """While AOT exports: 2.13's backward hooks (with the ``autograd_backward`` mark).
+
+    Replaces the AOT capture's ``setup_stacktrace_preservation_hooks`` with
+    :func:`_install_hooks` (what 2.13's does: the forward stack and ``seq_nr``
+    on each backward node, the mark from a node's prehook to the end of the
+    gradient accumulation its posthook starts, whose special stack makes torch
+    set ``is_gradient_acc``), and copies the mark into node meta.
+    """
+    from jointlab.torch_compat._base import torch_module
+
+    capture = torch_module(_AOT_CAPTURE, _AOT_PURPOSE)
+    original = required(capture, _AOT_HOOKS, f"{_AOT_CAPTURE}.{_AOT_HOOKS}", _AOT_PURPOSE)
+    fields = required(_proxy, "_COPY_META_FIELDS", "torch.fx.proxy._COPY_META_FIELDS",
+                      _AOT_PURPOSE)
+    state = {"callback_set": False}
+
+    def install(roots: list[Any]) -> None:
+        _install_hooks([r for r in roots if r is not None], state)
+
+    added = _MARK not in fields
+    if added:
+        fields.append(_MARK)
+    setattr(capture, _AOT_HOOKS, install)
+    try:
+        yield
+    finally:
+        setattr(capture, _AOT_HOOKS, original)
+        _fx_tb.get_current_meta().pop(_MARK, None)
         if added:
             fields.remove(_MARK)

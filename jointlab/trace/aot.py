@@ -47,6 +47,7 @@ from jointlab.runtime.plans import AotRuntime
 from jointlab.runtime.snapshot import ModelSnapshot
 from jointlab.runtime.train_fn import check_loss, split_loss
 from jointlab.torch_compat import (
+    aot_backward_marks,
     aot_descriptors,
     aot_export_joint,
     pytree,
@@ -245,6 +246,7 @@ def _export(model, train_fn, req, layout):
         stack.enter_context(module_stack_hooks(model))
         ckpt = stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant
         stack.enter_context(hf_tracing_compat())  # transformers: FunctionalTensor is tracing
+        stack.enter_context(aot_backward_marks())  # 2.11/2.12: tag backward nodes as 2.13 does
         joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
         gm = joint.graph_module
     if ckpt.get("non_reentrant"):
