@@ -253,6 +253,28 @@ def node_flops(node: fx.Node) -> int | None:
     return None if count < 0 else count
 
 
+def _set_flops(node: fx.Node, meta: dict[str, Any]) -> None:
+    flops = node_flops(node)
+    meta["flops"], meta["flops_unknown"] = (0, True) if flops is None else (flops, False)
+
+
+def recount_flops(gm: fx.GraphModule) -> None:
+    """Count again, by this torch's formulas, the nodes an archive records at 0 FLOPs.
+
+    For a graph loaded from an archive: the saving torch (or jointlab) may
+    have lacked a formula and recorded 0 (CPU flash attention before 2.15).
+    Known non-zero counts are kept: a loaded dynamic graph's sizes have no
+    hints, so counting them again would make them unknown.
+
+    Args:
+        gm: A joint graph whose nodes carry fake ``meta["val"]``.
+    """
+    for node in gm.graph.nodes:
+        meta = node.meta.setdefault(KEY, {})
+        if meta.get("flops", 0) == 0 and not meta.get("flops_unknown", False):
+            _set_flops(node, meta)
+
+
 # -- the pass -------------------------------------------------------------------
 def ensure_analyzed(gm: fx.GraphModule) -> None:
     """Add cost and storage keys to every node's jointlab meta (idempotent).
@@ -376,8 +398,7 @@ def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) ->
     meta["dtype"] = str(first.dtype).removeprefix("torch.") if first is not None else ""
     meta["numel"] = hint(first.numel()) if first is not None else 0
     meta["out_bytes"] = sum(tensor_bytes(t) for t in tensors)
-    flops = node_flops(node)
-    meta["flops"], meta["flops_unknown"] = (0, True) if flops is None else (flops, False)
+    _set_flops(node, meta)
     meta["storage"], meta["alias_of"], meta["is_view"], meta["bytes"] = node.name, None, False, 0
     if isinstance(val, (list, tuple)) and not isinstance(val, torch.Tensor):
         return  # a multi-output node: each getitem owns its output
