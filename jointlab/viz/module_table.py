@@ -59,10 +59,10 @@ def _cell(kind: str, v: Any) -> str:
 
 
 def _unknown(row: pd.Series, col: str) -> str:
-    """`` + N unknown`` after a FLOPs cell whose module has nodes of unknown FLOPs."""
+    """`` + unknown (N nodes)`` after a FLOPs cell whose module has nodes of unknown FLOPs."""
     key = col.replace("flops_", "flops_unknown_", 1) if col.startswith("flops_") else ""
     n = int(row.get(key, 0) or 0) if key else 0
-    return f" + {n} unknown" if n else ""
+    return f" + unknown ({n} node{'s' if n > 1 else ''})" if n else ""
 
 
 def _bar(value: float, total: float) -> str:
