@@ -20,7 +20,7 @@ from torch import nn
 
 from jointlab.display import rich_html
 from jointlab.errors import TableQueryError
-from jointlab.passes.analyze import mark_analyzed, mark_saved_for_backward
+from jointlab.passes.analyze import mark_analyzed, mark_saved_for_backward, recount_flops
 from jointlab.runtime.graph import RunnableGraph
 
 if TYPE_CHECKING:
@@ -170,7 +170,8 @@ def load(path: str) -> JointGraph:
 
     Returns:
         A JointGraph that runs exactly like the saved one; its archived
-        analysis is current (``train_fn`` is None, so ``jl.compare`` needs it passed).
+        analysis is current, FLOPs recounted by this torch's formulas
+        (``train_fn`` is None, so ``jl.compare`` needs it passed).
 
     Raises:
         jointlab.errors.PersistError: The file is not a jointlab archive, or
@@ -181,5 +182,6 @@ def load(path: str) -> JointGraph:
     parts = read(path)
     if parts.graph_module.meta.get(ARCHIVE_VERSION_KEY, 0) < CURRENT_ANALYSIS_SINCE:
         mark_saved_for_backward(parts.graph_module)  # saved by the older per-node rule
+    recount_flops(parts.graph_module)  # the saving torch may have lacked a formula
     mark_analyzed(parts.graph_module)  # the archive carries the analysis keys of its graph
     return JointGraph.from_parts(parts)

@@ -37,9 +37,11 @@ Keys written by :func:`jointlab.passes.analyze.ensure_analyzed` (cost and storag
   ``bytes``: what the node newly allocates (0 for an alias);
   ``is_view`` / ``alias_of``: it shares an earlier node's storage.
 - ``inplace``: the op writes one of its inputs.
-- ``flops``: from ``torch.utils.flop_counter``'s registry, 0 where no formula
-  applies; ``flops_unknown``: a registered formula failed on this node, so its
-  count is unknown (``flops`` is 0 there and any total is a lower bound).
+- ``flops``: from ``torch.utils.flop_counter``'s registry (and the formulas a
+  newer torch has), 0 for ops torch's counter does not count (pointwise,
+  views, copies...); ``flops_unknown``: the formula failed on this node, or a
+  matmul/conv/attention op has none, so its count is unknown (``flops`` is 0
+  there and any total is a lower bound).
 - ``saved_for_backward``: the node owns a forward storage the backward reads
   (marked once per storage, on its allocating node; views are never marked).
 

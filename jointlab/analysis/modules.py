@@ -16,6 +16,8 @@ submodules* (the root row is the whole model):
   (``DataFrame.attrs["in_shapes"]`` says why).
 - ``flops_fwd``/``flops_bwd``/``bytes_fwd``/``bytes_bwd``: from the nodes' annotations
   (the figures of the node table, read without building it).
+  ``flops_unknown_fwd``/``flops_unknown_bwd`` count the nodes whose FLOPs are
+  unknown (``flops_unknown``): where not 0, the FLOPs are lower bounds.
 - ``time_fwd_s``/``time_bwd_s``: from a :class:`jointlab.analysis.record.Record`
   of the same graph; NaN without one.
 """
@@ -37,7 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["module_summary"]
 
-_SUMS = ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd", "time_fwd_s", "time_bwd_s")
+_SUMS = ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd", "time_fwd_s", "time_bwd_s",
+         "flops_unknown_fwd", "flops_unknown_bwd")
 
 
 def _ancestors(fqn: str) -> list[str]:
@@ -113,17 +116,19 @@ def _node_sums(joint: TracedGraph, record: Record | None, names: list[str]
         mod = m.get("module", "")
         if mod == TRAIN_FN:  # the loss, outside the model
             continue
-        acc = per.setdefault((mod, "fwd" if phase == "forward" else "bwd"), [0, 0, 0.0])
+        acc = per.setdefault((mod, "fwd" if phase == "forward" else "bwd"), [0, 0, 0.0, 0])
         acc[0] += m.get("flops", 0)
         acc[1] += m.get("bytes", 0)
         acc[2] += times[i] if times is not None else 0.0
+        acc[3] += bool(m.get("flops_unknown", False))
     out = {c: dict.fromkeys(names, 0.0) for c in _SUMS}
-    for (mod, side), (flops, nbytes, secs) in per.items():
+    for (mod, side), (flops, nbytes, secs, unknown) in per.items():
         for anc in _ancestors(mod):
             if anc in out["flops_fwd"]:
                 out[f"flops_{side}"][anc] += flops
                 out[f"bytes_{side}"][anc] += nbytes
                 out[f"time_{side}_s"][anc] += secs
+                out[f"flops_unknown_{side}"][anc] += unknown
     return {c: [out[c][n] for n in names] for c in _SUMS}
 
 
@@ -142,7 +147,7 @@ def module_summary(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any] 
     Returns:
         Indexed by module FQN (``""`` is the whole model): ``type, params,
         trainable, tied, calls, in_shapes, out_shapes`` and :data:`_SUMS`
-        (FLOPs and bytes as ints, times in seconds).
+        (FLOPs, bytes and unknown-FLOP node counts as ints, times in seconds).
 
     Raises:
         RecordError: ``depth`` is invalid or ``record`` belongs to another graph.
@@ -165,7 +170,8 @@ def module_summary(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any] 
                        "out_shapes": [outs.get(n) for n in names],
                        **_node_sums(joint, record, names)},
                       index=pd.Index(names, name="module"))
-    for c in ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd"):
+    for c in ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd", "flops_unknown_fwd",
+              "flops_unknown_bwd"):
         df[c] = df[c].astype("int64")
     if record is None:
         df[["time_fwd_s", "time_bwd_s"]] = math.nan

@@ -29,8 +29,12 @@ Keys this pass writes into ``node.meta["jointlab"]`` (the trace-time keys of
   owns its output.
 - ``is_view`` / ``alias_of``: the output shares storage with an earlier node.
 - ``inplace``: the op writes one of its inputs (schema write annotation).
-- ``flops``: from ``torch.utils.flop_counter``'s registry, 0 where none applies;
-  ``flops_unknown``: the registered formula failed, so the count is unknown.
+- ``flops``: from ``torch.utils.flop_counter``'s registry (plus the formulas a
+  newer torch registers, :func:`jointlab.torch_compat.flop_formula`). Like
+  torch's counter, only matmul, convolution and attention ops are counted:
+  another op without a formula is 0 (pointwise, reductions, views, copies).
+  ``flops_unknown``: the count is unknown (``flops`` 0 stands for it): the
+  formula failed on this node, or a matmul/conv/attention op has none.
 - ``saved_for_backward``: the node allocated a forward storage that the
   backward reads (through the node itself or any view or alias of it), so the
   storage stays alive from the forward into the backward: what autograd's
@@ -46,14 +50,16 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils.flop_counter import flop_registry
 
 from jointlab.errors import StaleAnalysisError
 from jointlab.meta import KEY, is_aten_op, op_name, phase
-from jointlab.torch_compat import is_collective_op, op_schema, storage_id
+from jointlab.torch_compat import flop_formula, is_collective_op, op_schema, storage_id
 
 _STAMP = "_jointlab_analyzed"
-_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "dot", "mv"}
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "dot", "mv",
+           "addmv", "addbmm", "addr", "outer"}
+#: Categories whose ops torch's FLOP counter counts: one of them without a formula is unknown.
+_COUNTED = {"matmul", "conv"}
 _NORM_PREFIX = ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
                 "native_group_norm", "batch_norm", "layer_norm", "group_norm", "rms_norm",
                 "_fused_rms_norm", "cudnn_batch_norm")
@@ -229,21 +235,44 @@ def node_flops(node: fx.Node) -> int | None:
         node: A graph node.
 
     Returns:
-        The count; 0 where no formula applies (not an ATen op, or none
-        registered); None when the registered formula fails on this node, so
-        the count is unknown.
+        The count; 0 for an op torch's counter does not count (not an ATen
+        op, or no formula and not a matmul, conv or attention op); None when
+        the count is unknown: the formula fails on this node, or a matmul,
+        conv or attention op has no formula on this torch.
     """
     if not is_op(node):
         return 0
-    fn = flop_registry.get(node.target.overloadpacket)
+    fn = flop_formula(node.target.overloadpacket)
     if fn is None:
-        return 0
+        return None if category(node) in _COUNTED else 0
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     try:
         count = hint(fn(*args, **kwargs, out_val=node.meta.get("val")))
     except Exception:  # a formula that cannot handle these shapes: unknown, not 0
         return None
     return None if count < 0 else count
+
+
+def _set_flops(node: fx.Node, meta: dict[str, Any]) -> None:
+    flops = node_flops(node)
+    meta["flops"], meta["flops_unknown"] = (0, True) if flops is None else (flops, False)
+
+
+def recount_flops(gm: fx.GraphModule) -> None:
+    """Count again, by this torch's formulas, the nodes an archive records at 0 FLOPs.
+
+    For a graph loaded from an archive: the saving torch (or jointlab) may
+    have lacked a formula and recorded 0 (CPU flash attention before 2.15).
+    Known non-zero counts are kept: a loaded dynamic graph's sizes have no
+    hints, so counting them again would make them unknown.
+
+    Args:
+        gm: A joint graph whose nodes carry fake ``meta["val"]``.
+    """
+    for node in gm.graph.nodes:
+        meta = node.meta.setdefault(KEY, {})
+        if meta.get("flops", 0) == 0 and not meta.get("flops_unknown", False):
+            _set_flops(node, meta)
 
 
 # -- the pass -------------------------------------------------------------------
@@ -369,8 +398,7 @@ def _analyze_node(node: fx.Node, meta: dict[str, Any], owner: dict[int, str]) ->
     meta["dtype"] = str(first.dtype).removeprefix("torch.") if first is not None else ""
     meta["numel"] = hint(first.numel()) if first is not None else 0
     meta["out_bytes"] = sum(tensor_bytes(t) for t in tensors)
-    flops = node_flops(node)
-    meta["flops"], meta["flops_unknown"] = (0, True) if flops is None else (flops, False)
+    _set_flops(node, meta)
     meta["storage"], meta["alias_of"], meta["is_view"], meta["bytes"] = node.name, None, False, 0
     if isinstance(val, (list, tuple)) and not isinstance(val, torch.Tensor):
         return  # a multi-output node: each getitem owns its output

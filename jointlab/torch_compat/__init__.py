@@ -110,6 +110,7 @@ from jointlab.torch_compat.inductor_state import state_changes as state_changes
 from jointlab.torch_compat.ops import COLLECTIVE_NAMESPACES as COLLECTIVE_NAMESPACES
 from jointlab.torch_compat.ops import FUNCTIONAL_COLLECTIVES as FUNCTIONAL_COLLECTIVES
 from jointlab.torch_compat.ops import batch_norm_legit_overloads as batch_norm_legit_overloads
+from jointlab.torch_compat.ops import flop_formula as flop_formula
 from jointlab.torch_compat.ops import is_collective_op as is_collective_op
 from jointlab.torch_compat.ops import is_functional_collective as is_functional_collective
 

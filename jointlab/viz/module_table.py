@@ -58,6 +58,13 @@ def _cell(kind: str, v: Any) -> str:
     return _shapes(v)
 
 
+def _unknown(row: pd.Series, col: str) -> str:
+    """`` + unknown (N nodes)`` after a FLOPs cell whose module has nodes of unknown FLOPs."""
+    key = col.replace("flops_", "flops_unknown_", 1) if col.startswith("flops_") else ""
+    n = int(row.get(key, 0) or 0) if key else 0
+    return f" + unknown ({n} node{'s' if n > 1 else ''})" if n else ""
+
+
 def _bar(value: float, total: float) -> str:
     """A background bar of ``value / total`` (none when the total is unknown or zero)."""
     if not total or not value or math.isnan(total) or math.isnan(value):
@@ -94,7 +101,7 @@ def module_summary_html(df: pd.DataFrame, *, max_rows: int = 500) -> str:
         for _, col, kind in COLUMNS:
             bar = _bar(row[col], total[col]) if total is not None and kind in (
                 "flops", "time") else ""
-            cells.append(f"<td{bar}>{html.escape(_cell(kind, row[col]))}</td>")
+            cells.append(f"<td{bar}>{html.escape(_cell(kind, row[col]) + _unknown(row, col))}</td>")
         cls = " class='root'" if name == "" else ""
         rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
     rows.append("</tbody></table>")
