@@ -70,11 +70,16 @@ def fuse_mm_add(joint) -> list[fx.Node]:
     return made
 
 
+#: How make_fx records autograd's reference to a saved tensor: ``detach`` up to torch 2.14,
+#: ``alias`` from 2.15 (DEVELOPERS.md, "What changed in torch 2.15").
+SAVED_REFS = (aten.detach.default, aten.alias.default)
+
+
 def drop_detach(joint) -> tuple[str, fx.Node]:
     """The pass under test: remove the first forward detach (values are unchanged).
 
     Returns the removed node's name and the node it read."""
-    det = next(n for n in joint.graph.nodes if n.target is aten.detach.default)
+    det = next(n for n in joint.graph.nodes if n.target in SAVED_REFS)
     src = det.args[0]
     det.replace_all_uses_with(src)
     joint.graph.erase_node(det)
@@ -206,7 +211,7 @@ def test_structure_only_and_refusals():
         jl.diff(a, b, model)
     with pytest.raises(DiffError, match="rtol"):
         jl.diff(a, b, model, inputs, rtol=-1)
-    det = next(n for n in b.graph.nodes if n.target is aten.detach.default)
+    det = next(n for n in b.graph.nodes if n.target in SAVED_REFS)
     det.replace_all_uses_with(det.args[0])
     b.graph.erase_node(det)
     with pytest.raises(StaleAnalysisError):
