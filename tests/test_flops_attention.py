@@ -16,12 +16,18 @@ import pytest
 import torch
 
 import jointlab as jl
+from jointlab import torch_compat
 from jointlab.meta import phase
 from jointlab.viz.module_table import module_summary_html
 from tests.fixtures import real
 from tests.util import traced_real
 
 pytest.importorskip("transformers")
+if torch_compat.release(torch.__version__) < (2, 13, 0):
+    pytest.skip("torch before 2.13: its sdpa FLOP formula rejects grouped-query shapes, so "
+                "these attention nodes are counted unknown (never 0); the exact counts are "
+                f"checked on torch 2.13 and later; this is torch {torch.__version__}",
+                allow_module_level=True)
 
 T215 = pathlib.Path("/tmp/venv-t215/bin/python")
 

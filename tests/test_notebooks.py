@@ -57,7 +57,8 @@ CLAIMS = {
         ("The predicted peak is 1.52 MiB, at `tanh_backward`",
          ["peak 1.52 MiB at 'tanh_backward'"]),
         ("drop from 18 MiB to 10 MiB", ["plain forward 37 1.08 GFLOP 18 MiB",
-                                        "checkpointed forward 33 1.08 GFLOP 10 MiB"]),
+                                        # the node count is not claimed (torch 2.11: 41)
+                                        "1.08 GFLOP 10 MiB backward 172"]),
         ("grow from 2.15 GFLOP to 3.23 GFLOP",
          ["backward 96 2.15 GFLOP", "backward 172 3.23 GFLOP"]),
         ("falls from 22.6 MiB to 16.6 MiB", ["peak 22.6 MiB", "peak 16.6 MiB"]),
