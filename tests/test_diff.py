@@ -70,8 +70,8 @@ def fuse_mm_add(joint) -> list[fx.Node]:
     return made
 
 
-#: How make_fx records autograd's reference to a saved tensor: ``detach`` up to torch 2.14,
-#: ``alias`` from 2.15 (DEVELOPERS.md, "What changed in torch 2.15").
+#: How make_fx records autograd's reference to a saved tensor: ``detach`` up to torch 2.13,
+#: ``alias`` from 2.14 (seen in the 05 notebook's outputs on 2.14.1 and 2.15.0).
 SAVED_REFS = (aten.detach.default, aten.alias.default)
 
 

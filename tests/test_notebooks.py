@@ -44,9 +44,9 @@ def test_all_notebooks_present_and_clean():
 #: Numbers the prose of a notebook states, and the text its executed outputs must show for
 #: them: (a phrase of the markdown, [strings of the outputs]). A rerun that computes other
 #: numbers, or prose edited away from them, fails the notebook's test.
-#: make_fx's name for autograd's reference to a saved tensor: ``detach`` up to torch 2.14,
-#: ``alias`` from 2.15 (05's prose names both).
-SAVED_REF = "alias" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 15) \
+#: make_fx's name for autograd's reference to a saved tensor: ``detach`` up to torch 2.13,
+#: ``alias`` from 2.14 (05's prose names both).
+SAVED_REF = "alias" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 14) \
     else "detach"
 CLAIMS = {
     "05_teaching_autodiff": [
