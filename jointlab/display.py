@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-Kind = Literal["graph", "memory", "comparison"]
+Kind = Literal["graph", "memory", "comparison", "modules"]
 
 
 def rich_html(kind: Kind, obj: Any) -> str:
@@ -19,7 +19,8 @@ def rich_html(kind: Kind, obj: Any) -> str:
 
     Args:
         kind: ``"graph"`` (summary card), ``"memory"`` (memory card) or
-            ``"comparison"`` (styled comparison summary).
+            ``"comparison"`` (styled comparison summary) or ``"modules"`` (the
+            module summary table of a ``module_summary`` DataFrame).
         obj: The JointGraph, MemoryProfile or Comparison to draw.
 
     Returns:

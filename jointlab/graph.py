@@ -26,8 +26,8 @@ from jointlab.runtime.graph import RunnableGraph
 if TYPE_CHECKING:
     import pandas as pd
 
+    from jointlab.analysis.modules import ModuleTable
     from jointlab.analysis.record import Record
-    from jointlab.viz.module_table import ModuleTable
 
 __all__ = ["JointGraph", "load"]
 
@@ -80,7 +80,7 @@ class JointGraph(RunnableGraph):
         Returns:
             Counts, FLOPs, bytes and saved bytes per group, forward and backward side
             by side (a DataFrame). With ``model``: a
-            :class:`jointlab.viz.module_table.ModuleTable`, the styled table in a notebook,
+            :class:`jointlab.analysis.modules.ModuleTable`, the styled table in a notebook,
             its DataFrame in ``.data``.
 
         Raises:
@@ -97,8 +97,7 @@ class JointGraph(RunnableGraph):
         if by != "module":
             raise TableQueryError(f"model= is for by='module' (per-module parameters, shapes "
                                   f"and times), not by={by!r}")
-        from jointlab.analysis.modules import module_summary
-        from jointlab.viz.module_table import ModuleTable
+        from jointlab.analysis.modules import ModuleTable, module_summary
 
         return ModuleTable(module_summary(self, model, inputs, record=record, depth=depth))
 

@@ -13,8 +13,9 @@ from html.parser import HTMLParser
 import pytest
 
 import jointlab as jl
+from jointlab.analysis.modules import ModuleTable
 from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
-from jointlab.viz.module_table import COLUMNS, ModuleTable, module_summary_html
+from jointlab.viz.module_table import COLUMNS, module_summary_html
 
 _SCALE = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "B": 1, "KiB": 2**10, "MiB": 2**20,
           "GiB": 2**30, "s": 1, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from jointlab.analysis.record import Record
     from jointlab.core import TracedGraph
 
-__all__ = ["module_summary"]
+__all__ = ["ModuleTable", "module_summary"]
 
 _SUMS = ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd", "time_fwd_s", "time_bwd_s",
          "flops_unknown_fwd", "flops_unknown_bwd")
@@ -177,3 +177,38 @@ def module_summary(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any] 
         df[["time_fwd_s", "time_bwd_s"]] = math.nan
     df.attrs["in_shapes"] = why
     return df
+
+
+class ModuleTable:
+    """A ``jl.module_summary`` frame that a notebook shows as the styled table.
+
+    Reading passes through to the frame (``t.loc[...]``, ``t["params"]``,
+    ``t.columns``); ``t.data`` is the DataFrame itself.
+
+    Attributes:
+        data: The DataFrame itself (unchanged).
+    """
+
+    def __init__(self, data: pd.DataFrame) -> None:
+        """Wrap ``data`` (what ``jl.module_summary`` returned)."""
+        self.data = data
+
+    def __getattr__(self, name: str) -> Any:
+        """Read the DataFrame through the table: ``t.loc["h.0", "params"]``, ``t.columns``."""
+        if name.startswith("_") or name == "data":
+            raise AttributeError(name)
+        return getattr(self.data, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.data[key]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def _repr_html_(self) -> str:
+        from jointlab.display import rich_html  # the one hand-off to the renderer
+
+        return rich_html("modules", self.data)
+
+    def __repr__(self) -> str:
+        return f"ModuleTable({len(self.data)} modules)"

@@ -111,7 +111,7 @@ def card_html(kind: str, obj: Any) -> str:
     """Draw ``obj`` as the card ``kind`` names (see :func:`jointlab.display.rich_html`).
 
     Args:
-        kind: ``"graph"``, ``"memory"`` or ``"comparison"``.
+        kind: ``"graph"``, ``"memory"``, ``"comparison"`` or ``"modules"``.
         obj: The object to read.
 
     Returns:
@@ -126,4 +126,8 @@ def card_html(kind: str, obj: Any) -> str:
         return memory_card_html(obj)
     if kind == "comparison":
         return f"<style>{COMPARISON_STYLE}</style>{comparison_html(obj)}"
+    if kind == "modules":
+        from jointlab.viz.module_table import module_summary_html
+
+        return module_summary_html(obj)
     raise ValueError(f"no card for {kind!r}")

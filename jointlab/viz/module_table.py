@@ -6,7 +6,8 @@ FLOPs as ``10.5 MFLOP``, bytes as ``526 KiB``, times as ``287 ms``, shapes
 as ``2×16×64``, tied weights named. Bars in the FLOP and time cells show
 each module's share of the whole model's (the root row's) total. Numbers
 are not recomputed, only formatted; every string from the model is escaped.
-:class:`ModuleTable` wraps the frame so a notebook shows the table.
+:class:`jointlab.analysis.modules.ModuleTable` wraps the frame and hands its display
+here through :func:`jointlab.display.rich_html`.
 Plain HTML: no plotly. Any other table is drawn by :mod:`jointlab.viz.frames`.
 """
 
@@ -20,7 +21,7 @@ import pandas as pd
 
 from jointlab.units import human_bytes, human_count, human_seconds
 
-__all__ = ["ModuleTable", "module_summary_html"]
+__all__ = ["module_summary_html"]
 
 _STYLE = (
     "<style>.jl-mods{border-collapse:collapse;font:12px system-ui,sans-serif}"
@@ -111,36 +112,3 @@ def module_summary_html(df: pd.DataFrame, *, max_rows: int = 500) -> str:
     if df.attrs.get("in_shapes"):
         rows.append(f"<div class='ty'>input shapes: {html.escape(df.attrs['in_shapes'])}</div>")
     return "".join(rows)
-
-
-class ModuleTable:
-    """A ``jl.module_summary`` frame that a notebook shows as the styled table.
-
-    Reading passes through to the frame (``t.loc[...]``, ``t["params"]``,
-    ``t.columns``); ``t.data`` is the DataFrame itself.
-
-    Attributes:
-        data: The DataFrame itself (unchanged).
-    """
-
-    def __init__(self, data: pd.DataFrame) -> None:
-        """Wrap ``data`` (what ``jl.module_summary`` returned)."""
-        self.data = data
-
-    def __getattr__(self, name: str) -> Any:
-        """Read the DataFrame through the table: ``t.loc["h.0", "params"]``, ``t.columns``."""
-        if name.startswith("_") or name == "data":
-            raise AttributeError(name)
-        return getattr(self.data, name)
-
-    def __getitem__(self, key: Any) -> Any:
-        return self.data[key]
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def _repr_html_(self) -> str:
-        return module_summary_html(self.data)
-
-    def __repr__(self) -> str:
-        return f"ModuleTable({len(self.data)} modules)"
