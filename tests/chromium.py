@@ -65,6 +65,37 @@ class PageErrors:
         self.errors.append(f"console.error: {text}")
 
 
+#: True once a ``dag_view`` page's view is mounted and has drawn its first frame.
+DAG_DRAWN = ("() => { const d = document.querySelector('.jl-dag');"
+             " return d && d.jlView && d.jlView.lastFrameMs !== undefined }")
+
+
+def open_dag_page(b: Any, path: pathlib.Path, *, init: str | None = None, width: int = 1400,
+                  height: int = 760, drawn: str = DAG_DRAWN,
+                  timeout: int = 60_000) -> tuple[Any, PageErrors]:
+    """Open the written HTML at ``path`` in a new page and wait until ``drawn`` holds.
+
+    Args:
+        b: The browser (:func:`browser`).
+        path: The HTML file.
+        init: A script run in the page before its own scripts.
+        width: Viewport width.
+        height: Viewport height.
+        drawn: The JS predicate to wait for (default: the DAG drew its first frame).
+        timeout: Milliseconds to wait.
+
+    Returns:
+        The page and its error collector.
+    """
+    page = b.new_page(viewport={"width": width, "height": height})
+    if init:
+        page.add_init_script(init)
+    errors = PageErrors(page)
+    page.goto(path.as_uri())
+    page.wait_for_function(drawn, timeout=timeout)
+    return page, errors
+
+
 def save_screenshot(page: Any, tmp_dir: pathlib.Path, name: str) -> pathlib.Path:
     """Full-page screenshot into ``tmp_dir`` (and ``$JOINTLAB_SCREENSHOTS`` when set)."""
     path = tmp_dir / f"{name}.png"

@@ -32,6 +32,7 @@ from tests.chromium import (
     dag_layout,
     dag_screen_of,
     dag_state,
+    open_dag_page,
     save_screenshot,
 )
 
@@ -239,13 +240,7 @@ SHOTS = pathlib.Path(os.environ.get("JOINTLAB_DAG_SHOTS", "/tmp/dag_shots"))
 
 
 def _view_page(b, path):
-    page = b.new_page(viewport={"width": 1400, "height": 760})
-    errors = PageErrors(page)
-    page.goto(path.as_uri())
-    page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
-                           " return d && d.jlView && d.jlView.lastFrameMs !== undefined }",
-                           timeout=60_000)
-    return page, errors
+    return open_dag_page(b, path)
 
 
 @pytest.fixture(scope="module")

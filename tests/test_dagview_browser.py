@@ -14,7 +14,7 @@ import pathlib
 
 import pytest
 
-from tests.chromium import PageErrors, browser, chromium_path
+from tests.chromium import browser, chromium_path, open_dag_page
 
 pytestmark = pytest.mark.browser
 SHOTS = pathlib.Path(os.environ.get("JOINTLAB_DAG_SHOTS", "/tmp/dag_shots"))
@@ -27,15 +27,7 @@ COUNT_LISTENERS = (pathlib.Path(__file__).parent / "count_listeners.js").read_te
 
 
 def _open(b, path, init: str | None = None, width: int = 1400, height: int = 760):
-    page = b.new_page(viewport={"width": width, "height": height})
-    if init:
-        page.add_init_script(init)
-    errors = PageErrors(page)
-    page.goto(path.as_uri())
-    page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
-                           " return d && d.jlView && d.jlView.lastFrameMs !== undefined }",
-                           timeout=120_000)
-    return page, errors
+    return open_dag_page(b, path, init=init, width=width, height=height, timeout=120_000)
 
 
 @pytest.fixture(scope="module")
@@ -335,12 +327,10 @@ def test_stepper_panel_shows_the_current_node_and_its_twin_labelled(gpt2_joint, 
     path = _panel_page(tmp_path / "panel.html", gpt2_joint)
     SHOTS.mkdir(parents=True, exist_ok=True)
     with browser() as b:
-        page = b.new_page(viewport={"width": 1000, "height": 600})
-        errors = PageErrors(page)
-        page.goto(path.as_uri())
-        page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
-                               " return d && d.dataset.ready && d.jlView.lastFrameMs >= 0 }",
-                               timeout=60_000)
+        page, errors = open_dag_page(
+            b, path, width=1000, height=600,
+            drawn="() => { const d = document.querySelector('.jl-dag');"
+                  " return d && d.dataset.ready && d.jlView.lastFrameMs >= 0 }")
         for node, want in ((fwd, [fwd.name, *twins]), (bwd, [bwd.name, jl.meta.info(bwd)[
                 "fwd_twin"]]), (param, [param.name])):
             page.evaluate(f"() => window.__setTrait('current', {node.name!r})")

@@ -73,19 +73,14 @@ def test_card_names_parameter_inputs_by_fqn(gpt2):
 
 def test_dag_detail_panel_names_parameter_inputs_by_fqn(gpt2, tmp_path):
     from jointlab.viz.dagview import dag_view
-    from tests.chromium import PageErrors, browser, save_screenshot
+    from tests.chromium import browser, open_dag_page, save_screenshot
 
     joint, _, _ = gpt2
     node = next(n for n in joint.graph.nodes if jl.meta.op_name(n) == "addmm")
     params = {a.name for a in node.all_input_nodes if a.op == "placeholder"}
     path = dag_view(joint).write_html(tmp_path / "dag.html")
     with browser() as b:
-        page = b.new_page(viewport={"width": 1400, "height": 760})
-        errors = PageErrors(page)
-        page.goto(path.as_uri())
-        page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
-                               " return d && d.jlView && d.jlView.lastFrameMs !== undefined }",
-                               timeout=60_000)
+        page, errors = open_dag_page(b, path)
         page.evaluate(f"""() => {{ const v = document.querySelector('.jl-dag').jlView;
             v.select(v.P.nodes.name.indexOf({node.name!r}), true); }}""")
         links = page.evaluate("""() => [...document.querySelectorAll('.jl-detail tr')]
