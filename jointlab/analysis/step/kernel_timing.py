@@ -10,8 +10,12 @@ device.
 
 A kernel that fuses nodes of several modules has one time: it is split over
 those modules in proportion to how many of its covered compute nodes each
-holds (all covered nodes where it covers no compute node). A kernel call no
-node maps to is counted under ``"(unmapped)"``, never spread by guess.
+holds (all covered nodes where it covers no compute node). A kernel that only
+writes layout copies Inductor added (:func:`jointlab.analysis.kernels.kernel_copies`:
+torch 2.11 copies the attention output before the attention backward) is work
+no node of the traced graph asked for: it is counted under
+``"(layout copies)"``. A kernel call no node maps to for any other reason is
+counted under ``"(unmapped)"``; neither is ever spread over modules by guess.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from jointlab import meta as _meta
-from jointlab.analysis.kernels import is_compute, kernel_kind
+from jointlab.analysis.kernels import is_compute, kernel_copies, kernel_kind
 from jointlab.analysis.step.runner import NodeRunner
 
 if TYPE_CHECKING:
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["kernel_timings", "module_timings", "uncompiled_node_times"]
 
 UNMAPPED = "(unmapped)"
+LAYOUT_COPIES = "(layout copies)"
 ROOT = "(root)"
 
 
@@ -47,11 +52,13 @@ def kernel_timings(stepper: Any) -> pd.DataFrame:
     import pandas as pd
 
     by_name = {n.name: n for n in stepper.joint.graph.nodes}
+    copy_kernels = kernel_copies(stepper.compiled)
     rows = []
     for kernel, seconds in stepper.timings.items():
         nodes = [by_name[n] for n in stepper.covers.get(kernel, ())]
         info = stepper.kernel_info(kernel)
-        rows.append({"kernel": kernel, "kind": kernel_kind(kernel, nodes),
+        kind = kernel_kind(kernel, nodes, copies=kernel in copy_kernels)
+        rows.append({"kernel": kernel, "kind": kind,
                      "modules": info["modules"], "phase": info["phase"],
                      "nodes": len(nodes), "step_s": seconds})
     cols = ["kernel", "kind", "modules", "phase", "nodes", "step_s"]
@@ -62,8 +69,18 @@ def _module_key(node: Any) -> str:
     return _meta.module(node) or ROOT
 
 
-def kernel_shares(nodes: list[Any]) -> dict[str, float]:
-    """How a kernel's time is split over modules (fractions summing to 1)."""
+def kernel_shares(nodes: list[Any], copy: bool = False) -> dict[str, float]:
+    """How a kernel's time is split over modules (fractions summing to 1).
+
+    Args:
+        nodes: The joint-graph nodes the kernel covers.
+        copy: The kernel only writes layout copies Inductor added.
+
+    Returns:
+        ``{module key: fraction}``.
+    """
+    if copy:
+        return {LAYOUT_COPIES: 1.0}
     counted = [n for n in nodes if is_compute(n)] or nodes
     if not counted:
         return {UNMAPPED: 1.0}
@@ -111,7 +128,8 @@ def module_timings(stepper: Any, repeat: int = 1) -> pd.DataFrame:
 
     Returns:
         A DataFrame indexed by module FQN (``"(root)"`` for the root's own nodes,
-        ``"(unmapped)"`` for kernel calls no node maps to) with ``compiled_s`` (its
+        ``"(layout copies)"`` for kernels that only write Inductor's layout copies,
+        ``"(unmapped)"`` for other kernel calls no node maps to) with ``compiled_s`` (its
         share of kernel time), ``kernels`` (kernel calls touching it),
         ``uncompiled_s`` (sum of its nodes' times) and ``nodes``; sorted by
         ``compiled_s``, largest first.
@@ -119,11 +137,12 @@ def module_timings(stepper: Any, repeat: int = 1) -> pd.DataFrame:
     import pandas as pd
 
     by_name = {n.name: n for n in stepper.joint.graph.nodes}
+    copy_kernels = kernel_copies(stepper.compiled)
     compiled: dict[str, float] = {}
     kernels: dict[str, int] = {}
     for kernel, seconds in stepper.timings.items():
         nodes = [by_name[n] for n in stepper.covers.get(kernel, ())]
-        for key, share in kernel_shares(nodes).items():
+        for key, share in kernel_shares(nodes, kernel in copy_kernels).items():
             compiled[key] = compiled.get(key, 0.0) + share * seconds
             kernels[key] = kernels.get(key, 0) + 1
     uncompiled: dict[str, float] = {}
