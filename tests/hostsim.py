@@ -43,7 +43,7 @@ COLAB_PYTHON = "3.13"
 COLAB_HOST = {
     "torch": "2.11.0", "numpy": "2.1.3", "pandas": "2.2.3", "plotly": "5.24.1",
     "ipywidgets": "7.7.1", "widgetsnbextension": "3.6.10", "jupyterlab_widgets": "3.0.16",
-    "anywidget": "0.9.21", "ipykernel": "6.17.1",
+    "anywidget": "0.9.21", "ipykernel": "6.17.1", "notebook": "6.5.7",
 }
 # Also on Colab (nbclient/nbformat come with its nbconvert); they run the notebook here.
 COLAB_RUNNER = ["nbclient", "nbformat"]

@@ -7,7 +7,10 @@ from local disk on this Python; a resolver check that ``jointlab[colab]`` asks
 nothing of Colab's stack that it lacks (torch 2.11 included); and
 ``01_quickstart``'s own setup cell installing this checkout. ``pip list`` before
 and after may differ only by jointlab, the cell prints one line and no restart
-notice, and every DAG and widget output carries a mimetype Colab renders.
+notice, and every DAG and widget output carries a mimetype Colab renders. The same
+host serves ipywidgets 7's own front end (classic Notebook 6.5.7) to Chromium,
+where explore and the stepper panel are used as a user uses them
+(``tests/classic_front.py``).
 
 Colab, full (``make colab``; marked ``colab``): the published stack itself,
 torch 2.11.0 and Python 3.13 where this machine has one, then notebooks 01, 03
@@ -28,7 +31,9 @@ import sys
 import pytest
 from packaging.requirements import Requirement
 
-from tests import hostsim
+from tests import classic_front, hostsim
+from tests.chromium import chromium_path
+from tests.test_browser import _free_port
 
 pytest.importorskip("nbclient")  # the suite's runner; the venvs install their own
 tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11+ to read pyproject.toml")
@@ -183,6 +188,32 @@ def test_colab_setup_cell_upgrades_nothing_and_quickstart_renders(tmp_path, caps
     with capsys.disabled():
         print(f"  widgets under ipywidgets {widgets['ipywidgets']}: explore and stepper "
               f"views {widgets['views']}, models {widgets['modules']}; callbacks fired")
+
+
+def test_widgets7_front_end_renders_and_drives_every_widget(tmp_path, capsys):
+    """ipywidgets 7's own front end (classic Notebook 6.5.7, Colab's versions) in Chromium:
+    explore and the stepper panel render, and search, phase toggle and Step work."""
+    chromium_path()  # skip, saying why, before building anything when there is no browser
+    base = hostsim.host_env("colab-light", pathlib.Path(sys.executable), hostsim.COLAB_LIGHT
+                            + hostsim.COLAB_RUNNER)
+    python = hostsim.clone_env(base, tmp_path / "host")
+    hostsim.pip(python, "--no-deps", str(hostsim.ROOT))
+    got = classic_front.drive_widgets(python, tmp_path / "classic", _free_port())
+    ref = got["ref"]
+    assert got["errors"] == [], got["errors"]  # every widget model built, nothing thrown
+    # explore: the whole graph drawn; the search typed in the page lists exactly the
+    # kernel's addmm nodes in the table; hiding backward leaves the other phases' nodes
+    assert got["visible_all"] == ref["nodes"], got
+    assert sorted(got["table_rows"]) == sorted(ref["addmm"]) and ref["addmm"], got
+    assert got["visible_forward"] == ref["not_backward"], got
+    # the stepper panel: three clicks on Step, three nodes run
+    assert got["position_before"] == f"position 0 / {ref['nodes']}", got
+    assert got["position_after"] == f"position 3 / {ref['nodes']}", got
+    with capsys.disabled():
+        print(f"\n[widgets 7 front end] classic Notebook {hostsim.COLAB_HOST['notebook']}, "
+              f"widgetsnbextension {hostsim.COLAB_HOST['widgetsnbextension']}: explore drew "
+              f"{got['visible_all']} nodes, search listed {got['table_rows']}, Step reached "
+              f"'{got['position_after']}'; screenshots in {got['shots']}")
 
 
 @pytest.mark.colab

@@ -20,7 +20,10 @@ __all__ = ["FRAME_STYLE", "frame_html"]
 
 #: Scoped to the ``jl-frame`` class that :func:`frame_html` gives its tables.
 FRAME_STYLE = ("<style>table.jl-frame td{font-variant-numeric:tabular-nums}"
-               "table.jl-frame th{white-space:nowrap}</style>")
+               "table.jl-frame th{white-space:nowrap}"
+               # a front end without its own table style (a widget's HTML in ipywidgets 7's
+               # classic notebook) would otherwise run the headers together
+               "table.jl-frame th,table.jl-frame td{padding:0.2em 0.5em}</style>")
 
 def _unbroken(col: pd.Series) -> bool:
     """A column of numbers or shapes (tuples): its cells must not break across lines."""

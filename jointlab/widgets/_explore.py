@@ -23,6 +23,7 @@ from jointlab import meta as _meta
 from jointlab._deprecation import renamed_kwarg
 from jointlab.errors import PlotArgumentError
 from jointlab.viz.dagview import PHASE_COLORS
+from jointlab.viz.frames import frame_html
 from jointlab.widgets._dagcursor import ALL, FIT, DagWidget
 
 TABLE_ROWS = 50
@@ -121,7 +122,9 @@ class Explorer:
         self.depth = W.Dropdown(options=depths, value=start, description="collapse",
                                 layout=W.Layout(width="200px"))
         self.status = W.HTML()
-        self.table = W.Output(layout=W.Layout(max_height="320px", overflow="auto"))
+        # HTML, not an Output widget: ipywidgets 7's classic front end fails to build a
+        # bare Output, and an HTML value renders the same in every front end
+        self.table = W.HTML(layout=W.Layout(max_height="320px", overflow="auto"))
         self.view.depth = start
         self.search.observe(lambda _: self.on_search(), names="value")
         self.depth.observe(lambda _: self._on_depth(), names="value")
@@ -189,9 +192,8 @@ class Explorer:
         self.status.value = (f"<b>{len(names)}</b> node(s) selected{where}: "
                              + html.escape(", ".join(self.selected[:8]))
                              + (" …" if len(self.selected) > 8 else ""))
-        self.table.outputs = ()
-        if names:
-            self.table.append_display_data(node_rows(self.joint, names[:TABLE_ROWS]))
+        rows = node_rows(self.joint, names[:TABLE_ROWS]) if names else None
+        self.table.value = "" if rows is None else frame_html(rows)
 
 
 def matches(q: str, name: str, m: dict[str, Any]) -> bool:

@@ -1,0 +1,153 @@
+"""ipywidgets 7's own front end in a real browser: classic Notebook 6.5.7 with
+widgetsnbextension 3.6.10 (Colab's published versions), served from a host venv.
+
+:func:`drive_widgets` opens :data:`tests.hostsim.WIDGET_CELLS`' first cells (the
+setup, ``jl.explore``, the stepper panel) plus a cell printing the references
+the browser's view is checked against, runs them, and then acts as a user does
+in the page: it types a search into explore's box, hides the backward phase and
+clicks Step. It returns what the page showed; the caller asserts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import secrets
+import signal
+import subprocess
+import time
+import urllib.request
+from typing import Any
+
+from tests import hostsim
+from tests.chromium import PageErrors, browser
+
+# the graph's own answers, printed by the kernel, that the page must agree with
+REFERENCE_CELL = """\
+import json
+from jointlab import meta
+print("JL-REF " + json.dumps({
+    "addmm": [n.name for n in joint.graph.nodes if n.target is torch.ops.aten.addmm.default],
+    "nodes": len(joint.graph.nodes),
+    "not_backward": sum(1 for n in joint.graph.nodes
+                        if meta.info(n).get("phase") != "backward")}))"""
+READY = "() => document.querySelector('{sel}')?.dataset.ready"
+VISIBLE = "() => document.querySelector('.jl-explore-dag').jlView.visNodes.length"
+
+
+def _notebook(path: pathlib.Path) -> pathlib.Path:
+    cells = [*hostsim.WIDGET_CELLS[:3], REFERENCE_CELL]
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                   "source": src, "id": f"c{i}"} for i, src in enumerate(cells)],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                    "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def _serve(python: pathlib.Path, root: pathlib.Path, port: int, token: str) -> subprocess.Popen:
+    cfg = root / ".cfg"
+    (cfg / "nbconfig").mkdir(parents=True)
+    # plotly's nbextension fetches from a CDN this sandbox cannot reach; jointlab needs none
+    (cfg / "nbconfig" / "notebook.json").write_text(
+        json.dumps({"load_extensions": {"jupyterlab-plotly/extension": False}}))
+    env = {**hostsim._env(python), "JUPYTER_CONFIG_DIR": str(cfg),
+           "JUPYTER_RUNTIME_DIR": str(root / ".rt"), "IPYTHONDIR": str(root / ".ipython")}
+    cmd = [str(python), "-m", "notebook", "--no-browser", "--allow-root", f"--port={port}",
+           "--ip=127.0.0.1", f"--NotebookApp.token={token}", f"--notebook-dir={root}",
+           "--NotebookApp.port_retries=0"]
+    log = open(root / "server.log", "w")  # noqa: SIM115 (closed with the server)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
+                            start_new_session=True)
+
+
+def _wait_up(proc: subprocess.Popen, base: str, token: str, log: pathlib.Path) -> None:
+    t0 = time.monotonic()
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() - t0 > 180:
+            raise AssertionError(f"classic notebook server did not start:\n{log.read_text()}")
+        time.sleep(0.5)
+
+
+def _run_all(page: Any) -> None:
+    page.wait_for_function("() => window.Jupyter?.notebook?.kernel?.is_connected()",
+                           timeout=120_000)
+    page.evaluate("() => Jupyter.notebook.execute_all_cells()")
+    page.wait_for_function("() => Jupyter.notebook.get_cells().every(c => "
+                           "c.input_prompt_number && c.input_prompt_number !== '*')",
+                           timeout=300_000, polling=500)
+
+
+def _act(page: Any, shots: pathlib.Path) -> dict:
+    """Search, hide the backward phase and Step, as a user does; what the page shows."""
+    out: dict[str, Any] = {}
+    for sel in (".jl-explore-dag", ".jl-stepper-dag"):
+        page.wait_for_function(READY.format(sel=sel), timeout=60_000)
+    text = "".join(page.locator(".output_subarea").all_text_contents())
+    out["ref"] = json.loads(text.split("JL-REF ", 1)[1].splitlines()[0])
+    out["visible_all"] = page.evaluate(VISIBLE)
+    box = page.get_by_placeholder("search op or module")  # explore's search box
+    box.fill("addmm")
+    box.press("Enter")
+    page.wait_for_function("() => document.querySelectorAll('.jl-frame tbody tr').length",
+                           timeout=30_000)
+    out["table_rows"] = page.evaluate(
+        "() => [...document.querySelectorAll('.jl-frame tbody tr th')].map(t => t.textContent)")
+    page.locator(".jl-frame").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "widgets7_explore_search.png"))
+    page.locator("button", has_text=re.compile(r"^backward$")).first.click()
+    page.wait_for_function(f"() => ({VISIBLE})() < {out['visible_all']}", timeout=30_000)
+    out["visible_forward"] = page.evaluate(VISIBLE)
+    label = page.locator(".widget-label", has_text=re.compile(r"^position \d+ / \d+$")).first
+    out["position_before"] = label.text_content()
+    for _ in range(3):
+        page.locator("button", has_text=re.compile(r"^Step$")).first.click()
+    page.wait_for_function("l => /^position 3 /.test(l.textContent)",
+                           arg=label.element_handle(), timeout=30_000)
+    out["position_after"] = label.text_content()
+    label.scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "widgets7_stepper.png"))
+    return out
+
+
+def drive_widgets(python: pathlib.Path, root: pathlib.Path, port: int) -> dict:
+    """Serve classic Notebook from ``python``'s venv; run and use the widget notebook.
+
+    Args:
+        python: A venv's Python with notebook 6, widgetsnbextension 3, ipywidgets 7 and
+            jointlab installed.
+        root: An empty folder for the notebook, the server's config and its log.
+        port: A free local port.
+
+    Returns:
+        ``ref`` (the kernel's own answers), ``table_rows``, ``visible_all``,
+        ``visible_forward``, ``position_before``/``after``, ``errors`` (page and
+        console errors) and ``shots`` (the screenshots' folder).
+    """
+    shots = root / "shots"
+    shots.mkdir(parents=True)
+    _notebook(root / "widgets.ipynb")
+    token, base = secrets.token_hex(16), f"http://127.0.0.1:{port}"
+    proc = _serve(python, root, port, token)
+    try:
+        _wait_up(proc, base, token, root / "server.log")
+        with browser() as b:
+            page = b.new_page(viewport={"width": 1300, "height": 1100})
+            errors = PageErrors(page)
+            page.goto(f"{base}/notebooks/widgets.ipynb?token={token}")
+            _run_all(page)
+            out = _act(page, shots)
+            out["errors"] = list(errors.errors)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    return {**out, "shots": str(shots)}
