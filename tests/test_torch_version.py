@@ -46,8 +46,9 @@ def test_installed_torch_is_a_tested_one():
 
 @pytest.mark.parametrize(("version", "tested"), [
     ("2.13.0", True), ("2.13.0+cpu", True), ("2.14.1+cu130", True), ("2.14.0", True),
-    ("2.15.0", True), ("2.15.0+cu132", True), ("2.11.0+cpu", False), ("2.12.1", False),
-    ("2.15.1", False), ("2.16.0", False), ("3.0", False)])
+    ("2.15.0", True), ("2.15.0+cu132", True), ("2.11.0+cpu", True), ("2.11.0+cu128", True),
+    ("2.12.1", True), ("2.10.0", False), ("2.10.0+cpu", False), ("2.15.1", False),
+    ("2.16.0", False), ("3.0", False)])
 def test_tested_range(version, tested):
     assert _torch_version.is_tested(version) is tested
 
@@ -78,7 +79,7 @@ def test_tested_torch_does_not_warn(monkeypatch):
     monkeypatch.setattr(_torch_version, "_warned", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for version in ("2.13.0+cpu", "2.14.1", "2.15.0+cu132"):
+        for version in ("2.11.0+cpu", "2.12.1", "2.13.0+cpu", "2.14.1", "2.15.0+cu132"):
             assert _torch_version.warn_if_untested(version) is False
 
 
