@@ -82,8 +82,9 @@ def _run_all(page: Any) -> None:
     page.wait_for_function("() => window.Jupyter?.notebook?.kernel?.is_connected()",
                            timeout=120_000)
     page.evaluate("() => Jupyter.notebook.execute_all_cells()")
-    page.wait_for_function("() => Jupyter.notebook.get_cells().every(c => "
-                           "c.input_prompt_number && c.input_prompt_number !== '*')",
+    # the last cell's printed reference: every cell has run and its output arrived
+    page.wait_for_function("() => [...document.querySelectorAll('.output_subarea')]"
+                           ".some(o => o.textContent.includes('JL-REF '))",
                            timeout=300_000, polling=500)
 
 
@@ -91,7 +92,7 @@ def _act(page: Any, shots: pathlib.Path) -> dict:
     """Search, hide the backward phase and Step, as a user does; what the page shows."""
     out: dict[str, Any] = {}
     for sel in (".jl-explore-dag", ".jl-stepper-dag"):
-        page.wait_for_function(READY.format(sel=sel), timeout=60_000)
+        page.wait_for_function(READY.format(sel=sel), timeout=120_000)
     text = "".join(page.locator(".output_subarea").all_text_contents())
     out["ref"] = json.loads(text.split("JL-REF ", 1)[1].splitlines()[0])
     out["visible_all"] = page.evaluate(VISIBLE)
@@ -108,7 +109,7 @@ def _act(page: Any, shots: pathlib.Path) -> dict:
     page.wait_for_function(f"() => ({VISIBLE})() < {out['visible_all']}", timeout=30_000)
     out["visible_forward"] = page.evaluate(VISIBLE)
     label = page.locator(".widget-label", has_text=re.compile(r"^position \d+ / \d+$")).first
-    out["position_before"] = label.text_content()
+    out["position_before"] = label.text_content(timeout=120_000)
     for _ in range(3):
         page.locator("button", has_text=re.compile(r"^Step$")).first.click()
     page.wait_for_function("l => /^position 3 /.test(l.textContent)",
@@ -144,8 +145,13 @@ def drive_widgets(python: pathlib.Path, root: pathlib.Path, port: int) -> dict:
             page = b.new_page(viewport={"width": 1300, "height": 1100})
             errors = PageErrors(page)
             page.goto(f"{base}/notebooks/widgets.ipynb?token={token}")
-            _run_all(page)
-            out = _act(page, shots)
+            try:
+                _run_all(page)
+                out = _act(page, shots)
+            except Exception as exc:  # what the page showed when it stopped
+                page.screenshot(path=str(shots / "failed.png"), full_page=True)
+                raise AssertionError(f"{exc}\npage errors: {errors.errors}\n"
+                                     f"screenshot: {shots / 'failed.png'}") from exc
             out["errors"] = list(errors.errors)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
