@@ -208,20 +208,31 @@ def engine_backward_patch() -> Callable[[], Any]:
                     "(jl.trace's default mode; mode='aot' does not need it)", since="2.11")
 
 
-def non_strict_tracing_context() -> Any:
-    """``torch.compiler._non_strict_tracing_context()`` (the backport's before torch 2.13).
+@contextlib.contextmanager
+def non_strict_tracing_context() -> Iterator[None]:
+    """``torch.compiler._non_strict_tracing_context()``, plus the backport's frame filter.
+
+    The filter is entered where this torch has no ``_register_stack_trace_anchor``
+    (2.11 and 2.12). torch 2.12 has the context but not the anchors: both are entered there, so the
+    ops of ``train_fn`` keep their source line.
 
     Raises:
         UnsupportedTorchError: This torch has no such context.
     """
-    if _before_2_13() and not hasattr(torch.compiler, "_non_strict_tracing_context"):
-        from jointlab.torch_compat import backport
+    native = None
+    if not (_before_2_13() and not hasattr(torch.compiler, "_non_strict_tracing_context")):
+        native = required(torch.compiler, "_non_strict_tracing_context",
+                          "torch.compiler._non_strict_tracing_context",
+                          "trace a training step with make_fx (jl.trace's default mode; "
+                          "mode='aot' does not need it)", since="2.11")
+    with contextlib.ExitStack() as stack:
+        if _before_2_13() and not hasattr(torch.fx.proxy, "_register_stack_trace_anchor"):
+            from jointlab.torch_compat import backport
 
-        return backport.non_strict_tracing_context()
-    return required(torch.compiler, "_non_strict_tracing_context",
-                    "torch.compiler._non_strict_tracing_context",
-                    "trace a training step with make_fx (jl.trace's default mode; "
-                    "mode='aot' does not need it)", since="2.11")()
+            stack.enter_context(backport.non_strict_tracing_context())
+        if native is not None:
+            stack.enter_context(native())
+        yield
 
 
 def make_fx_joint_supported() -> None:
