@@ -49,16 +49,32 @@ def is_passthrough(node: fx.Node) -> bool:
     return node.op == "call_function" and str(node.target).endswith(_PASSTHROUGH)
 
 
-def _contributions(acc: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
-    """The gradient terms an accumulation add sums, and the accumulations it sums them through."""
+def _contributions(acc: fx.Node, memo: dict[fx.Node, tuple[list, list]] | None = None
+                   ) -> tuple[list[fx.Node], list[fx.Node]]:
+    """The gradient terms an accumulation add sums, and the accumulations it sums them through.
+
+    ``memo`` keeps each add's answer: a chain of k adds summing one value (a tensor
+    every layer reads) is then walked once, not k times (quadratic in depth).
+    Callers never change the lists.
+    """
+    hit = memo.get(acc) if memo is not None else None
+    if hit is not None:
+        return hit
     out, inner, todo = [], [], list(acc.all_input_nodes)
     while todo:
         n = todo.pop()
-        if is_gradient_acc(n):
-            inner.append(n)
-            todo.extend(n.all_input_nodes)
-        else:
+        if not is_gradient_acc(n):
             out.append(n)
+            continue
+        inner.append(n)
+        known = memo.get(n) if memo is not None else None
+        if known is None:
+            todo.extend(n.all_input_nodes)
+        else:  # n's own terms and inner adds, as walking its inputs would find them
+            out.extend(known[0])
+            inner.extend(known[1])
+    if memo is not None:
+        memo[acc] = (out, inner)
     return out, inner
 
 
@@ -88,6 +104,8 @@ class CandidateIndex:
         self.pos = {n: i for i, n in enumerate(self.nodes)}
         self._sigs: dict[fx.Node, Any] = {}
         self._memos: list[tuple[Any, dict[fx.Node, int], dict[fx.Node, int]]] = []
+        #: Each accumulation add's terms and inner adds (:func:`_contributions`).
+        self.contributions: dict[fx.Node, tuple[list, list]] = {}
 
     def sig(self, node: fx.Node) -> Any:
         """``(shape, dtype)`` of the node's tensor value, or None."""
@@ -194,7 +212,7 @@ def accumulated_value(acc: fx.Node, twins: dict[fx.Node, fx.Node],
     index = CandidateIndex(acc.graph) if index is None else index
     like = acc.meta.get("val")
     want = (like.shape, like.dtype) if isinstance(like, torch.Tensor) else None
-    found, inner = _contributions(acc)
+    found, inner = _contributions(acc, index.contributions)
     terms = [t for t in (twins.get(c) for c in found) if t is not None]
     if want is None or not terms:
         return None, []
@@ -264,7 +282,8 @@ def attribute_accumulation(acc: fx.Node, twins: dict[fx.Node, fx.Node],
         where = _common_module(consumers)
     if where is None:
         return False
-    chain = [a for a in _contributions(acc)[1] if a.meta[KEY].get("grad_acc_of") == value.name]
+    chain = [a for a in _contributions(acc, index.contributions)[1]
+             if a.meta[KEY].get("grad_acc_of") == value.name]
     for node in (*chain, acc):
         node.meta[KEY].update(module=where[0], module_type=where[1], source=where[2],
                               grad_acc_of=value.name)

@@ -71,10 +71,14 @@ def cpu_fake(mode: Any, t: torch.Tensor) -> torch.Tensor:
         ) from exc
 
 
-def symbolic_fake_mode() -> FakeTensorMode:
-    """A fake mode with a fresh shape environment for a dynamic trace."""
-    return torch_compat.FakeTensorMode(allow_non_fake_inputs=True,
-                                       shape_env=torch_compat.ShapeEnv())
+def symbolic_fake_mode(checking: bool = False) -> FakeTensorMode:
+    """A fake mode with a fresh shape environment for a dynamic trace.
+
+    Args:
+        checking: Make it a ``torch_compat.checking_fake_mode`` (make_fx's write check).
+    """
+    make = torch_compat.checking_fake_mode if checking else torch_compat.FakeTensorMode
+    return make(allow_non_fake_inputs=True, shape_env=torch_compat.ShapeEnv())
 
 
 def symbolic_dispatch(dynamic: bool) -> contextlib.AbstractContextManager[Any]:

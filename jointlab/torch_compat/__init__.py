@@ -15,7 +15,8 @@ In exchange it says plainly what it does not know:
   (or a silently different result) from deep inside. ``tests/test_torch_version.py``
   fails on a private torch name used anywhere else in ``jointlab/``.
 
-The accessors live in six modules, all re-exported here:
+The accessors live in seven modules, all re-exported here:
+:mod:`~jointlab.torch_compat.fake_checks` (a fake mode that checks each op first),
 :mod:`~jointlab.torch_compat.ops` (private ATen overloads and op namespaces),
 :mod:`~jointlab.torch_compat.aot` (AOT's joint export and backward marks, its descriptors,
 the partitioners),
@@ -74,6 +75,9 @@ from jointlab.torch_compat.distributed import (
 )
 from jointlab.torch_compat.distributed import root_mesh as root_mesh
 from jointlab.torch_compat.distributed import subclass_creation_parts as subclass_creation_parts
+from jointlab.torch_compat.fake_checks import checking_fake_mode as checking_fake_mode
+from jointlab.torch_compat.fake_checks import fake_mode_check as fake_mode_check
+from jointlab.torch_compat.fake_checks import runs_checks as runs_checks
 from jointlab.torch_compat.graphs import allocation_event_tag as allocation_event_tag
 from jointlab.torch_compat.graphs import checkpoint_internals as checkpoint_internals
 from jointlab.torch_compat.graphs import checkpoint_region_entry as checkpoint_region_entry

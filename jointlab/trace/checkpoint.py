@@ -35,6 +35,7 @@ from jointlab.torch_compat import (
     checkpoint_region_entry,
     get_proxy_mode,
 )
+from jointlab.trace.function_checks import checked_user_code
 
 
 def _cuda_device(device: Any) -> torch.device:
@@ -75,11 +76,13 @@ def _marking_recompute(original: Callable[..., Any]) -> Callable[..., Any]:
     def run_recompute(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         mode = get_proxy_mode()
         if mode is None:
-            return original(fn, *args, **kwargs)
+            with checked_user_code():  # the user's forward again: the trace-wide checks
+                return original(fn, *args, **kwargs)
         graph = mode.tracer.graph
         last = next(iter(reversed(graph.nodes)), None)  # torch 2.11's reversed() is no iterator
         try:
-            return original(fn, *args, **kwargs)
+            with checked_user_code():
+                return original(fn, *args, **kwargs)
         finally:
             node = last.next if last is not None else next(iter(graph.nodes), None)
             while node is not None and node.op != "root":

@@ -28,8 +28,8 @@ from jointlab.runtime.fakes import fakeify, symbolic_dispatch, symbolic_fake_mod
 from jointlab.runtime.snapshot import ModelSnapshot
 from jointlab.runtime.train_fn import check_loss, split_loss
 from jointlab.torch_compat import (
-    FakeTensorMode,
     TracingContext,
+    checking_fake_mode,
     engine_backward_patch,
     keep_stack_frames_of,
     make_fx,
@@ -72,7 +72,7 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     try:
         fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims, layout)
         fn, box = _joint_fn(model, train_fn, fqns, req.param_names, leaves, req.treespec,
-                            layout)
+                            layout, fake_mode)
         record_module_stack_of(fn, model)
         _keep_stack_frames_of(train_fn)
         with contextlib.ExitStack() as stack:
@@ -105,7 +105,9 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
 
 
 def _fake_inputs(model, leaves, dyn_dims, layout):
-    mode = symbolic_fake_mode() if dyn_dims else FakeTensorMode(allow_non_fake_inputs=True)
+    # a fake mode that can check train_fn's writes itself (trace/refusals.in_train_fn)
+    mode = symbolic_fake_mode(checking=True) if dyn_dims else checking_fake_mode(
+        allow_non_fake_inputs=True)
     state = layout.local_state(model_state(model))
     on_meta = state_on_meta(model)
     fake_state = [fakeify(mode, t, None) for t in state.values()]
@@ -117,7 +119,7 @@ def _fake_inputs(model, leaves, dyn_dims, layout):
     return mode, list(state), fake_state, fake_user
 
 
-def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec, layout):
+def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec, layout, fake_mode):
     box = LossBox()
     n_state = len(fqns)
 
@@ -128,7 +130,7 @@ def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec, layout):
         values = [next(tensor_args) if isinstance(v, torch.Tensor) else v for _, v in leaves]
         kwargs = pytree.tree_unflatten(values, treespec)
         with reparametrize_module(model, state, tie_weights=True), _engine_backward():
-            with in_train_fn(model):
+            with in_train_fn(model, fake_mode):
                 loss, loss_dict = split_loss(train_fn(model, **kwargs))
             check_loss(loss)
             params = [state[n] for n in param_names]

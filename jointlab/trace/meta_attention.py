@@ -2,9 +2,11 @@
 
 On the meta device ``F.scaled_dot_product_attention`` has no fused kernel to
 choose, so it decomposes into the math path. While tracing,
-:func:`meta_attention_calls` records every SDPA call on meta tensors; after
-tracing, the pass :func:`jointlab.passes.meta_attention.flag_meta_attention`
-checks them and records the needless math paths on the graph.
+:func:`meta_attention_calls` records every SDPA call on meta tensors the user's
+code makes (a handler of :mod:`jointlab.trace.function_checks`, active around
+``train_fn`` and checkpoint's recompute); after tracing, the pass
+:func:`jointlab.passes.meta_attention.flag_meta_attention` checks them and
+records the needless math paths on the graph.
 """
 
 from __future__ import annotations
@@ -14,19 +16,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+
+from jointlab.trace.function_checks import trace_handlers
 
 
-class _SdpaRecorder(TorchFunctionMode):
-    def __init__(self, calls: list[dict[str, Any]]) -> None:
-        super().__init__()
-        self.calls = calls
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and args and args[0].device.type == "meta":
-            self.calls.append(_signature(args, kwargs))
-        return func(*args, **kwargs)
+def _recorder(calls: list[dict[str, Any]]):
+    def record(_func: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        if args and args[0].device.type == "meta":
+            calls.append(_signature(args, kwargs))
+    return record
 
 
 def _signature(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -46,5 +44,5 @@ def meta_attention_calls() -> Iterator[list[dict[str, Any]]]:
         The list the signatures are appended to.
     """
     calls: list[dict[str, Any]] = []
-    with _SdpaRecorder(calls):
+    with trace_handlers({F.scaled_dot_product_attention: _recorder(calls)}):
         yield calls

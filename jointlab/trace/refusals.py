@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim import optimizer as torch_optimizer
-from torch.overrides import TorchFunctionMode
 
 from jointlab import torch_compat
 from jointlab.errors import (
@@ -39,6 +38,7 @@ from jointlab.errors import (
 )
 from jointlab.runtime.torch_errors import caller_line
 from jointlab.torch_compat import is_compiled_module, op_schema, storage_id
+from jointlab.trace.function_checks import checked_user_code
 from jointlab.trace.rng_calls import seed_call_refusals
 
 _RETURN_LOSS = ("jl.trace computes the gradients itself: return the loss from train_fn, "
@@ -98,26 +98,31 @@ def tracing_guard(model: nn.Module) -> Iterator[None]:
             handle.remove()
 
 
-class _NoBackward(TorchFunctionMode):
-    """Refuse ``backward()``, ``torch.autograd.backward``/``grad`` and any ``.grad`` access."""
+def _refuse_backward(func: Any, _args: tuple, _kwargs: dict) -> None:
+    name = "loss.backward()" if func is torch.Tensor.backward else (
+        f"torch.autograd.{func.__name__}()")
+    raise TrainFnMisuseError(f"train_fn called {name}{caller_line()}. {_RETURN_LOSS}")
 
-    def __init__(self, names: dict[int, str]) -> None:
-        super().__init__()
-        self.names = names  # id(parameter) -> FQN, for the message
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
-            name = "loss.backward()" if func is torch.Tensor.backward else (
-                f"torch.autograd.{func.__name__}()")
-            raise TrainFnMisuseError(f"train_fn called {name}{caller_line()}. {_RETURN_LOSS}")
-        access = _GRAD_ACCESS.get(func)
-        if access is not None:
-            name = self.names.get(id(args[0])) if args else None
-            what = f"parameter '{name}'" if name else "a tensor"
-            raise TrainFnMisuseError(
-                f"train_fn {access} the .grad of {what}{caller_line()} (e.g. "
-                f"clip_grad_norm_ or zero_grad() inside train_fn). {_CLIP_OUTSIDE}")
-        return func(*args, **(kwargs or {}))
+def _grad_access_refusal(names: dict[int, str]) -> Any:
+    def refuse(func: Any, args: tuple, _kwargs: dict) -> None:
+        name = names.get(id(args[0])) if args else None
+        what = f"parameter '{name}'" if name else "a tensor"
+        raise TrainFnMisuseError(
+            f"train_fn {_GRAD_ACCESS[func]} the .grad of {what}{caller_line()} (e.g. "
+            f"clip_grad_norm_ or zero_grad() inside train_fn). {_CLIP_OUTSIDE}")
+    return refuse
+
+
+def _no_backward_handlers(names: dict[int, str]) -> dict[Any, Any]:
+    """Handlers refusing ``backward()``, ``torch.autograd.backward``/``grad``, ``.grad`` access.
+
+    Args:
+        names: ``id(parameter)`` to its FQN, for the message.
+    """
+    grad_access = _grad_access_refusal(names)
+    return {torch.Tensor.backward: _refuse_backward, torch.autograd.backward: _refuse_backward,
+            torch.autograd.grad: _refuse_backward, **dict.fromkeys(_GRAD_ACCESS, grad_access)}
 
 
 #: Per op: (position, name) of the arguments its schema writes (``Tensor(a!)``, ``out=``).
@@ -134,20 +139,12 @@ def _write_args(func: Any) -> tuple[tuple[int, str], ...]:
     return hit
 
 
-def _written(func: Any, args: tuple, kwargs: dict) -> Iterator[Any]:
-    """Tensors an aten op writes in place (``Tensor(a!)`` arguments, ``out=``)."""
-    for i, name in _write_args(func):
-        value = args[i] if i < len(args) else kwargs.get(name)
-        yield from value if isinstance(value, (list, tuple)) else (value,)
-
-
-def _param_write_mode(protected: dict[Any, str]) -> Any:
-    class _NoParamWrites(torch_compat.TorchDispatchMode):  # type: ignore[misc,name-defined]
-        """Refuse any aten op that writes in place into a parameter's storage."""
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            for t in _written(func, args, kwargs):
+def _write_refusal(protected: dict[Any, str]) -> Any:
+    """A check raising when an aten op writes in place into a parameter's storage."""
+    def check(func: Any, args: tuple, kwargs: dict) -> None:
+        for i, arg_name in _write_args(func):  # () for the ops that write nothing
+            value = args[i] if i < len(args) else kwargs.get(arg_name)
+            for t in value if isinstance(value, (list, tuple)) else (value,):
                 name = protected.get(storage_id(t))
                 if name is not None:
                     raise TrainFnMisuseError(
@@ -156,18 +153,40 @@ def _param_write_mode(protected: dict[Any, str]) -> Any:
                         "would replay the write on every run. Move parameter updates "
                         f"out of train_fn. {_RETURN_LOSS}"
                     )
+    return check
+
+
+def _param_write_mode(check: Any) -> Any:
+    class _NoParamWrites(torch_compat.TorchDispatchMode):  # type: ignore[misc,name-defined]
+        """Refuse any aten op that writes in place into a parameter's storage."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            check(func, args, kwargs)
             return func(*args, **kwargs)
 
     return _NoParamWrites()
 
 
+def _param_writes_refused(protected: dict[Any, str], fake_mode: Any
+                          ) -> contextlib.AbstractContextManager[Any]:
+    """The write check, in the trace's own fake mode where it can, else as a dispatch mode."""
+    check = _write_refusal(protected)
+    if torch_compat.runs_checks(fake_mode):  # make_fx mode: one Python layer fewer per op
+        return torch_compat.fake_mode_check(fake_mode, check)
+    return _param_write_mode(check)
+
+
 @contextlib.contextmanager
-def in_train_fn(model: nn.Module) -> Iterator[None]:
+def in_train_fn(model: nn.Module, fake_mode: Any = None) -> Iterator[None]:
     """Refuse backward calls, ``.grad`` access, parameter writes and seed calls in ``train_fn``.
 
     Args:
         model: The model as ``train_fn`` sees it (parameters may be swapped
             for fake placeholders); the real ones come from :func:`tracing_guard`.
+        fake_mode: The trace's fake mode; a ``torch_compat.checking_fake_mode``
+            checks the writes itself (every op reaches it), otherwise a dispatch
+            mode on top does.
 
     Yields:
         Nothing; the refusals are active inside the block.
@@ -177,7 +196,8 @@ def in_train_fn(model: nn.Module) -> Iterator[None]:
     """
     protected = {**(_REAL[-1] if _REAL else {}), **_param_storages(model)}
     names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
-    with _NoBackward(names), _param_write_mode(protected), seed_call_refusals():
+    with checked_user_code(_no_backward_handlers(names)), \
+            _param_writes_refused(protected, fake_mode), seed_call_refusals():
         yield
 
 

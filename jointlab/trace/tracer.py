@@ -24,6 +24,7 @@ from jointlab.passes.meta_attention import flag_meta_attention
 from jointlab.passes.repair import repair_views
 from jointlab.runtime.graph import RunnableGraph
 from jointlab.runtime.rank_reads import rank_reads
+from jointlab.runtime.stack_room import with_stack_room
 from jointlab.runtime.torch_errors import torch_errors
 from jointlab.trace.fake_world import (
     loss_parallel_refusals,
@@ -104,9 +105,9 @@ def trace(
         if mode == "aot":
             from jointlab.trace.aot import trace_aot
 
-            parts = trace_aot(model, train_fn, req)
-        else:
-            parts = trace_make_fx(model, train_fn, req)
+            parts = with_stack_room(trace_aot, model, train_fn, req)
+        else:  # in one chunk of CPython's frame stack: no mmap churn at a chunk boundary
+            parts = with_stack_room(trace_make_fx, model, train_fn, req)
     assumptions = dataclasses.replace(assumptions, facts=assumptions.facts + tuple(ranks_read))
     parts = dataclasses.replace(parts, assumptions=assumptions)
     gm = parts.graph_module
