@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -107,6 +106,17 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _peak_rss() -> int:
+    """This process's own peak RSS (``VmHWM``).
+
+    Not ``ru_maxrss``: Linux carries that across ``exec`` from the forking parent,
+    so under ``make bench`` (a parent holding GiBs) every depth read the parent's peak.
+    """
+    with open("/proc/self/status") as f:
+        line = next(ln for ln in f if ln.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
 def _clock(fn):
     t0 = time.process_time()
     fn()
@@ -153,7 +163,7 @@ def _trace_and_views(model, layers: int, spent: dict[str, float]) -> dict:
         warnings.simplefilter("ignore", jl.errors.MetaAttentionWarning)
         joint = jl.trace(model, _ce, inputs)
     trace_s, trace_cpu = time.perf_counter() - t0, time.process_time() - c0
-    rss = max(_rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - rss0
+    rss = max(_rss(), _peak_rss()) - rss0
     views = {"table": _clock(lambda: joint.nodes),
              "collectives": _clock(lambda: collectives(joint)),
              "memory": _clock(lambda: joint.memory()),
