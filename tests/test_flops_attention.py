@@ -2,15 +2,18 @@
 
 torch before 2.15 has no FLOP formula for CPU flash attention; jointlab gives the
 one 2.15 registers (checked against the hand count from the nodes' shapes, and
-against torch 2.15's own counter where that torch is installed). A matmul-like op
+against torch 2.15's own counter: this interpreter's on torch 2.15 or later, else the
+one ``JOINTLAB_TORCH215_PYTHON`` names, default ``/tmp/venv-t215/bin/python``). A matmul-like op
 without a formula is unknown, so summaries say so instead of adding 0.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -29,7 +32,9 @@ if torch_compat.release(torch.__version__) < (2, 13, 0):
                 f"checked on torch 2.13 and later; this is torch {torch.__version__}",
                 allow_module_level=True)
 
-T215 = pathlib.Path("/tmp/venv-t215/bin/python")
+HAS_215_COUNTER = torch_compat.release(torch.__version__) >= (2, 15, 0)
+T215 = (pathlib.Path(sys.executable) if HAS_215_COUNTER else
+        pathlib.Path(os.environ.get("JOINTLAB_TORCH215_PYTHON", "/tmp/venv-t215/bin/python")))
 
 
 def _attention(joint) -> list[torch.fx.Node]:
@@ -52,7 +57,8 @@ def _hand_count(node: torch.fx.Node) -> int:
 
 
 def _torch215_count(q, k, v) -> int:
-    """torch 2.15's counter on real CPU attention of these shapes (fwd + bwd), in its venv."""
+    """torch 2.15's counter on real CPU attention of these shapes (fwd + bwd), in a fresh
+    process of :data:`T215` (so the test process's own FLOP registry stays untouched)."""
     code = ("import json,sys,torch\nfrom torch.utils.flop_counter import FlopCounterMode\n"
             "q,k,v=(torch.randn(*s,requires_grad=True) for s in json.loads(sys.argv[1]))\n"
             "with FlopCounterMode(display=False) as c:\n"
@@ -86,7 +92,8 @@ def test_cpu_flash_attention_flops_match_the_hand_count(llama):
     assert by_mod.loc[attn, ["flops_unknown_fwd", "flops_unknown_bwd"]].sum() == 0
 
 
-@pytest.mark.skipif(not T215.exists(), reason="torch 2.15 venv /tmp/venv-t215 not installed")
+@pytest.mark.skipif(not T215.exists(), reason=f"this is torch {torch.__version__}, and no torch "
+                    f"2.15 interpreter at {T215} (set JOINTLAB_TORCH215_PYTHON)")
 def test_cpu_flash_attention_flops_match_torch_215_counter(llama):
     _, _, _, joint = llama
     fwd = next(n for n in _attention(joint) if phase(n) == "forward")
