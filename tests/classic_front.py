@@ -79,7 +79,11 @@ def _wait_up(proc: subprocess.Popen, base: str, token: str, log: pathlib.Path) -
 
 
 def _run_all(page: Any) -> None:
-    page.wait_for_function("() => window.Jupyter?.notebook?.kernel?.is_connected()",
+    # a user runs cells once the page has loaded: the kernel connected *and* ipywidgets'
+    # extension registered its comm target (run earlier, on a loaded machine, the kernel's
+    # widget models were opened before the front end could receive them, and no view came)
+    page.wait_for_function("() => window.Jupyter?.notebook?.kernel?.is_connected() && "
+                           "!!Jupyter.notebook.kernel.comm_manager.targets['jupyter.widget']",
                            timeout=120_000)
     page.evaluate("() => Jupyter.notebook.execute_all_cells()")
     # the last cell's printed reference: every cell has run and its output arrived
