@@ -10,6 +10,7 @@ clicks Step. It returns what the page showed; the caller asserts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -154,6 +155,11 @@ def drive_widgets(python: pathlib.Path, root: pathlib.Path, port: int) -> dict:
                 out = _act(page, shots)
             except Exception as exc:  # what the page showed when it stopped
                 page.screenshot(path=str(shots / "failed.png"), full_page=True)
+                # the notebook scrolls inside its own box: show the stepper panel too
+                with contextlib.suppress(Exception):  # never hide the failure above
+                    page.evaluate("() => document.querySelector('.jl-stepper-dag')"
+                                  "?.closest('.output_area')?.scrollIntoView()")
+                    page.screenshot(path=str(shots / "failed_panel.png"))
                 raise AssertionError(f"{exc}\npage errors: {errors.errors}\n"
                                      f"screenshot: {shots / 'failed.png'}") from exc
             out["errors"] = list(errors.errors)
