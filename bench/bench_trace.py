@@ -88,28 +88,25 @@ def _ratio_rows(name: str, m, fn, inp, repeat: int) -> list:
 
 
 def _few_run_rows(name: str, m, fn, inp, runs: int = 2) -> list:
-    """A few traces each, interleaved (bare, ours, bare, ours), best of each: for a subject of
-    minutes. One run each read 1.10x to 1.30x on the same code: the first large trace after
-    the other pays the heap's growth (fresh pages) and the shared machine's noise."""
-    import gc
+    """A few traces each, interleaved (bare, ours, bare, ours), best of each, no warm-up (the
+    earlier rows warmed both paths): for a subject of minutes. Single pairs read 1.07x to
+    1.31x on the same code on a shared machine."""
     import warnings
 
     import jointlab as jl
 
-    times: dict[str, list[float]] = {"bare": [], "ours": []}
+    nodes = []
+
+    def traced(trace):
+        return lambda: nodes.append(len(trace(m, fn, inp).graph.nodes))
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(runs):
-            for key, trace in (("bare", bare_joint_trace), ("ours", jl.trace)):
-                gc.collect()
-                t0 = time.process_time()
-                graph = trace(m, fn, inp)
-                times[key].append(time.process_time() - t0)
-                n = len(graph.graph.nodes)
-                del graph
+        times = interleaved({"bare": traced(bare_joint_trace), "ours": traced(jl.trace)},
+                            repeat=runs, stat=list, clock=time.process_time, warmup=False)
     runs_text = ", ".join(f"{k} " + " / ".join(f"{t:.1f}" for t in v) + " s"
                           for k, v in times.items())
-    return _rows(name, min(times["bare"]), min(times["ours"]), n,
+    return _rows(name, min(times["bare"]), min(times["ours"]), nodes[-1],
                  f"CPU time of this process, best of {runs} interleaved runs ({runs_text})")
 
 

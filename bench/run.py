@@ -40,16 +40,19 @@ def timeit(fn: Callable[[], Any], repeat: int = 3, warmup: int = 1) -> float:
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], repeat: int = 5,
-                stat: Callable[[list[float]], float] = statistics.median,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+                stat: Callable[[list[float]], Any] = statistics.median,
+                clock: Callable[[], float] = time.perf_counter,
+                warmup: bool = True) -> dict[str, Any]:
     """Times of several functions, run alternately so noise hits all alike.
 
     ``stat`` reduces each function's samples: the median by default, ``min``
-    for the least load-disturbed sample. ``clock`` is wall time by default;
-    ``time.process_time`` (this process's CPU time) suits one-thread work on a
-    shared machine, where other processes' load would otherwise count.
+    for the least load-disturbed sample (``list`` keeps them all). ``clock`` is
+    wall time by default; ``time.process_time`` (this process's CPU time) suits
+    one-thread work on a shared machine, where other processes' load would
+    otherwise count. ``warmup=False`` skips the untimed first call of each, for
+    subjects of minutes that earlier rows have warmed.
     """
-    for fn in fns.values():
+    for fn in fns.values() if warmup else ():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
