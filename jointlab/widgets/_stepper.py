@@ -162,10 +162,14 @@ class StepperPanel:
                             if n.op == "placeholder"}  # arg0_1 -> h.0.ln_1.weight
         html_box = {"layout": W.Layout(width="100%")}
         self.style, self.message = W.HTML(CSS), W.HTML(**html_box)
-        self.current, self.inspector = W.HTML(**html_box), W.HTML(**html_box)
+        # the first position and card go in at construction, inside each widget's opening
+        # message: ipywidgets 7's front end drops updates that reach a model it is still
+        # creating, so values set just after (refresh) could be lost on a loaded machine
+        self.current = W.HTML(node_card(stepper.current, self.twins), **html_box)
+        self.inspector = W.HTML(**html_box)
         self.compare_box = W.HTML(compare_card(comparison) if comparison is not None else "",
                                   **html_box)
-        self.position = W.Label()
+        self.position = W.Label(self.position_text())
         self.bp_kind = W.Dropdown(options=["node", "module", "op", "non-finite"],
                                   value="module", description="break on")
         self.bp_text = W.Text(placeholder="node name / module prefix / op")
@@ -210,10 +214,14 @@ class StepperPanel:
         shown = self.value_names.get(name, name)
         self.inspector.value = stats_card(shown, value_summary(v), _histogram_html(v))
 
+    def position_text(self) -> str:
+        """The position label's text: ``position N / M``."""
+        return f"position {self.stepper.position} / {len(self.stepper.nodes)}"
+
     def refresh(self, last: str | None = None) -> None:
         """Position, current node, chips, ring and inspector from the stepper's state."""
         s = self.stepper
-        self.position.value = f"position {s.position} / {len(s.nodes)}"
+        self.position.value = self.position_text()
         node = s.current
         self.current.value = node_card(node, self.twins)
         self.chips.refresh()
