@@ -229,10 +229,17 @@ class DagWidget(anywidget.AnyWidget):
 class DagCursor(DagWidget):
     """The stepper panel's DAG: a ring on the current node (and its twin)."""
 
-    def __init__(self, joint: Any, height: int = 460, **kwargs: Any) -> None:
-        """See :class:`DagWidget`; the view is titled ``current node (ringed)``."""
+    def __init__(self, joint: Any, height: int = 460, at: str | None = None,
+                 **kwargs: Any) -> None:
+        """See :class:`DagWidget`; the view is titled ``current node (ringed)``.
+
+        ``at`` rings that node from the start: the ring goes in the widget's opening
+        message, as ipywidgets 7's front end can drop an update sent just after it.
+        """
         super().__init__(joint, height=height, title="current node (ringed)",
-                         css_class="jl-stepper-dag", **kwargs)
+                         css_class="jl-stepper-dag", current=at or "", **kwargs)
+        if self.current not in self.names:
+            self.current = ""
 
     def move(self, name: str | None) -> None:
         """Ring node ``name`` (or nothing)."""

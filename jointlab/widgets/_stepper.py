@@ -125,23 +125,28 @@ class BreakpointChips:
     def __init__(self, stepper: Any, on_change: Callable[[], None]) -> None:
         """Show ``stepper.breakpoints``; call ``on_change()`` after a removal."""
         self.stepper, self.on_change = stepper, on_change
-        self.box = W.HBox(layout=W.Layout(flex_flow="row wrap"))
-        self.box.add_class("jl-chips")
-        self.shown: list[Any] = []
+        self.shown: list[Any] = list(stepper.breakpoints)
+        # the first chips and the classes go in at construction, in the box's opening
+        # message (ipywidgets 7's front end can drop an update sent right after it)
+        self.box = W.HBox(self._chips(), layout=W.Layout(flex_flow="row wrap"),
+                          _dom_classes=("jl-chips",))
+
+    def _chips(self) -> list[W.Button]:
+        chips = []
+        for bp in self.shown:
+            chip = W.Button(description=f"{breakpoint_label(bp)}  \u2715",
+                            tooltip="remove this breakpoint", layout=W.Layout(width="auto"),
+                            _dom_classes=("jl-chip",))
+            chip.on_click(lambda _b, bp=bp: self.remove(bp))
+            chips.append(chip)
+        return chips
 
     def refresh(self) -> None:
         """Rebuild the chips when the breakpoints changed."""
         if self.shown == self.stepper.breakpoints and len(self.box.children) == len(self.shown):
             return
         self.shown = list(self.stepper.breakpoints)
-        chips = []
-        for bp in self.shown:
-            chip = W.Button(description=f"{breakpoint_label(bp)}  \u2715",
-                            tooltip="remove this breakpoint", layout=W.Layout(width="auto"))
-            chip.add_class("jl-chip")
-            chip.on_click(lambda _b, bp=bp: self.remove(bp))
-            chips.append(chip)
-        self.box.children = chips
+        self.box.children = self._chips()
 
     def remove(self, bp: Any) -> None:
         """Remove one breakpoint (if still set) and refresh the panel."""
@@ -156,8 +161,10 @@ class StepperPanel:
     def __init__(self, stepper: Any, train_fn: Any, comparison: Any, dag: bool) -> None:
         """Create the widgets; :meth:`refresh` fills them from the stepper."""
         self.stepper, self.train_fn = stepper, train_fn
-        self.cursor = DagCursor(stepper.joint) if dag else None
         self.twins = backward_twins(stepper.nodes)
+        first = stepper.current
+        self.cursor = DagCursor(stepper.joint, at=None if first is None else first.name,
+                                values=held_values(stepper, None)) if dag else None
         self.value_names = {n.name: _meta.value_name(n) for n in stepper.nodes
                             if n.op == "placeholder"}  # arg0_1 -> h.0.ln_1.weight
         html_box = {"layout": W.Layout(width="100%")}
@@ -192,7 +199,7 @@ class StepperPanel:
     def widget(self) -> W.VBox:
         """The panel: controls, the current node, breakpoints, inspector, comparison, DAG."""
         b = self.buttons
-        return W.VBox([
+        return W.VBox(_dom_classes=("jl-stepper",), children=[
             W.HBox([b["step"], b["over"], b["continue"], b["reset"], self.position]),
             self.message, self.current,
             W.HBox([self.bp_kind, self.bp_text, b["add"], b["clear"]]), self.chips.box,
@@ -310,7 +317,6 @@ def stepper_widget(stepper: Any, train_fn: Any = None, comparison: Any = None,
     p = StepperPanel(stepper, train_fn, comparison, dag)
     p.refresh()
     panel = p.widget()
-    panel.add_class("jl-stepper")
     panel.position_label = p.position  # type: ignore[attr-defined]
     panel.buttons = p.buttons  # type: ignore[attr-defined]
     panel.current = p.current  # type: ignore[attr-defined]
