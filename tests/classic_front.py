@@ -36,6 +36,17 @@ print("JL-REF " + json.dumps({
                         if meta.info(n).get("phase") != "backward")}))"""
 READY = "() => document.querySelector('{sel}')?.dataset.ready"
 VISIBLE = "() => document.querySelector('.jl-explore-dag').jlView.visNodes.length"
+# what a failure report needs: the search box's value, explore's status line (the kernel
+# wrote it: it says whether the search reached the kernel), table rows, the stepper label
+STATE = """() => ({
+  search: [...document.querySelectorAll('input[placeholder^="search op"]')].map(i => i.value),
+  status: [...document.querySelectorAll('.widget-html-content')]
+            .map(h => h.textContent).filter(t => t.includes('selected')),
+  table_rows: document.querySelectorAll('.jl-frame tbody tr').length,
+  labels: [...document.querySelectorAll('.widget-label')].map(l => l.textContent)
+            .filter(t => t.startsWith('position')),
+  busy: document.querySelector('#kernel_indicator_icon')?.className ?? null,
+})"""
 
 
 def _notebook(path: pathlib.Path) -> pathlib.Path:
@@ -160,7 +171,10 @@ def drive_widgets(python: pathlib.Path, root: pathlib.Path, port: int) -> dict:
                     page.evaluate("() => document.querySelector('.jl-stepper-dag')"
                                   "?.closest('.output_area')?.scrollIntoView()")
                     page.screenshot(path=str(shots / "failed_panel.png"))
-                raise AssertionError(f"{exc}\npage errors: {errors.errors}\n"
+                state = "unknown"
+                with contextlib.suppress(Exception):
+                    state = page.evaluate(STATE)
+                raise AssertionError(f"{exc}\npage state: {state}\npage errors: {errors.errors}\n"
                                      f"screenshot: {shots / 'failed.png'}") from exc
             out["errors"] = list(errors.errors)
     finally:
