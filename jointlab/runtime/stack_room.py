@@ -11,8 +11,8 @@ and none on the bare make_fx trace of the same step. Where the boundary falls
 depends on the model, on jointlab's own hooks and modes and on the caller's
 depth, so the cost came and went with unrelated changes.
 
-:func:`with_stack_room` makes the call from a frame that reserves a large value
-stack it never uses: CPython gives that frame a chunk of its own, twice its
+:func:`with_stack_room` makes the call from its own frame, which reserves a
+large value stack it never uses: CPython gives that frame a chunk of its own, twice its
 size, and the frames the call makes fill the rest of that chunk instead of
 crossing into new ones (7 page faults a trace on the same MoE). The reserve is
 address space that is never touched, not memory. On an interpreter without
@@ -33,16 +33,6 @@ T = TypeVar("T")
 ROOM_SLOTS = 1 << 16
 
 
-def _call(fn: Callable[..., T], args: tuple, kwargs: dict[str, Any]) -> T:
-    return fn(*args, **kwargs)
-
-
-try:  # a larger stack than the body needs is harmless: it is only reserved
-    _call.__code__ = _call.__code__.replace(co_stacksize=ROOM_SLOTS)
-except (AttributeError, TypeError, ValueError):  # pragma: no cover - not CPython
-    pass
-
-
 def with_stack_room(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``, with its Python frames in one large stack chunk.
 
@@ -54,4 +44,12 @@ def with_stack_room(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     Returns:
         What ``fn`` returns; exceptions pass through unchanged.
     """
-    return _call(fn, args, kwargs)
+    return fn(*args, **kwargs)
+
+
+# This function's own frame is the reserve: one frame, not a wrapper and a reserving
+# frame, under every stack the trace captures (make_fx records one per node).
+try:  # a larger stack than the body needs is harmless: it is only reserved
+    with_stack_room.__code__ = with_stack_room.__code__.replace(co_stacksize=ROOM_SLOTS)
+except (AttributeError, TypeError, ValueError):  # pragma: no cover - not CPython
+    pass
