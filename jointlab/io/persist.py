@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import io
 import json
 import os
@@ -73,6 +72,7 @@ from jointlab.io.node_records import (
     encode_node_meta,
 )
 from jointlab.passes.analyze import require_analyzed
+from jointlab.runtime.gc_pause import collector_paused
 from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
 from jointlab.shape_guards import ShapeGuards
 from jointlab.torch_compat import pytree
@@ -163,31 +163,8 @@ def read(path: str) -> GraphParts:
         PersistError: The file is not a jointlab archive, or holds anything
             outside the allow-lists (it is rejected before any code could run).
     """
-    with _gc_paused():  # a load makes ~100 objects a node and frees none of them
+    with collector_paused():  # a load makes ~100 objects a node and frees none of them
         return _read(path)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Any:
-    """Pause the cyclic garbage collector during a load, then age what the load made.
-
-    Its young-generation passes would otherwise walk every object of the new
-    graph twice just after the load (about a tenth of the load's own time),
-    only to find them alive. ``gc.freeze(); gc.unfreeze()`` moves all tracked
-    objects into the oldest generation without walking them; full collections
-    still examine them as usual. Skipped when the process has frozen objects of
-    its own (unfreezing would release them).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if gc.get_freeze_count() == 0:
-            gc.freeze()
-            gc.unfreeze()
-        if was_enabled:
-            gc.enable()
 
 
 def _read(path: str) -> GraphParts:

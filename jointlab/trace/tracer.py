@@ -7,6 +7,8 @@ built from one :class:`jointlab.trace.request.TraceRequest`. After the mode,
 repair, the baked-constant check, the cost-and-storage analysis) and only
 then builds the :class:`~jointlab.runtime.graph.RunnableGraph`
 (``jl.trace``, in :mod:`jointlab.graph`, hands it to the user as a JointGraph).
+All of it runs under :func:`~jointlab.runtime.gc_pause.no_full_collection`:
+no full garbage collection while it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from jointlab.errors import TraceError
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.meta_attention import flag_meta_attention
 from jointlab.passes.repair import repair_views
+from jointlab.runtime.gc_pause import no_full_collection
 from jointlab.runtime.graph import RunnableGraph
 from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.stack_room import with_stack_room
@@ -81,6 +84,13 @@ def trace(
         jointlab.errors.JointlabError: The inputs, the loss or the model cannot
             be traced; the message says why and where.
     """
+    with no_full_collection():  # not a walk of the growing heap every few seconds
+        return _trace(model, train_fn, inputs, mode, dynamic, dynamic_arg_dims)
+
+
+def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any], mode: str,
+           dynamic: bool, dynamic_arg_dims: dict[str, int | list[int]] | None
+           ) -> RunnableGraph:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not isinstance(dynamic, bool):

@@ -1,0 +1,92 @@
+"""jl.trace runs no full garbage collection; CPython's own rule resumes after it.
+
+The reference is CPython's own collector, seen through ``gc.callbacks``: with
+low thresholds the trace makes many young collections, enough for several full
+ones; under jl.trace none is full, the thresholds are the user's again
+afterwards (also when the trace fails), and the next objects the program keeps
+bring the full collection that fell due, which frees the trace's cyclic garbage.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import jointlab as jl
+from jointlab.errors import JointlabError
+from tests.fixtures import zoo
+
+LOW = (50, 2, 2)  # a full collection every 2 young ones: several per trace
+
+
+@pytest.fixture()
+def collections_seen():
+    """Low thresholds; yields the list of (generation, phase) the collector reports."""
+    seen: list[tuple[int, str]] = []
+
+    def cb(phase, info):
+        seen.append((info["generation"], phase))
+
+    before, enabled = gc.get_threshold(), gc.isenabled()
+    gc.collect()
+    gc.enable()
+    gc.set_threshold(*LOW)
+    gc.callbacks.append(cb)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(cb)
+        gc.set_threshold(*before)
+        if not enabled:
+            gc.disable()
+
+
+def _mlp():
+    f = zoo.FIXTURES["mlp"]
+    return f.make_model(), f.train_fn, f.make_inputs(4)
+
+
+def test_no_full_collection_during_a_trace_then_cpython_resumes(collections_seen):
+    model, train_fn, inputs = _mlp()
+    garbage = []
+
+    def step(model, **kw):
+        cycle = [torch.nn.Linear(1, 1)]
+        cycle.append(cycle)  # cyclic garbage once train_fn returns
+        garbage.append(weakref.ref(cycle[0]))
+        return train_fn(model, **kw)
+
+    collections_seen.clear()
+    jl.trace(model, step, inputs)
+    starts = [g for g, phase in collections_seen if phase == "start"]
+    assert starts.count(1) >= 3 * LOW[2], starts  # unpaused, several full ones were due
+    assert 2 not in starts, starts
+    assert gc.get_threshold() == LOW
+    kept = [[] for _ in range(20 * LOW[0] * LOW[1])]  # the program goes on keeping objects
+    assert 2 in [g for g, phase in collections_seen if phase == "start"], len(kept)
+    assert garbage and garbage[0]() is None  # that full collection freed the trace's cycle
+
+
+def test_thresholds_come_back_when_the_trace_fails(collections_seen):
+    model, _, inputs = _mlp()
+
+    def broken(model, **kw):
+        gc.set_threshold(1000, 100, 100)  # train_fn's own change is undone too
+        raise RuntimeError("boom")
+
+    with pytest.raises((JointlabError, RuntimeError)):
+        jl.trace(model, broken, inputs)
+    assert gc.get_threshold() == LOW
+
+
+def test_a_disabled_collector_stays_off(collections_seen):
+    model, train_fn, inputs = _mlp()
+    gc.disable()
+    collections_seen.clear()  # building the model collected (the collector was on)
+    jl.trace(model, train_fn, inputs)
+    assert not gc.isenabled()
+    assert collections_seen == []
+    assert gc.get_threshold() == LOW
