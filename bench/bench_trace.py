@@ -141,10 +141,10 @@ def rows(ctx):
     for layers in (2,) if ctx.quick else (2, 8):
         out += _ratio_rows(f"mixtral-8x7B x{layers} meta", *mixtral_meta(layers),
                            3 if ctx.quick else 5)
-    # the 385-layer, 50k-node GPT-2 (two interleaved runs each: about 50 CPU seconds
+    # the 385-layer, 50k-node GPT-2 (three interleaved runs each: about 35-50 CPU s
     # per trace on this machine); --quick takes 48 layers (6.3k nodes)
     from run import narrow_lm
 
     depth = 48 if ctx.quick else 385
     return out + _few_run_rows(f"gpt2 {depth}L d16 (narrow)", *narrow_lm(depth),
-                               runs=1 if ctx.quick else 2)
+                               runs=1 if ctx.quick else 3)
