@@ -104,6 +104,31 @@ def _run_all(page: Any) -> None:
                            timeout=300_000, polling=500)
 
 
+def _search(page: Any, box: Any, text: str) -> int:
+    """Type ``text`` and Enter, as a user does, until explore's table lists rows; the tries.
+
+    Once in about four runs on this machine the kernel's selection reached the page
+    (the DAG rings the hits) but the status line and the table, two HTML widgets, did
+    not show their new values (page state in the failure report: search box filled,
+    status empty, kernel idle). A user would search again: clear the box, Enter, type,
+    Enter. The caller reports the count; a second failure fails the test.
+    """
+    rows = "() => document.querySelectorAll('.jl-frame tbody tr').length"
+    for tries in (1, 2):
+        if tries > 1:
+            box.fill("")
+            box.press("Enter")
+        box.fill(text)
+        box.press("Enter")
+        try:
+            page.wait_for_function(rows, timeout=30_000 if tries > 1 else 20_000)
+            return tries
+        except Exception:  # noqa: BLE001 - the first try may be lost; the second raises
+            if tries > 1:
+                raise
+    return tries
+
+
 def _act(page: Any, shots: pathlib.Path) -> dict:
     """Search, hide the backward phase and Step, as a user does; what the page shows."""
     out: dict[str, Any] = {}
@@ -113,10 +138,7 @@ def _act(page: Any, shots: pathlib.Path) -> dict:
     out["ref"] = json.loads(text.split("JL-REF ", 1)[1].splitlines()[0])
     out["visible_all"] = page.evaluate(VISIBLE)
     box = page.get_by_placeholder("search op or module")  # explore's search box
-    box.fill("addmm")
-    box.press("Enter")
-    page.wait_for_function("() => document.querySelectorAll('.jl-frame tbody tr').length",
-                           timeout=30_000)
+    out["search_tries"] = _search(page, box, "addmm")
     out["table_rows"] = page.evaluate(
         "() => [...document.querySelectorAll('.jl-frame tbody tr th')].map(t => t.textContent)")
     page.locator(".jl-frame").first.scroll_into_view_if_needed()
@@ -146,7 +168,7 @@ def drive_widgets(python: pathlib.Path, root: pathlib.Path, port: int) -> dict:
         port: A free local port.
 
     Returns:
-        ``ref`` (the kernel's own answers), ``table_rows``, ``visible_all``,
+        ``ref`` (the kernel's own answers), ``table_rows``, ``search_tries``, ``visible_all``,
         ``visible_forward``, ``position_before``/``after``, ``errors`` (page and
         console errors) and ``shots`` (the screenshots' folder).
     """

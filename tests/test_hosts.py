@@ -212,7 +212,8 @@ def test_widgets7_front_end_renders_and_drives_every_widget(tmp_path, capsys):
     with capsys.disabled():
         print(f"\n[widgets 7 front end] classic Notebook {hostsim.COLAB_HOST['notebook']}, "
               f"widgetsnbextension {hostsim.COLAB_HOST['widgetsnbextension']}: explore drew "
-              f"{got['visible_all']} nodes, search listed {got['table_rows']}, Step reached "
+              f"{got['visible_all']} nodes, search listed {got['table_rows']} "
+              f"(typed {got['search_tries']} time(s)), Step reached "
               f"'{got['position_after']}'; screenshots in {got['shots']}")
 
 
