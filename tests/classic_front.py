@@ -37,7 +37,8 @@ print("JL-REF " + json.dumps({
 READY = "() => document.querySelector('{sel}')?.dataset.ready"
 VISIBLE = "() => document.querySelector('.jl-explore-dag').jlView.visNodes.length"
 # what a failure report needs: the search box's value, explore's status line (the kernel
-# wrote it: it says whether the search reached the kernel), table rows, the stepper label
+# wrote it: it says whether the search reached the kernel), table rows, the stepper label,
+# how many child views explore's box holds (5 when its status line and table are there)
 STATE = """() => ({
   search: [...document.querySelectorAll('input[placeholder^="search op"]')].map(i => i.value),
   status: [...document.querySelectorAll('.widget-html-content')]
@@ -46,6 +47,8 @@ STATE = """() => ({
   labels: [...document.querySelectorAll('.widget-label')].map(l => l.textContent)
             .filter(t => t.startsWith('position')),
   busy: document.querySelector('#kernel_indicator_icon')?.className ?? null,
+  explore_children: document.querySelector('.jl-explore-dag')?.closest('.widget-vbox')
+            ?.children.length ?? null,
 })"""
 
 
