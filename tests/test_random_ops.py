@@ -68,6 +68,11 @@ OPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "standard_gamma": lambda h: h * torch._standard_gamma(h.detach().abs() + 0.5),
     "sample_dirichlet": lambda h: h * torch._sample_dirichlet(h.detach().abs() + 0.5),
     "gumbel_softmax": lambda h: F.gumbel_softmax(h, tau=0.5, hard=True) * h,
+    # in-place draws into a non-contiguous tensor, which AOT's functional forms keep exact
+    "normal_T": lambda h: h * (h.t().detach() * 1.0).normal_().t(),
+    "exponential_T": lambda h: h * (h.t().detach() * 1.0).exponential_().t(),
+    "bernoulli_tensor_T": lambda h: h * (h.t().detach() * 1.0).bernoulli_(
+        torch.sigmoid(h.t()).detach()).t(),
 }
 
 
@@ -214,6 +219,45 @@ def test_random_from_to_is_refused_with_an_exact_alternative(mode):
     a = x.clone().random_(2, 9)
     torch.manual_seed(SEED)
     assert torch.equal(torch.randint_like(x, 2, 9), a)
+
+
+# AOT records a functional form that draws in another memory order on a non-contiguous x
+_LAYOUT_OPS = {
+    "bernoulli_": lambda h: h * (h.t().detach() * 1.0).bernoulli_(0.4).t(),
+    "rrelu_then_dropout": lambda h: F.dropout(F.rrelu(h.t(), training=True), 0.5).t(),
+}
+
+
+def _functional_draw_differs(name: str) -> bool:
+    """The premise, shown on eager kernels: the functional form draws other numbers."""
+    x = torch.linspace(-2.0, 3.0, 32).reshape(4, 8).t()  # non-contiguous
+    torch.manual_seed(SEED)
+    if name == "bernoulli_":
+        eager = x.clone().bernoulli_(0.4)
+        torch.manual_seed(SEED)
+        return not torch.equal(torch.ops.aten.bernoulli.p(x, 0.4), eager)
+    eager = F.dropout(F.rrelu(x, training=True), 0.5)
+    torch.manual_seed(SEED)
+    noise = torch.empty_like(x, memory_format=torch.contiguous_format)
+    out = torch.ops.aten.rrelu_with_noise_functional(x, noise, 1 / 8, 1 / 3, True)[0]
+    return not torch.equal(F.dropout(out, 0.5), eager)
+
+
+@pytest.mark.parametrize("name", list(_LAYOUT_OPS))
+def test_layout_dependent_draw_is_refused_in_aot_and_exact_in_make_fx(name):
+    assert _functional_draw_differs(name), "torch's functional form now draws what eager draws"
+    model = OneOp(_LAYOUT_OPS[name])
+    before = deep_state(model)
+    with pytest.raises(UnsupportedRandomOpError) as info:
+        jl.trace(model, train_fn, _inputs(), mode="aot")
+    msg = str(info.value)
+    assert "non-contiguous" in msg and "mode='make_fx'" in msg and ".contiguous()" in msg
+    assert "test_random_ops.py:" in msg  # the user's source line
+    assert_unchanged(before, model)
+    joint = jl.trace(model, train_fn, _inputs())  # make_fx: eager's own op, exact
+    torch.manual_seed(SEED)
+    _assert_same(joint.run(model, _inputs()), eager_step(model, train_fn, _inputs(), SEED),
+                 f"{name} make_fx joint.run")
 
 
 @pytest.mark.parametrize("mode", MODES)

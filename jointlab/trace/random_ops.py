@@ -11,7 +11,7 @@ the same seed (checked op by op in ``tests/test_random_ops.py``), and the
 Stepper runs exactly those nodes in its own stream
 (:func:`jointlab.meta.draws_random`).
 
-Two things cannot be made exact, and are refused while tracing:
+What cannot be made exact is refused while tracing:
 
 * an explicit ``torch.Generator`` passed to an op (``torch.randn(...,
   generator=g)``): the graph would hold that generator, shared with the user,
@@ -19,7 +19,17 @@ Two things cannot be made exact, and are refused while tracing:
 * ``Tensor.random_(from, to)``: its overload is named ``from``, a Python
   keyword, and torch's FX code generator cannot emit it (a ``SyntaxError``
   inside make_fx). ``torch.randint_like`` and ``random_(to)`` draw the same
-  numbers through other overloads.
+  numbers through other overloads;
+* in AOT mode, a draw whose functional form lays its numbers out differently
+  from eager's kernel: ``x.bernoulli_(p)`` and ``rrelu`` in training on a
+  non-contiguous ``x``. Eager's in-place ``bernoulli_`` fills ``x`` in its own
+  memory order, while AOT records ``bernoulli.p``, which fills a fresh
+  contiguous tensor (and a user's ``torch.bernoulli(x, p)`` records the same
+  node, so the graph cannot tell which was meant); eager's ``rrelu`` returns a
+  contiguous result where its functional form keeps ``x``'s strides, so a
+  dropout after it draws its mask in another order. make_fx mode records
+  eager's own ops and is exact for both (``tests/test_random_ops.py`` checks
+  every other in-place draw on a non-contiguous tensor in both modes).
 """
 
 from __future__ import annotations
@@ -39,7 +49,8 @@ from jointlab.errors import UnsupportedRandomOpError
 from jointlab.passes.annotate import user_source
 from jointlab.runtime.torch_errors import user_line_of_frames
 
-__all__ = ["draws_from_generator", "random_op_refusals", "refuse_explicit_generators"]
+__all__ = ["draws_from_generator", "random_op_refusals", "refuse_explicit_generators",
+           "refuse_layout_dependent_draws"]
 
 _KEYWORD_OVERLOADS = ("random_.from", "random.from")
 
@@ -82,6 +93,36 @@ def refuse_explicit_generators(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if draws_from_generator(gm, node):
             raise UnsupportedRandomOpError(f"{node.target} {_where(node)} {_EXPLICIT_GENERATOR}")
+
+
+#: AOT's nodes whose draw order on a non-contiguous input can differ from eager's kernel
+_LAYOUT_DEPENDENT = ("aten.bernoulli.p", "aten.rrelu_with_noise_functional.default")
+
+
+def _draws_in_another_order(node: fx.Node) -> bool:
+    if node.op != "call_function" or str(node.target) not in _LAYOUT_DEPENDENT:
+        return False
+    first = node.args[0] if node.args else None
+    val = first.meta.get("val") if isinstance(first, fx.Node) else None
+    return isinstance(val, torch.Tensor) and not val.is_contiguous()
+
+
+def refuse_layout_dependent_draws(gm: fx.GraphModule) -> None:
+    """Raise when an AOT graph draws on a non-contiguous tensor in an order eager may not.
+
+    Raises:
+        UnsupportedRandomOpError: Names the op, the user's source line and both fixes.
+    """
+    for node in gm.graph.nodes:
+        if _draws_in_another_order(node):
+            op = "bernoulli_" if "bernoulli" in str(node.target) else "rrelu (training)"
+            raise UnsupportedRandomOpError(
+                f"{op} on a non-contiguous tensor {_where(node)}: AOT mode records its "
+                f"functional form ({node.target}), which can lay the random numbers out in "
+                "another memory order than eager's kernel, so the graph would draw other "
+                "numbers from the same seed. Make the tensor contiguous first "
+                "(x.contiguous()), or trace with mode='make_fx', which records eager's own "
+                "op and draws exactly what eager draws.")
 
 
 def _keyword_overload_source(tb: types.TracebackType | None) -> str:

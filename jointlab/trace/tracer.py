@@ -47,7 +47,11 @@ from jointlab.trace.python_state import (
     python_rngs_kept,
     warn_baked_constants,
 )
-from jointlab.trace.random_ops import random_op_refusals, refuse_explicit_generators
+from jointlab.trace.random_ops import (
+    random_op_refusals,
+    refuse_explicit_generators,
+    refuse_layout_dependent_draws,
+)
 from jointlab.trace.refusals import refuse_compiled, tracing_guard
 from jointlab.trace.request import TraceRequest
 from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
@@ -122,6 +126,8 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
     parts = dataclasses.replace(parts, assumptions=assumptions)
     gm = parts.graph_module
     refuse_explicit_generators(gm)
+    if mode == "aot":
+        refuse_layout_dependent_draws(gm)
     repair_views(gm)
     keep_rnn_workspace(gm)
     warn_baked_constants(gm, train_fn, model)

@@ -10,6 +10,8 @@ Three samples: 25 fixed examples per mode (the same every run), a fresh random
 sample per mode on every run (its seed is printed in the pytest header and in
 any failure; replay with ``JOINTLAB_FUZZ_SEED=<seed>``, size it with
 ``JOINTLAB_FUZZ_EXAMPLES``), and ``-m slow`` (``make fuzz``): 500 per mode.
+AOT mode may refuse a spec only where make_fx's graph shows an rrelu drawing on
+a non-contiguous tensor (``jointlab/trace/random_ops.py`` says why).
 Both modes always run: a missing AOT mode fails, it is never skipped.
 """
 
@@ -23,6 +25,7 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 import jointlab as jl
+from jointlab.errors import UnsupportedRandomOpError
 from tests.fuzz import models
 from tests.fuzz.strategies import model_specs
 from tests.util import FUZZ_SEED_ENV, assert_same_bits, assert_unchanged, deep_state, fuzz_seed
@@ -95,12 +98,27 @@ def _check_stepper_and_compare(joint, spec: dict[str, Any], inputs, seed: int) -
     assert c.ok and c.first_divergence is None, f"compare on a clean graph: {c!r}"
 
 
+def _rrelu_on_non_contiguous(spec: dict[str, Any], inputs: dict[str, Any]) -> bool:
+    """make_fx's graph (eager's own ops) shows an rrelu drawing on a non-contiguous tensor,
+    which AOT mode refuses (its functional form lays the draw out in another order)."""
+    joint = jl.trace(models.build(spec), models.train_fn, inputs, dynamic=spec["dynamic"])
+    return any(n.op == "call_function" and str(n.target).startswith("aten.rrelu_with_noise")
+               and not n.args[0].meta["val"].is_contiguous() for n in joint.graph.nodes)
+
+
 def check_spec(spec: dict[str, Any], mode: str) -> None:
     """The fuzz property for one spec and mode."""
     eager_model, graph_model = models.build(spec), models.build(spec)
     inputs = models.make_inputs(spec, spec["batch"])
     before = deep_state(graph_model)
-    joint = jl.trace(graph_model, models.train_fn, inputs, mode=mode, dynamic=spec["dynamic"])
+    try:
+        joint = jl.trace(graph_model, models.train_fn, inputs, mode=mode,
+                         dynamic=spec["dynamic"])
+    except UnsupportedRandomOpError:  # AOT's refusal of a layout-dependent draw, if warranted
+        if mode != "aot" or not _rrelu_on_non_contiguous(spec, inputs):
+            raise
+        assert_unchanged(before, graph_model)
+        return
     assert_unchanged(before, graph_model)
     _check_stepper_and_compare(joint, spec, inputs, seed=7)
     for step in range(2):
