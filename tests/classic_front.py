@@ -124,28 +124,10 @@ def _run_all(page: Any, fallback: list[str]) -> None:
                            timeout=300_000, polling=500)
 
 
-def _search(page: Any, box: Any, text: str) -> int:
-    """Type ``text`` and Enter, as a user does, until explore's table lists rows; the tries.
-
-    Once in about four runs on this machine the kernel's selection reached the page
-    (the DAG rings the hits) but the status line and the table, two HTML widgets, did
-    not show their new values (page state in the failure report: search box filled,
-    status empty, kernel idle). A user would search again: clear the box, Enter, type,
-    Enter. Returns 0 when neither try showed the table (the caller decides).
-    """
-    rows = "() => document.querySelectorAll('.jl-frame tbody tr').length"
-    for tries in (1, 2):
-        if tries > 1:
-            box.fill("")
-            box.press("Enter")
-        box.fill(text)
-        box.press("Enter")
-        try:
-            page.wait_for_function(rows, timeout=30_000 if tries > 1 else 20_000)
-            return tries
-        except Exception:  # noqa: BLE001 - a timeout: try again, then report 0
-            pass
-    return 0
+def _search(box: Any, text: str) -> None:
+    """Type ``text`` and Enter in explore's search box, as a user does."""
+    box.fill(text)
+    box.press("Enter")
 
 
 def _act(page: Any, shots: pathlib.Path) -> dict:
@@ -156,14 +138,12 @@ def _act(page: Any, shots: pathlib.Path) -> dict:
     text = "".join(page.locator(".output_subarea").all_text_contents())
     out["ref"] = json.loads(text.split("JL-REF ", 1)[1].splitlines()[0])
     out["visible_all"] = page.evaluate(VISIBLE)
-    box = page.get_by_placeholder("search op or module")  # explore's search box
-    out["search_tries"] = _search(page, box, "addmm")
-    if not out["search_tries"]:  # what the page showed, for the caller's report
-        out["search_state"] = page.evaluate(STATE)
+    _search(page.get_by_placeholder("search op or module"), "addmm")  # explore's box
+    page.wait_for_function("() => document.querySelectorAll('.jl-frame tbody tr').length",
+                           timeout=60_000)
     out["table_rows"] = page.evaluate(
         "() => [...document.querySelectorAll('.jl-frame tbody tr th')].map(t => t.textContent)")
-    if out["search_tries"]:
-        page.locator(".jl-frame").first.scroll_into_view_if_needed()
+    page.locator(".jl-frame").first.scroll_into_view_if_needed()
     page.screenshot(path=str(shots / "widgets7_explore_search.png"))
     page.locator("button", has_text=re.compile(r"^backward$")).first.click()
     page.wait_for_function(f"() => ({VISIBLE})() < {out['visible_all']}", timeout=30_000)
@@ -190,7 +170,7 @@ def drive_widgets(python: pathlib.Path, root: pathlib.Path, port: int) -> dict:
         port: A free local port.
 
     Returns:
-        ``ref`` (the kernel's own answers), ``table_rows``, ``search_tries``, ``visible_all``,
+        ``ref`` (the kernel's own answers), ``table_rows``, ``visible_all``,
         ``visible_forward``, ``position_before``/``after``, ``errors`` (page and
         console errors) and ``shots`` (the screenshots' folder).
     """
