@@ -3,9 +3,10 @@
 Both tracing modes record the ATen random op that eager dispatches (make_fx
 records ``bernoulli_``, ``normal``, ``rrelu_with_noise``, ``randperm``, ...
 as they are; AOT records their functional forms, which call the same
-kernels), and nothing decomposes them: jointlab passes no decomposition
-table. Running the graph therefore consumes the default generator in the same
-order and with the same kernels as eager, so every op tagged
+kernels, save for the layout exception below), and nothing decomposes them:
+jointlab passes no decomposition table. Running the graph therefore consumes
+the default generator in the same order and with the same kernels as eager,
+so every op tagged
 ``torch.Tag.nondeterministic_seeded`` draws bit for bit the same numbers from
 the same seed (checked op by op in ``tests/test_random_ops.py``), and the
 Stepper runs exactly those nodes in its own stream
