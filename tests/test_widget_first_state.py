@@ -20,7 +20,7 @@ import ipywidgets as W
 import pytest
 
 import jointlab as jl
-from jointlab.widgets._dagcursor import ALL
+from jointlab.widgets._dagcursor import ALL, FIT
 from tests.fixtures import zoo
 
 
@@ -70,6 +70,19 @@ def test_explore_opens_every_widget_with_its_first_state(traced):
     view = app.explorer.view
     assert view.depth == app.explorer.depth.value == ALL  # a small graph: all nodes
     assert view.css_class == "jl-explore-dag"
+
+
+def test_a_graph_over_the_node_budget_opens_as_the_budget_fits(traced, monkeypatch):
+    from jointlab.widgets import _dagcursor
+
+    joint, *_ = traced
+    budget = len(joint.graph.nodes) - 1  # one node too many for the payload's budget
+    monkeypatch.setattr(_dagcursor, "DEFAULT_BUDGET", budget)
+    with first_state_changes() as changed:
+        app = jl.explore(joint, height=300)
+    assert changed == []
+    assert app.explorer.view.depth == app.explorer.depth.value == FIT
+    assert app.explorer.view.payload["budget"] == budget
 
 
 @pytest.mark.parametrize("with_breakpoint", [False, True])

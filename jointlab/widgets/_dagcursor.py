@@ -35,7 +35,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from jointlab.viz.dagview import build_payload, renderer_js
+from jointlab.viz.dagview import DEFAULT_BUDGET, build_payload, renderer_js
 
 __all__ = ["ALL", "FIT", "DagCursor", "DagWidget"]
 
@@ -210,19 +210,23 @@ class DagWidget(anywidget.AnyWidget):
     height = traitlets.Int(520).tag(sync=True)
 
     def __init__(self, joint: Any, height: int = 520, title: str | None = None,
-                 **kwargs: Any) -> None:
+                 depth: int | None = None, **kwargs: Any) -> None:
         """Build the payload of ``joint`` once; later changes only move traits.
 
         Args:
             joint: A traced joint graph.
             height: Canvas height in pixels.
             title: Prefix of the view's title (``"<title> · Joint graph: ..."``).
-            **kwargs: More traits (``depth``, ``own_search``, ...).
+            depth: The first collapse depth; None: :data:`ALL` when every node fits the
+                payload's node budget, else :data:`FIT`.
+            **kwargs: More traits (``own_search``, ``current``, ...).
         """
-        payload = build_payload(joint)
+        payload = build_payload(joint, budget=DEFAULT_BUDGET)
         if title:
             payload["title"] = f"{title} · {payload['title']}"
-        super().__init__(payload=payload, height=height, **kwargs)
+        if depth is None:
+            depth = ALL if len(payload["nodes"]["name"]) <= DEFAULT_BUDGET else FIT
+        super().__init__(payload=payload, height=height, depth=depth, **kwargs)
         self.names = frozenset(payload["nodes"]["name"])
 
 
@@ -236,6 +240,7 @@ class DagCursor(DagWidget):
         ``at`` rings that node from the start: the ring goes in the widget's opening
         message, as ipywidgets 7's front end can drop an update sent just after it.
         """
+        kwargs.setdefault("depth", FIT)  # as the payload opened it: the cursor follows
         super().__init__(joint, height=height, title="current node (ringed)",
                          css_class="jl-stepper-dag", current=at or "", **kwargs)
         if self.current not in self.names:

@@ -22,7 +22,7 @@ import pandas as pd
 from jointlab import meta as _meta
 from jointlab._deprecation import renamed_kwarg
 from jointlab.errors import PlotArgumentError
-from jointlab.viz.dagview import DEFAULT_BUDGET, PHASE_COLORS
+from jointlab.viz.dagview import PHASE_COLORS
 from jointlab.viz.frames import frame_html
 from jointlab.widgets._dagcursor import ALL, FIT, DagWidget
 
@@ -113,15 +113,13 @@ class Explorer:
                              layout=W.Layout(width="360px"))
         self.phases = {p: W.ToggleButton(value=True, description=p, tooltip=f"show {p} nodes",
                                          layout=W.Layout(width="90px")) for p in PHASE_COLORS}
-        fits = len(self.nodes) <= DEFAULT_BUDGET  # the budget DagWidget builds its payload to
         depths = [("all nodes", ALL), ("fit budget", FIT),
                   *[(f"depth {k}", k) for k in range(1, 5)]]
-        start = group_depth if group_depth is not None else (ALL if fits else FIT)
         # every first state goes in at construction, inside the widget's opening message:
         # ipywidgets 7's front end drops updates that reach a model it is still creating
         self.view = DagWidget(joint, height=height, own_search=False,
-                              css_class="jl-explore-dag", depth=start)
-        self.depth = W.Dropdown(options=depths, value=start, description="collapse",
+                              css_class="jl-explore-dag", depth=group_depth)
+        self.depth = W.Dropdown(options=depths, value=self.view.depth, description="collapse",
                                 layout=W.Layout(width="200px"))
         self.status = W.HTML()
         # HTML, not an Output widget: ipywidgets 7's classic front end fails to build a
