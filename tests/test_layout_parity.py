@@ -29,7 +29,7 @@ from tests.fixtures.convnext import ConvNeXt, convnext_inputs, convnext_train_fn
 
 STATIC = pathlib.Path(jl.__file__).parent / "viz" / "static"
 FUNCTIONS = ("csr", "topoOrder", "forwardLayers", "backwardBuckets", "stackColumns",
-             "barycentres", "columnsOf", "layeredLayout")
+             "barycentres", "columnsOf", "bandY", "gapEdges", "crossingCount", "layeredLayout")
 CONSTANTS = {"SWEEPS": _layout.SWEEPS, "BAND_GAP": _layout.BAND_GAP,
              "NODE_SLOT": _layout.NODE_SLOT, "BOX_COLS": _layout.BOX_COLS,
              "BOX_SLOT": _layout.BOX_SLOT}

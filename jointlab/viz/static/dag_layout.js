@@ -172,11 +172,60 @@
     const columns = cols.filter(c => c), pos = new Float64Array(n);
     stackColumns(columns, Float64Array.from({length: n}, (_, v) => v), h, pos);
     stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, true, true), h, pos);  // mirror
-    for (let s = 0; s < SWEEPS; s++) stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, s % 2 === 0, false), h, pos);
+    // a sweep can undo what the one before gained: keep the first order with the fewest
+    // crossings between neighbouring columns, among the mirror and every sweep
+    const gaps = gapEdges(x, src, dst);
+    let best = pos.slice(), fewest = crossingCount(gaps, bandY(n, band, pos, h).y);
+    for (let s = 0; s < SWEEPS; s++) {
+      stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, s % 2 === 0, false), h, pos);
+      const count = crossingCount(gaps, bandY(n, band, pos, h).y);
+      if (count < fewest) { best = pos.slice(); fewest = count; }
+    }
+    const {y} = bandY(n, band, best, h);
+    return {x, y, layer, bucket};
+  }
+  // Each item's y (forward up, backward mirrored down) and the bands' half gap.
+  function bandY(n, band, pos, h) {
     let half = 0;
     for (let v = 0; v < n; v++) half = Math.max(half, Math.abs(pos[v]) + h[v] / 2);
     half += BAND_GAP / 2;
     const y = new Float64Array(n);
     for (let v = 0; v < n; v++) y[v] = band[v] ? -(half + pos[v]) : half + pos[v];
-    return {x, y, layer, bucket};
+    return {y, half};
+  }
+  // Edges joining neighbouring columns (by distinct x) as [gap, left item, right item], by gap.
+  function gapEdges(x, src, dst) {
+    const rank = new Map(Array.from(new Set(x)).sort((a, b) => a - b).map((c, i) => [c, i]));
+    const out = [];
+    for (let k = 0; k < src.length; k++) {
+      const a = rank.get(x[src[k]]), b = rank.get(x[dst[k]]);
+      if (Math.abs(a - b) === 1) out.push(a < b ? [a, src[k], dst[k]] : [b, dst[k], src[k]]);
+    }
+    return out.sort((p, q) => p[0] - q[0]);
+  }
+  // Crossing pairs among those edges, per gap: lo_p < lo_q and hi_p > hi_q (Fenwick tree).
+  function crossingCount(gaps, y) {
+    let total = 0;
+    for (let k = 0; k < gaps.length;) {
+      let end = k;
+      while (end < gaps.length && gaps[end][0] === gaps[k][0]) end++;
+      const ends = gaps.slice(k, end).map(g => [y[g[1]], y[g[2]]]);
+      ends.sort((p, q) => p[0] - q[0] || p[1] - q[1]);
+      const his = Array.from(new Set(ends.map(e => e[1]))).sort((a, b) => a - b);
+      const rank = new Map(his.map((v, i) => [v, i + 1])), tree = new Int32Array(his.length + 1);
+      let seen = 0;
+      for (let i = 0; i < ends.length;) {
+        let g = i;
+        while (g < ends.length && ends[g][0] === ends[i][0]) g++;
+        for (let j = i; j < g; j++) {  // earlier ends (lower lo) reaching higher
+          let at = 0;
+          for (let r = rank.get(ends[j][1]); r > 0; r -= r & -r) at += tree[r];
+          total += seen - at;
+        }
+        for (let j = i; j < g; j++) for (let r = rank.get(ends[j][1]); r < tree.length; r += r & -r) tree[r]++;
+        seen += g - i; i = g;
+      }
+      k = end;
+    }
+    return total;
   }
