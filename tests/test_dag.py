@@ -413,3 +413,15 @@ def test_label_layer_ranks_levels_and_shortens_only_the_legend(joint):
     assert len(set(shown)) == len(shown) and set(shown) <= set(dagview.PALETTE)
     assert not any(c[1:3] == c[3:5] == c[5:7] for c in shown)  # greys mean mixed / none
     assert len(L["colors"]) == len(L["levels"])
+
+
+def test_the_layouts_crossing_count_is_the_usual_measure(joint):
+    # the count the layout keeps its order by (a Fenwick tree per gap) against the
+    # vectorised pairwise count of crossings(), on every sweep's order
+    data = graph_data(joint)
+    src, dst = np.asarray(data.src), np.asarray(data.dst)
+    for sweeps in range(5):
+        lay = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, sweeps=sweeps)
+        gaps = _layout.gap_edges(lay.x.tolist(), src.tolist(), dst.tolist())
+        assert _layout.crossing_count(gaps, lay.y.tolist()) == \
+            _layout.crossings(lay.x, lay.y, src, dst)
