@@ -11,7 +11,7 @@ from torch import nn
 
 import jointlab as jl
 import jointlab.meta
-from jointlab.viz import _hierarchy, _layout, dag, dagview
+from jointlab.viz import _crossings, _hierarchy, _layout, dag, dagview
 from jointlab.viz._dagdata import collapse, graph_data
 from tests.fixtures import zoo
 
@@ -95,8 +95,8 @@ def test_barycentre_reduces_adjacent_column_crossings_on_a_real_graph(joint):
     data = graph_data(joint)
     before = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, sweeps=0)
     after = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, sweeps=4)
-    assert _layout.crossings(after.x, after.y, data.src, data.dst) < \
-        _layout.crossings(before.x, before.y, data.src, data.dst)
+    assert _crossings.crossings(after.x, after.y, data.src, data.dst) < \
+        _crossings.crossings(before.x, before.y, data.src, data.dst)
 
 
 @pytest.mark.parametrize("name", ["tiny_lm", "cnn_bn", "nested_inputs", "shared_submodule"])
@@ -422,6 +422,6 @@ def test_the_layouts_crossing_count_is_the_usual_measure(joint):
     src, dst = np.asarray(data.src), np.asarray(data.dst)
     for sweeps in range(5):
         lay = _layout.layered_layout(data.is_bwd, data.src, data.dst, data.twin, sweeps=sweeps)
-        gaps = _layout.gap_edges(lay.x.tolist(), src.tolist(), dst.tolist())
-        assert _layout.crossing_count(gaps, lay.y.tolist()) == \
-            _layout.crossings(lay.x, lay.y, src, dst)
+        gaps = _crossings.gap_edges(lay.x.tolist(), src.tolist(), dst.tolist())
+        assert _crossings.crossing_count(gaps, lay.y.tolist()) == \
+            _crossings.crossings(lay.x, lay.y, src, dst)
