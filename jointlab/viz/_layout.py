@@ -36,8 +36,8 @@ kept for drawing but ignored by the layering. Each item has a width ``w``
    sorted by key (ties: previous position, then index) and stacked by
    height, centred on 0. A sweep can undo what the one before gained, so
    the order kept is the first with the fewest crossings between
-   neighbouring columns (:func:`jointlab.viz._crossings.crossings`' count) among the mirror and
-   every sweep.
+   neighbouring columns (the count of :mod:`jointlab.viz._crossings`) among
+   the mirror and every sweep.
 5. ``y`` is the slot position offset by half the tallest column plus
    :data:`BAND_GAP`, forward up, backward mirrored down.
 """
@@ -336,13 +336,15 @@ def layered_layout(is_bwd: Sequence[bool], src: Sequence[int], dst: Sequence[int
     _stack(columns, [float(v) for v in range(n)], hv, pos)
     _stack(columns, _barycentres(band, preds, succs, tw, pos, True, True), hv, pos)  # mirror
     gaps = gap_edges(x, src, dst)
-    best, fewest = list(pos), crossing_count(gaps, band_y(band, pos, hv)[0])
+    best = band_y(band, pos, hv)  # the y (and half gap) of the order kept
+    fewest = crossing_count(gaps, best[0])
     for s in range(sweeps):
         _stack(columns, _barycentres(band, preds, succs, tw, pos, s % 2 == 0, False), hv, pos)
-        count = crossing_count(gaps, band_y(band, pos, hv)[0])
+        placed = band_y(band, pos, hv)
+        count = crossing_count(gaps, placed[0])
         if count < fewest:
-            best, fewest = list(pos), count
-    y, half = band_y(band, best, hv)
+            best, fewest = placed, count
+    y, half = best
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     sa, da = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
     ex, ey = route_edges(xa, ya, sa, da)

@@ -225,7 +225,7 @@ class DagWidget(anywidget.AnyWidget):
         if title:
             payload["title"] = f"{title} · {payload['title']}"
         if depth is None:
-            depth = ALL if len(payload["nodes"]["name"]) <= DEFAULT_BUDGET else FIT
+            depth = ALL if len(payload["nodes"]["name"]) <= payload["budget"] else FIT
         super().__init__(payload=payload, height=height, depth=depth, **kwargs)
         self.names = frozenset(payload["nodes"]["name"])
 

@@ -175,13 +175,12 @@
     // a sweep can undo what the one before gained: keep the first order with the fewest
     // crossings between neighbouring columns, among the mirror and every sweep
     const gaps = gapEdges(x, src, dst);
-    let best = pos.slice(), fewest = crossingCount(gaps, bandY(n, band, pos, h).y);
+    let {y} = bandY(n, band, pos, h), fewest = crossingCount(gaps, y);  // y of the order kept
     for (let s = 0; s < SWEEPS; s++) {
       stackColumns(columns, barycentres(n, band, preds, succs, twin, pos, s % 2 === 0, false), h, pos);
-      const count = crossingCount(gaps, bandY(n, band, pos, h).y);
-      if (count < fewest) { best = pos.slice(); fewest = count; }
+      const placed = bandY(n, band, pos, h).y, count = crossingCount(gaps, placed);
+      if (count < fewest) { y = placed; fewest = count; }
     }
-    const {y} = bandY(n, band, best, h);
     return {x, y, layer, bucket};
   }
   // Each item's y (forward up, backward mirrored down) and the bands' half gap.
