@@ -262,3 +262,15 @@ def user_stacklevel() -> int:
         frame = frame.f_back
         level += 1
     return level
+
+
+class UnsupportedHookError(TraceError):
+    """A parameter's hook cannot be held in the joint graph (a post-accumulate-grad hook).
+
+    Tensor hooks (``p.register_hook``) are traced into the backward; a hook that
+    runs after ``p.grad`` is written is not, and tracing refuses it, naming the
+    parameter.
+    """
+
+
+__all__ += ["UnsupportedHookError"]  # appended here: the list above is kept by others too

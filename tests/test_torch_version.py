@@ -183,6 +183,7 @@ TORCH_PRIVATE = {
     "_opname", "_overloadname", "_cdata", "_codegen", "_input_nodes", "_args", "_kwargs",
     "_parameters", "_buffers", "_modules", "_orig_mod", "_sync", "_from_functional_tensor",
     "_non_strict_tracing_context", "_patch_engine_backward", "_reparametrize_module",
+    "_backward_hooks", "_post_accumulate_grad_hooks",
 }
 #: Private attributes that are not torch's, each with the reason it may stay.
 ALLOWED = {

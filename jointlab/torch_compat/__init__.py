@@ -94,8 +94,12 @@ from jointlab.torch_compat.graphs import module_stores as module_stores
 from jointlab.torch_compat.graphs import non_strict_tracing_context as non_strict_tracing_context
 from jointlab.torch_compat.graphs import op_parts as op_parts
 from jointlab.torch_compat.graphs import op_schema as op_schema
+from jointlab.torch_compat.graphs import (
+    post_accumulate_grad_hooks as post_accumulate_grad_hooks,
+)
 from jointlab.torch_compat.graphs import record_module_stack_of as record_module_stack_of
 from jointlab.torch_compat.graphs import storage_id as storage_id
+from jointlab.torch_compat.graphs import tensor_hooks as tensor_hooks
 from jointlab.torch_compat.graphs import (
     without_python_decompositions as without_python_decompositions,
 )

@@ -2,8 +2,8 @@
 
 Operator overloads and their schemas, an FX graph's codegen, storages,
 fast fake tensors for loading a graph, a module's parameter and buffer
-dicts, make_fx's module-stack hook, the profiler's event tree, the FX
-interpreter's freeing of dead values, the autograd engine patch, frames,
+dicts, a tensor's Python hooks, make_fx's module-stack hook, the profiler's
+event tree, the FX interpreter's freeing of dead values, the autograd engine patch, frames,
 compiled modules, activation checkpointing internals and the Python
 decompositions an op carries for the Python dispatcher.
 """
@@ -131,6 +131,36 @@ def module_stores(mod: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]
     purpose = "restore the model after tracing"
     return (required(mod, "_parameters", "Module._parameters", purpose),
             required(mod, "_buffers", "Module._buffers", purpose))
+
+
+_NO_ATTRIBUTE = object()
+
+
+def _hook_dict(t: torch.Tensor, attr: str, api: str) -> list[Callable[..., Any]]:
+    hooks = getattr(t, attr, _NO_ATTRIBUTE)
+    if hooks is _NO_ATTRIBUTE:
+        raise unsupported(api, "apply or refuse a parameter's hooks while tracing")
+    return list((hooks or {}).values())
+
+
+def tensor_hooks(t: torch.Tensor) -> list[Callable[..., Any]]:
+    """The Python functions of ``t.register_hook(fn)``, in registration order.
+
+    Torch keeps them in ``Tensor._backward_hooks`` (None until the first one).
+
+    Raises:
+        UnsupportedTorchError: This torch's tensors have no ``_backward_hooks``.
+    """
+    return _hook_dict(t, "_backward_hooks", "Tensor._backward_hooks")
+
+
+def post_accumulate_grad_hooks(t: torch.Tensor) -> list[Callable[..., Any]]:
+    """The functions of ``t.register_post_accumulate_grad_hook(fn)``, in registration order.
+
+    Raises:
+        UnsupportedTorchError: This torch's tensors have no ``_post_accumulate_grad_hooks``.
+    """
+    return _hook_dict(t, "_post_accumulate_grad_hooks", "Tensor._post_accumulate_grad_hooks")
 
 
 def record_module_stack_of(fn: Callable[..., Any], model: torch.nn.Module) -> None:
