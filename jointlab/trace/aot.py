@@ -65,6 +65,7 @@ from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
 )
 from jointlab.trace.hf_compat import hf_tracing_compat
+from jointlab.trace.param_hooks import ParamHooks
 from jointlab.trace.probe_hooks import module_probes
 from jointlab.trace.refusals import in_train_fn
 
@@ -89,13 +90,15 @@ class _TrainStep(nn.Module):
     """
 
     def __init__(self, model: nn.Module, train_fn: Callable[..., Any],
-                 leaves: list[tuple[str, Any]], treespec: pytree.TreeSpec) -> None:
+                 leaves: list[tuple[str, Any]], treespec: pytree.TreeSpec,
+                 hooks: ParamHooks) -> None:
         super().__init__()
         self.model = model
         self._train_fn = train_fn
         self._leaves = [None if isinstance(v, torch.Tensor) else v for _, v in leaves]
         self._tensor_mask = [isinstance(v, torch.Tensor) for _, v in leaves]
         self._treespec = treespec
+        self.hooks = hooks  # the parameters' own hooks, run in the traced backward
         self.box = request.LossBox()
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -103,7 +106,7 @@ class _TrainStep(nn.Module):
         values = [next(it) if is_tensor else v
                   for v, is_tensor in zip(self._leaves, self._tensor_mask)]
         kwargs = pytree.tree_unflatten(values, self._treespec)
-        with _source_recorder(), in_train_fn(self.model):
+        with _source_recorder(), self.hooks.applied(self.model), in_train_fn(self.model):
             loss, loss_dict = split_loss(self._train_fn(self.model, **kwargs))
         check_loss(loss)
         self.box.record(loss_dict)
@@ -231,7 +234,8 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
 
 def _export(model, train_fn, req, layout):
     tensors, dyn_dims = req.tensors, req.dyn_dims
-    wrapper = _TrainStep(model, train_fn, req.leaves, req.treespec)
+    hooks = ParamHooks(model, req.param_names)  # read from the real parameters; refuses
+    wrapper = _TrainStep(model, train_fn, req.leaves, req.treespec, hooks)
     on_meta = state_on_meta(model)
     args = [t.detach().to("meta") if on_meta else t.detach() for _, t in tensors]
     fake_user: list[tuple[str, torch.Tensor]] = []
@@ -242,6 +246,7 @@ def _export(model, train_fn, req, layout):
         args = [fakeify(mode, a, dyn_dims.get(p)) for (p, _), a in zip(tensors, args)]
         fake_user = [(p, a) for (p, _), a in zip(tensors, args)]
     with contextlib.ExitStack() as stack:
+        stack.callback(hooks.remove)
         stack.enter_context(request.user_errors())
         stack.enter_context(module_stack_hooks(model))
         ckpt = stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant

@@ -41,6 +41,7 @@ from jointlab.torch_compat import (
     tracing,
 )
 from jointlab.trace.checkpoint import checkpoint_tracing
+from jointlab.trace.param_hooks import ParamHooks
 from jointlab.trace.probe_hooks import module_probes
 from jointlab.trace.refusals import in_train_fn
 from jointlab.trace.request import (
@@ -67,12 +68,13 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     """
     make_fx_joint_supported()  # torch before 2.13: refused here, before any work
     leaves, dyn_dims = req.leaves, req.dyn_dims
+    hooks = ParamHooks(model, req.param_names)  # read from the real parameters; refuses
     snapshot = ModelSnapshot.take(model)
     layout = DTensorLayout.of(model)  # DTensor state: traced as its local shards
     try:
         fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims, layout)
         fn, box = _joint_fn(model, train_fn, fqns, req.param_names, leaves, req.treespec,
-                            layout, fake_mode)
+                            layout, fake_mode, hooks)
         record_module_stack_of(fn, model)
         _keep_stack_frames_of(train_fn)
         with contextlib.ExitStack() as stack:
@@ -119,7 +121,7 @@ def _fake_inputs(model, leaves, dyn_dims, layout):
     return mode, list(state), fake_state, fake_user
 
 
-def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec, layout, fake_mode):
+def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec, layout, fake_mode, hooks):
     box = LossBox()
     n_state = len(fqns)
 
@@ -130,11 +132,14 @@ def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec, layout, fake
         values = [next(tensor_args) if isinstance(v, torch.Tensor) else v for _, v in leaves]
         kwargs = pytree.tree_unflatten(values, treespec)
         with reparametrize_module(model, state, tie_weights=True), _engine_backward():
-            with in_train_fn(model, fake_mode):
-                loss, loss_dict = split_loss(train_fn(model, **kwargs))
-            check_loss(loss)
-            params = [state[n] for n in param_names]
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            try:  # the parameters' own hooks run in the traced backward
+                with hooks.applied(model), in_train_fn(model, fake_mode):
+                    loss, loss_dict = split_loss(train_fn(model, **kwargs))
+                check_loss(loss)
+                params = [state[n] for n in param_names]
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+            finally:
+                hooks.remove()
         out = []
         for name, p, g in zip(param_names, params, grads):
             if g is None:
