@@ -17,9 +17,13 @@ Recorded (each row of :meth:`Assumptions.table`):
 - ``hyperparameter``: every public attribute of a module holding a plain
   number, string, bool or None (or a tuple of those): dropout ``p``,
   ``eps``, ``momentum``, ``inplace``, HF's ``attention_dropout``...
-- ``global``: process-wide settings the traced ops depend on (autocast per
-  device type and its dtype, the default dtype, deterministic algorithms,
-  float32 matmul precision, PyTorch's fused attention fast path).
+- ``global``: the process-wide settings this graph bakes (autocast per device
+  type and its dtype; the SDPA backend flags where it holds an attention
+  kernel; oneDNN where it holds oneDNN's LSTM layer; the default dtype where
+  it creates a tensor without naming a dtype...): the table and each
+  setting's predicate are in :mod:`jointlab.global_state`. Settings the
+  graph's ops read as they run (deterministic algorithms, float32 matmul
+  precision) are followed as eager follows them and are not recorded.
 - ``rank``: every rank the user's code read while traced (``dist.get_rank()``,
   ``mesh.get_local_rank("tp")``...; :mod:`jointlab.runtime.rank_reads`), with
   the value read, the user's line and the world ranks that read the same
@@ -34,17 +38,19 @@ Values are plain Python data, so the record is saved with the graph.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from jointlab.errors import AssumptionError
+from jointlab.global_state import SETTINGS, advice, read_all, relevant
 
 if TYPE_CHECKING:
     import pandas as pd
+    import torch.fx as fx
 
 __all__ = ["Assumption", "Assumptions", "global_settings", "model_facts"]
 
@@ -117,33 +123,18 @@ def model_facts(model: nn.Module) -> list[Assumption]:
     return out
 
 
-def _autocast(device: str) -> Callable[[], Any]:
-    def read() -> Any:
-        if not torch.is_autocast_enabled(device):
-            return False
-        return str(torch.get_autocast_dtype(device)).replace("torch.", "")
-    return read
-
-
-def _mha_fastpath() -> bool:
-    return bool(torch.backends.mha.get_fastpath_enabled())
-
-
-#: Process-wide settings the traced ops depend on, read the same way at trace and run time.
-GLOBALS: dict[str, Callable[[], Any]] = {
-    "autocast[cpu]": _autocast("cpu"),
-    "autocast[cuda]": _autocast("cuda"),
-    "default dtype": lambda: str(torch.get_default_dtype()).replace("torch.", ""),
-    "deterministic algorithms": torch.are_deterministic_algorithms_enabled,
-    "float32 matmul precision": torch.get_float32_matmul_precision,
-    "fused attention fast path": _mha_fastpath,
-}
+#: Process-wide settings a graph may depend on, read the same way at trace and run time
+#: (the table, and when each one matters for a graph: :mod:`jointlab.global_state`).
+GLOBALS: dict[str, Callable[[], Any]] = {s.name: s.read for s in SETTINGS}
 
 
 def global_settings() -> list[Assumption]:
-    """The process-wide settings in :data:`GLOBALS`, as they are now."""
-    return [Assumption("global", "torch", name, read(), "torch at jl.trace")
-            for name, read in GLOBALS.items()]
+    """Every process-wide setting of :data:`GLOBALS`, as it is now.
+
+    The trace keeps those that matter for its graph (:meth:`Assumptions.relevant_to`).
+    """
+    return [Assumption("global", "torch", name, value, "torch at jl.trace")
+            for name, value in read_all().items()]
 
 
 def _modules_by_name(model: nn.Module) -> dict[str, nn.Module]:
@@ -181,6 +172,8 @@ def _what_to_do(fact: Assumption, now: Any) -> str:
     if fact.kind == "requires_grad":
         return ("The graph's gradient outputs were chosen at trace time; set requires_grad "
                 f"back to {fact.value}, or trace again.")
+    if fact.kind == "global":
+        return advice(fact.attr, fact.value)
     return _RETRACE
 
 
@@ -230,6 +223,20 @@ class Assumptions:
             The record.
         """
         return cls(tuple(model_facts(model) + global_settings()))
+
+    def relevant_to(self, gm: fx.GraphModule) -> Assumptions:
+        """These facts less the global settings ``gm`` does not depend on.
+
+        Args:
+            gm: The graph traced under these facts.
+
+        Returns:
+            A copy keeping a ``"global"`` fact only where
+            :func:`jointlab.global_state.relevant` says the graph bakes it.
+        """
+        keep = tuple(f for f in self.facts
+                     if f.kind != "global" or relevant(f.attr, gm, f.value))
+        return dataclasses.replace(self, facts=keep)
 
     def violations(self, model: nn.Module) -> list[tuple[Assumption, Any]]:
         """Every recorded fact that differs now, with its current value.

@@ -32,7 +32,7 @@ LEVELS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
                "jointlab._lazy", "jointlab.models")),),
     (("torch_compat/meta", ("jointlab.torch_compat", "jointlab.meta")),),
     (("core", ("jointlab.core", "jointlab.inputs", "jointlab.assumptions", "jointlab.shape_guards",
-               "jointlab.display")),),
+               "jointlab.display", "jointlab.global_state")),),
     (("passes", ("jointlab.passes",)),),
     (("runtime", ("jointlab.runtime",)),),
     (("trace", ("jointlab.trace",)), ("analysis", ("jointlab.analysis",)),

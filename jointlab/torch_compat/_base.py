@@ -201,6 +201,8 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                                   "make the device mesh report the rank being traced"),
     "inductor_compile": ("torch._inductor", "compile",
                          "compile the joint graph itself and map its kernels onto it"),
+    "sdp_priority_order": ("torch._C", "_get_sdp_priority_order",
+                           "guard the order SDPA tried its kernels in when traced"),
     "build_memory_profile": ("torch._inductor.fx_passes.memory_estimator",
                              "build_memory_profile",
                              "cross-check the memory prediction against Inductor's estimator"),

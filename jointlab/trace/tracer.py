@@ -132,6 +132,8 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
     keep_rnn_workspace(gm)
     warn_baked_constants(gm, train_fn, model)
     ensure_analyzed(gm)
+    # only the global settings this graph bakes are guarded (jointlab.global_state)
+    parts = dataclasses.replace(parts, assumptions=parts.assumptions.relevant_to(gm))
     joint = RunnableGraph.from_parts(parts)
     refuse_lost_backward(joint, no_kernel)
     flag_meta_attention(joint, sdpa_calls)
