@@ -1,11 +1,13 @@
 """Eager capture: what the untouched model computes, module call by module call.
 
-One eager training step runs on a copy of the model with forward hooks on
-every module (recording a copy of each call's output tensors at the moment
-they are returned) and tensor hooks on those outputs (recording the gradient
-that reaches them in backward). Values are keyed ``(module fqn, call index,
-output leaf)``, exactly as the tracer's probes (:mod:`jointlab.trace.probe_hooks`) key
-the graph nodes that hold the same values, so pairing needs no guessing.
+One eager training step runs on the model (the user's own, kept by the caller
+with :func:`jointlab.runtime.kept.model_kept`, or a copy on another device)
+with forward hooks on every module (recording a copy of each call's output
+tensors at the moment they are returned) and tensor hooks on those outputs
+(recording the gradient that reaches them in backward). Values are keyed
+``(module fqn, call index, output leaf)``, exactly as the tracer's probes
+(:mod:`jointlab.trace.probe_hooks`) key the graph nodes that hold the same
+values, so pairing needs no guessing.
 
 A graph traced from DTensor state computes this rank's local shards, so a
 DTensor value of either side is compared as its local tensor
@@ -93,10 +95,14 @@ def _forward_hook(fqn: str, cap: dict[str, Any]):
 
 def capture_eager(model: nn.Module, train_fn: Any, inputs: dict[str, Any],
                   param_names: list[str], *, seed: int) -> EagerCapture:
-    """Run ``train_fn`` eagerly on ``model`` (a private copy) and record module values.
+    """Run ``train_fn`` eagerly on ``model`` and record module values.
+
+    Gradients come from ``torch.autograd.grad``, so the parameters' own hooks
+    (``register_hook``) apply, as in ``loss.backward()``, but nothing is accumulated
+    into ``.grad`` and post-accumulate-grad hooks do not run.
 
     Args:
-        model: A model the caller owns (it is run, hooked and then unhooked).
+        model: The model to run (hooked, then unhooked; the caller restores its state).
         train_fn: The training step.
         inputs: Keyword inputs, already on the model's device.
         param_names: The parameters to differentiate, in graph order.
@@ -122,7 +128,7 @@ def capture_eager(model: nn.Module, train_fn: Any, inputs: dict[str, Any],
     return EagerCapture(
         loss=loss.detach(),
         grads=dict(zip(param_names, grads)),
-        loss_dict={k: v.detach() if isinstance(v, torch.Tensor) else v
+        loss_dict={k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                    for k, v in loss_dict.items()},
         buffers={k: v.detach().clone() for k, v in model.named_buffers()},
         outputs=local_values(cap["outputs"]),

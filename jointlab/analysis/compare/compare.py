@@ -1,7 +1,11 @@
 """``compare``: run the joint graph and eager autograd from the same start, side by side.
 
-Each side gets its own deep copy of the model and the same RNG seed, so dropout draws
-the same masks and neither side changes the user's model. The result, a
+Both sides start from the same state and RNG seed, so dropout draws the same masks.
+Eager autograd runs on the user's model itself, as the user holds it (parameter and
+module hooks, globals, swapped modules), and leaves it exactly as it was
+(:func:`jointlab.runtime.kept.model_kept`); only a run on another device needs a copy,
+which carries the parameters' hooks (:func:`jointlab.runtime.kept.hooked_copy`). The
+graph reads the model's state and updates its own copies of the buffers. The result, a
 :class:`Comparison`, holds the loss, per-parameter gradient errors, the loss_dict, the
 buffers after the step, and ``first_divergence``: the first graph node, in graph order,
 whose value differs from the eager value at the same point. Graph values are paired with
@@ -23,7 +27,6 @@ graph vs eager" is one call.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import numbers
 from typing import Any, Protocol, runtime_checkable
@@ -60,6 +63,7 @@ from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompareError
 from jointlab.runtime.dtensor import is_dtensor
+from jointlab.runtime.kept import model_on
 from jointlab.runtime.torch_errors import torch_errors
 
 __all__ = ["Comparison", "Divergence", "Tolerance", "compare", "default_tolerances"]
@@ -134,20 +138,19 @@ def _checked_args(joint: Any, model: Any, inputs: Any, seed: Any, device: Any, t
 def _run_graph(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], seed: int,
                device: torch.device, keep: set[str]
                ) -> tuple[RunResult, dict[str, torch.Tensor], NodeRunner]:
-    runner = NodeRunner(joint, copy.deepcopy(model), inputs, device=device, seed=seed, keep=keep)
+    runner = NodeRunner(joint, model, inputs, device=device, seed=seed, keep=keep)  # clones buffers
     runner.advance(len(runner.nodes))
     return runner.result, runner.buffers(), runner
 
 
 def _run_compiled(compiled: Any, model: nn.Module, inputs: dict[str, Any], seed: int,
                   device: torch.device):
-    m = copy.deepcopy(model).to(device)
     inp = to_device(inputs, device)
     devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    with model_on(model, device) as m, torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         out = compiled.run(m, inp)
-    return out, dict(m.named_buffers())
+        return out, {k: v.detach().clone() for k, v in m.named_buffers()}
 
 
 @torch_errors("jl.compare", hint=_COMPARE_HINT)
@@ -158,7 +161,8 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
 
     Args:
         joint: A TracedGraph, a compiled one (``joint.compile()``), or a list of them.
-        model: The user's model (never changed: each side runs on a deep copy).
+        model: The user's model. Eager runs on it as it is (hooks and all) and it is
+            left exactly as it was: values, gradients, flags, plain attributes, RNG.
         inputs: Keyword inputs for ``train_fn``.
         seed: RNG seed used by both sides (every random op draws exactly what eager draws).
         rtol: Relative tolerance; default follows the graph's lowest compute dtype.
@@ -171,7 +175,10 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
             whose real strides stayed the traced ones (see
             :func:`jointlab.analysis.compare.stride_drift.layout_drift`).
             Explicit ``rtol``/``atol`` imply tolerances.
-        device: Run both sides here; default: where the model lives.
+        device: Run both sides here; default: where the model lives. When the
+            model is elsewhere, eager runs on a copy on ``device`` that carries the
+            parameters' hooks but not code that refers to the user's own objects
+            (see :func:`jointlab.runtime.kept.hooked_copy`).
         train_fn: The training step; default ``joint.train_fn``.
 
     Returns:
@@ -185,10 +192,9 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     """
     cands, train_fn, dev = _checked_args(joint, model, inputs, seed, device, train_fn)
     graph = cands["graph"]
-    eager_model = copy.deepcopy(model).to(dev)
-    eager = capture_eager(eager_model, train_fn, to_device(inputs, dev), graph.param_names,
-                          seed=seed)
-    del eager_model
+    with model_on(model, dev) as eager_model:
+        eager = capture_eager(eager_model, train_fn, to_device(inputs, dev), graph.param_names,
+                              seed=seed)
     probes, unpaired = probe_pairs(graph.graph, eager)
     defaulted = exact is None
     if exact is None:

@@ -8,7 +8,6 @@ values that are no farther from it than eager is.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from torch import nn
 from jointlab.analysis.compare.capture import EagerCapture, capture_eager, to_device
 from jointlab.analysis.compare.judge import Tolerance, errors
 from jointlab.analysis.compare.result import Comparison
+from jointlab.runtime.kept import hooked_copy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,10 +92,13 @@ def fp64_reference(model: nn.Module, train_fn: Any, inputs: dict[str, Any], name
                    seed: int, device: torch.device) -> EagerCapture:
     """Eager autograd in float64 (model and floating inputs cast), same seed: the reference.
 
+    The cast needs a copy of the model: it carries the parameters' hooks, not code
+    that refers to the user's own objects (:func:`jointlab.runtime.kept.hooked_copy`).
+
     Returns:
         The float64 eager capture.
     """
-    m = copy.deepcopy(model).to(device).double()
+    m = hooked_copy(model, device, torch.float64)  # the parameters' hooks carried over
     return capture_eager(m, train_fn, _double(to_device(inputs, device)), names, seed=seed)
 
 

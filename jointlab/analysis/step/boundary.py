@@ -21,7 +21,6 @@ Tolerances are :mod:`jointlab.analysis.compare`'s dtype-aware ones.
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +30,7 @@ from jointlab.analysis.compare.capture import capture_eager, probe_pairs
 from jointlab.analysis.compare.judge import Tolerance, close, compute_dtype, errors
 from jointlab.analysis.step.runner import NodeRunner
 from jointlab.errors import StepperError
+from jointlab.runtime.kept import model_kept
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -86,8 +86,9 @@ def eager_values(stepper: Any) -> dict[str, torch.Tensor]:
     if joint.train_fn is None:
         raise StepperError("boundary(eager=True) needs the graph's train_fn, which a loaded "
                            "graph lacks; set compiled.source.train_fn first.")
-    cap = capture_eager(copy.deepcopy(stepper.model), joint.train_fn, stepper.inputs,
-                        list(joint.param_names), seed=stepper.seed or 0)
+    with model_kept(stepper.model) as model:  # the user's model, hooks and all, put back
+        cap = capture_eager(model, joint.train_fn, stepper.inputs, list(joint.param_names),
+                            seed=stepper.seed or 0)
     pairs, _ = probe_pairs(joint.graph, cap)
     return {p.node.name: p.want for p in pairs}
 
