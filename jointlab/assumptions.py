@@ -14,9 +14,18 @@ Recorded (each row of :meth:`Assumptions.table`):
 
 - ``training``: every module's ``training`` flag.
 - ``requires_grad``: every parameter's ``requires_grad``.
-- ``hyperparameter``: every public attribute of a module holding a plain
-  number, string, bool or None (or a tuple of those): dropout ``p``,
-  ``eps``, ``momentum``, ``inplace``, HF's ``attention_dropout``...
+- ``read``: every attribute the traced step read from a module or an object
+  reached through one (dropout ``p``, ``eps``, HF's ``config.hidden_dropout``,
+  a dict of options), with a plain value (:mod:`jointlab.trace.reads`). What
+  was not read is not guarded; what the step wrote itself is a side effect,
+  reported, never guarded.
+- ``variable``: every global and closure variable with a plain value that the
+  traced code names (:mod:`jointlab.trace.code_reads`), read again on each run.
+- ``class``: every module's class (a module swapped for another class).
+- ``hooks``: every module's forward, pre- and backward hooks and every
+  parameter's tensor hooks, by function (the graph ran the ones it had).
+- ``hyperparameter``: in archives saved before reads were recorded, every
+  public plain attribute of a module.
 - ``global``: the process-wide settings this graph bakes (autocast per device
   type and its dtype; the SDPA backend flags where it holds an attention
   kernel; oneDNN where it holds oneDNN's LSTM layer; the default dtype where
@@ -39,88 +48,75 @@ Values are plain Python data, so the record is saved with the graph.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from jointlab.errors import AssumptionError
-from jointlab.global_state import SETTINGS, advice, read_all, relevant
+from jointlab.facts import KINDS as KINDS
+from jointlab.facts import Assumption as Assumption
+from jointlab.global_state import SETTINGS, read_all, relevant
+from jointlab.guard_text import checks, describe_all, what_to_do
+from jointlab.guard_values import same_form
+from jointlab.live_state import (
+    INSTALLED,
+    MISSING,
+    ROOT,
+    UNKNOWN,
+    Live,
+    class_name,
+    current,
+    hooks_now,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch.fx as fx
 
-__all__ = ["Assumption", "Assumptions", "global_settings", "model_facts"]
+__all__ = ["Assumption", "Assumptions", "global_settings", "hooks_fact", "model_facts"]
 
-_PLAIN = (bool, int, float, str, type(None))
-_ROOT = "<the model>"
-_RETRACE = "The graph computes the step as traced; call jl.trace again with the model as it is now."
-KINDS = ("training", "requires_grad", "hyperparameter", "global", "rank")
-
-
-@dataclass(frozen=True)
-class Assumption:
-    """One fact the graph was traced under.
-
-    Attributes:
-        kind: ``"training"``, ``"requires_grad"``, ``"hyperparameter"``, ``"global"``
-            or ``"rank"``.
-        target: The module FQN (``"<the model>"`` for the root), parameter FQN, setting,
-            or the rank read (``"torch.distributed.get_rank()"``).
-        attr: The attribute or setting name (``"training"``, ``"p"``, ``"autocast[cpu]"``,
-            ``"rank"``).
-        value: The value at trace time (plain Python data).
-        source: Where it came from (``"model at jl.trace"``, ``"torch at jl.trace"``, the
-            user's line of a rank read).
-        ranks: For a ``rank`` fact, the world ranks that read ``value`` there (the ranks
-            the graph may run as); None for the other kinds.
-    """
-
-    kind: str
-    target: str
-    attr: str
-    value: Any
-    source: str
-    ranks: tuple[int, ...] | None = None
-
-
-def _is_plain(value: Any) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    return isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)
-
-
-def _hyperparameters(mod: nn.Module) -> Iterator[tuple[str, Any]]:
-    """Public plain-valued attributes of ``mod`` (``training`` apart), sorted by name."""
-    for name in sorted(vars(mod)):
-        if name.startswith("_") or name == "training":
-            continue
-        value = vars(mod)[name]
-        if _is_plain(value):
-            yield name, value
-
-
+_ROOT = ROOT
 def model_facts(model: nn.Module) -> list[Assumption]:
-    """The model's flags, ``requires_grad`` and hyperparameters, as they are now.
+    """The model's flags, classes, hooks and ``requires_grad``, as they are now.
 
     Args:
         model: The user's model (real tensors or meta; nothing is read from tensors).
 
     Returns:
-        One assumption per module flag, parameter and plain attribute.
+        One assumption per module flag, module class and parameter. The trace adds
+        the hooks (:func:`hooks_fact`) and what the step read (``read`` facts).
     """
     src = "model at jl.trace"
     out: list[Assumption] = []
     for fqn, mod in model.named_modules():
         where = fqn or _ROOT
         out.append(Assumption("training", where, "training", bool(mod.training), src))
-        out.extend(Assumption("hyperparameter", where, k, v, src)
-                   for k, v in _hyperparameters(mod))
+        out.append(Assumption("class", where, "class", class_name(mod), src))
     out.extend(Assumption("requires_grad", fqn, "requires_grad", bool(p.requires_grad), src)
                for fqn, p in model.named_parameters())
     return out
+
+
+def hooks_fact(model: nn.Module, installed: list[str]) -> Assumption:
+    """Every hook on the model, as one fact, with those the traced step registers itself.
+
+    A library may register hooks on its first forward (transformers' output capturing
+    does); the trace undoes that, eager's next step does it again, and the graph ran
+    with them: those names (``installed``) are allowed to be there or not.
+
+    Args:
+        model: The model as the trace left it.
+        installed: Names of the hooks the traced step registered.
+
+    Returns:
+        The ``hooks`` fact.
+    """
+    value: dict[str, Any] = hooks_now(model)
+    if installed:
+        value[INSTALLED] = tuple(sorted(set(installed)))
+    return Assumption("hooks", _ROOT, "hooks", value, "model at jl.trace")
 
 
 #: Process-wide settings a graph may depend on, read the same way at trace and run time
@@ -135,68 +131,6 @@ def global_settings() -> list[Assumption]:
     """
     return [Assumption("global", "torch", name, value, "torch at jl.trace")
             for name, value in read_all().items()]
-
-
-def _modules_by_name(model: nn.Module) -> dict[str, nn.Module]:
-    return {fqn or _ROOT: mod for fqn, mod in model.named_modules()}
-
-
-def _current(fact: Assumption, modules: dict[str, nn.Module],
-             params: dict[str, nn.Parameter]) -> Any:
-    """What ``fact`` reads now; ``_MISSING`` when its module or parameter is gone."""
-    if fact.kind == "global":
-        return GLOBALS[fact.attr]()
-    if fact.kind == "requires_grad":
-        p = params.get(fact.target)
-        return _MISSING if p is None else bool(p.requires_grad)
-    mod = modules.get(fact.target)
-    if mod is None:
-        return _MISSING
-    return bool(mod.training) if fact.kind == "training" else vars(mod).get(fact.attr, _MISSING)
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "(missing)"
-
-
-_MISSING = _Missing()
-
-
-def _what_to_do(fact: Assumption, now: Any) -> str:
-    if fact.kind == "training":
-        call = "train()" if fact.value else "eval()"
-        return (f"Put those modules back (model.{call}) to run this graph, or trace again: "
-                f"the graph keeps {'training' if fact.value else 'eval'}-mode behaviour "
-                "(dropout, batch statistics) whatever the flags say now.")
-    if fact.kind == "requires_grad":
-        return ("The graph's gradient outputs were chosen at trace time; set requires_grad "
-                f"back to {fact.value}, or trace again.")
-    if fact.kind == "global":
-        return advice(fact.attr, fact.value)
-    return _RETRACE
-
-
-def _describe(fact: Assumption, now: Any) -> str:
-    name = f"'{fact.target}'.{fact.attr}" if fact.kind != "global" else f"torch's {fact.attr}"
-    return f"{name} was {fact.value!r} when traced and is {now!r} now"
-
-
-def _describe_all(bad: list[tuple[Assumption, Any]], most: int = 5) -> str:
-    """The violations in words; flipped ``training`` flags are told as one item."""
-    flips = [f.target for f, _ in bad if f.kind == "training"]
-    items = []
-    if flips:
-        was = "training" if bad[[f.kind for f, _ in bad].index("training")][0].value else "eval"
-        shown = ", ".join(f"'{t}'" for t in flips[:most])
-        more = f" and {len(flips) - most} more" if len(flips) > most else ""
-        items.append(f"{shown}{more} {'was' if len(flips) == 1 else 'were'} in {was} mode "
-                     f"when traced and {'is' if len(flips) == 1 else 'are'} not now")
-    rest = [(f, n) for f, n in bad if f.kind != "training"]
-    items.extend(_describe(f, n) for f, n in rest[:most])
-    if len(rest) > most:
-        items.append(f"{len(rest) - most} more facts differ")
-    return "; ".join(items)
 
 
 @dataclass(frozen=True)
@@ -247,14 +181,15 @@ class Assumptions:
         Returns:
             ``(fact, value now)`` pairs, in record order; empty when all hold.
         """
-        modules = _modules_by_name(model)
-        params = dict(model.named_parameters())
+        live = Live.of(model)
         out = []
         for fact in self.facts:
             if fact.kind == "rank":
                 continue  # checked for the ranks a graph runs as: check_ranks
-            now = _current(fact, modules, params)
-            if now is _MISSING or now != fact.value or type(now) is not type(fact.value):
+            now = current(fact, live)
+            if now is UNKNOWN:
+                continue  # the table says it is not checked here
+            if now is MISSING or not same_form(now, fact.value):
                 out.append((fact, now))
         return out
 
@@ -273,12 +208,10 @@ class Assumptions:
         bad = self.violations(model)
         if not bad:
             return
-        first, now = bad[0]
+        advice = what_to_do(bad, sum(1 for _ in model.modules()))
         raise AssumptionError(
-            f"{where} was traced under other conditions than hold now: "
-            f"{_describe_all(bad)}. {_what_to_do(first, now)} See joint.guards for "
-            "everything the graph assumes."
-        )
+            f"{where} was traced under other conditions than hold now: {describe_all(bad)}. "
+            f"{advice} See joint.guards for everything the graph assumes.")
 
     def rank_facts(self) -> tuple[Assumption, ...]:
         """The ranks the user's code read while traced (``rank`` facts), in read order."""
@@ -350,9 +283,7 @@ class Assumptions:
         import pandas as pd
 
         rows = [dict(kind=f.kind, target=f.target, attr=f.attr, traced=f.value,
-                     checks=_CHECKS[f.kind] + (f" {list(f.ranks or ())}" if f.kind == "rank"
-                                               else ""),
-                     source=f.source) for f in self.facts]
+                     checks=checks(f), source=f.source) for f in self.facts]
         if not self.recorded:
             rows.append(dict(kind="unknown", target="", attr="", traced=None,
                              checks="nothing: this archive was saved before jointlab "
@@ -360,15 +291,6 @@ class Assumptions:
                              source="archive"))
         return pd.DataFrame(rows, columns=["kind", "target", "attr", "traced", "checks",
                                            "source"])
-
-
-_CHECKS = {
-    "training": "module.training on every run",
-    "requires_grad": "param.requires_grad on every run",
-    "hyperparameter": "the attribute's value on every run",
-    "global": "torch's setting on every run",
-    "rank": "the graph runs only as a rank that reads the same value: ranks",
-}
 
 
 def _this_rank(where: str, fact: Assumption) -> tuple[int, ...]:

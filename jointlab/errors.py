@@ -274,3 +274,15 @@ class UnsupportedHookError(TraceError):
 
 
 __all__ += ["UnsupportedHookError"]  # appended here: the list above is kept by others too
+
+
+class SideEffectWarning(UserWarning):
+    """The traced step changed Python state (a counter, a stash) that the graph does not change.
+
+    The graph repeats ops, not Python: after ``joint.run`` such an attribute keeps
+    its value, where each eager step changes it. Tracing put it back; the warning
+    names it, its values and the line that wrote it.
+    """
+
+
+__all__ += ["SideEffectWarning"]

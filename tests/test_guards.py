@@ -132,12 +132,19 @@ def test_guard_table_lists_every_module_flag_and_parameter(name):
     rg = g[g["kind"] == "requires_grad"]
     assert dict(zip(rg["target"], rg["traced"])) == {
         n: p.requires_grad for n, p in model.named_parameters()}
-    hp = g[g["kind"] == "hyperparameter"]
+    hp = g[g["kind"] == "read"]  # what forward read: every dropout p, norm eps, momentum
     for fqn, m in model.named_modules():
         for attr in ("p", "eps", "momentum"):
             if isinstance(getattr(m, attr, None), float):
                 row = hp[(hp["target"] == (fqn or "<the model>")) & (hp["attr"] == attr)]
                 assert row["traced"].tolist() == [getattr(m, attr)], (fqn, attr)
+    # what no forward reads is not guarded: a Linear's sizes (Conv's padding_mode is read)
+    never_read = {"in_features", "out_features"}
+    assert not never_read & set(hp["attr"]), sorted(never_read & set(hp["attr"]))
+    classes = g[g["kind"] == "class"]
+    assert dict(zip(classes["target"], classes["traced"])) == {
+        (fqn or "<the model>"): f"{type(m).__module__}.{type(m).__qualname__}"
+        for fqn, m in model.named_modules()}
     assert "autocast[cpu]" in set(g["attr"])
     assert "traced under" in joint._repr_html_() and "joint.guards" in joint._repr_html_()
 

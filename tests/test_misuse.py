@@ -321,12 +321,14 @@ def test_closure_float_is_warned_as_baked():
     with pytest.warns(errors.BakedConstantWarning, match=r"train_fn: temperature = 1\.7") as rec:
         joint = jl.trace(net, train_fn, inputs())
     assert len(_baked(rec)) == 1
-    # ... and it really is baked: changing it changes eager but not the graph.
+    # ... and it really is baked: changing it changes eager, and the graph (which would
+    # still compute with 1.7) refuses instead of answering wrongly.
     loss_before, _, _ = joint.run(net, inputs())
     temperature = 3.0  # noqa: F841 - rebinding the closure cell on purpose
-    loss_after, _, _ = joint.run(make_net(), inputs())
-    torch.testing.assert_close(loss_before, loss_after)
-    assert not torch.allclose(train_fn(make_net(), **inputs()), loss_after)
+    assert not torch.allclose(train_fn(make_net(), **inputs()), loss_before)
+    with pytest.raises(errors.AssumptionError, match=r"train_fn: temperature was 1\.7 when "
+                                                     r"traced and is 3\.0 now"):
+        joint.run(make_net(), inputs())
 
 
 def test_global_and_forward_constants_are_warned():

@@ -157,10 +157,16 @@ def test_run_constant_leaf_changed():
 def test_compare_error_names_the_users_call_and_advice_that_applies():
     f = zoo.get("mlp")
     model, inputs = f.make_model(), f.make_inputs(4)
+    broken = {"now": False}  # a hook's own state: nothing the traced step reads
+
+    def hook(m, grad_in, grad_out):
+        return (grad_in[0][:1],) if broken["now"] else None
+
+    model.fc2.register_full_backward_hook(hook)
     joint = jl.trace(model, f.train_fn, inputs)
-    # changed after tracing in a way no guard records (a backward hook), so eager fails
+    # after tracing, the hook starts returning a wrong-sized gradient, so eager fails
     # inside torch's autograd engine, where no frame of the user's code is on the stack
-    model.fc2.register_full_backward_hook(lambda m, gi, go: (gi[0][:1],))
+    broken["now"] = True
     with pytest.raises(errors.TraceError) as info:
         jl.compare(joint, model, inputs)  # the line the error names
     msg = str(info.value)
@@ -209,7 +215,7 @@ def test_specaugment_refusal_names_the_trace_call_and_keeps_python_rngs(mode):
 
 
 @pytest.mark.parametrize("mode", ["make_fx", "aot"])
-def test_trace_leaves_python_and_numpy_generators_as_they_were(mode):
+def test_python_and_numpy_draws_are_refused_and_the_generators_kept(mode):
     import random
     import warnings
 
@@ -228,5 +234,8 @@ def test_trace_leaves_python_and_numpy_generators_as_they_were(mode):
     np.random.seed(5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", errors.BakedConstantWarning)
-        jl.trace(model, jittered, inputs, mode=mode)
+        # the graph would keep the one draw; eager draws anew each step
+        with pytest.raises(errors.UnsupportedRandomOpError,
+                           match=r"drew from Python's random module and numpy\.random"):
+            jl.trace(model, jittered, inputs, mode=mode)
     assert random.random() == want_py and np.random.rand() == want_np

@@ -303,23 +303,29 @@ class DTensorRuntime(MakeFxRuntime):
         self.rank_classes = rank_classes([s for s in specs if s is not None])
         self.group_dims = group_dims([s.mesh for s in specs if s is not None])
 
+    def check_feed(self, flat: list[torch.Tensor]) -> None:
+        """Refuse a DTensor whose mesh, placements or local shape differ from the trace.
+
+        Raises:
+            StateMismatchError: Naming the tensor and what differs (a plan's own words,
+                checked before the guards, whose hook rows would say less).
+        """
+        for i, spec in enumerate(self.specs):
+            why = "" if spec is None else spec.matches(flat[i])
+            if why:
+                raise StateMismatchError(
+                    f"'{spec.fqn}' cannot feed the graph: {why}. Run the graph on the model "
+                    "it was traced from (same mesh and plan, same rank class), or trace again.")
+
     def prepare(self, joint: Any, flat: list[torch.Tensor]) -> list[Any]:
         """Check each DTensor against the trace and pass its local shard.
 
         Raises:
             StateMismatchError: A DTensor's mesh, placements or local shape differ.
         """
-        out = list(flat)
-        for i, spec in enumerate(self.specs):
-            if spec is None:
-                continue
-            why = spec.matches(flat[i])
-            if why:
-                raise StateMismatchError(
-                    f"'{spec.fqn}' cannot feed the graph: {why}. Run the graph on the model "
-                    "it was traced from (same mesh and plan, same rank class), or trace again.")
-            out[i] = spec.local(flat[i])
-        return out
+        self.check_feed(flat)
+        return [t if spec is None else spec.local(t) for t, spec in
+                zip(flat, [*self.specs, *[None] * (len(flat) - len(self.specs))])]
 
     def finish(self, joint: Any, outputs: list[Any], flat: list[torch.Tensor]
                ) -> tuple[Any, list[torch.Tensor], list[Any]]:

@@ -235,6 +235,9 @@ class RunnableGraph:
         if self.shape_guards is not None:
             self.shape_guards.validate(tensors)
         state = check_state(self.state_spec, model)
+        check_feed = getattr(self.runtime, "check_feed", None)  # DTensor state: plan first
+        if check_feed is not None:
+            check_feed([*state, *tensors.values()])
         self.assumptions.check(model)
         return [*state, *tensors.values()]
 

@@ -115,6 +115,12 @@ from jointlab.torch_compat.inductor_state import (
     inductor_state_applied as inductor_state_applied,
 )
 from jointlab.torch_compat.inductor_state import state_changes as state_changes
+from jointlab.torch_compat.module_state import hook_dicts as hook_dicts
+from jointlab.torch_compat.module_state import is_module_slot as is_module_slot
+from jointlab.torch_compat.module_state import module_hooks as module_hooks
+from jointlab.torch_compat.module_state import (
+    module_internal_names as module_internal_names,
+)
 from jointlab.torch_compat.ops import COLLECTIVE_NAMESPACES as COLLECTIVE_NAMESPACES
 from jointlab.torch_compat.ops import FUNCTIONAL_COLLECTIVES as FUNCTIONAL_COLLECTIVES
 from jointlab.torch_compat.ops import batch_norm_legit_overloads as batch_norm_legit_overloads

@@ -191,14 +191,22 @@ def warn_baked_constants(gm: fx.GraphModule, train_fn: Callable[..., Any],
     Returns:
         The descriptions warned about (empty: no warning).
     """
-    found = baked_scalars(gm, {"train_fn": train_fn, **_forwards(model)}) + baked_tensors(gm)
+    scalars = baked_scalars(gm, {"train_fn": train_fn, **_forwards(model)})
+    tensors = baked_tensors(gm)
+    found = scalars + tensors
     if found:
+        said = []
+        if scalars:
+            said.append("Python numbers baked into the joint graph as constants: "
+                        + "; ".join(scalars) + " (guarded: run() refuses once one changes, "
+                        "see joint.guards)")
+        if tensors:
+            said.append("tensors captured from Python baked into it: " + "; ".join(tensors)
+                        + " (changing them later does not change what run() computes)")
         warnings.warn(
-            "values captured from Python were baked into the joint graph as constants: "
-            + "; ".join(found) + ". Changing them later does not change what run() computes. "
-            "Pass them to train_fn as inputs (tensors, to let them vary) or register them on "
-            "the model as buffers, then trace again.",
-            BakedConstantWarning, stacklevel=user_stacklevel())
+            "values captured from Python: " + "; ".join(said) + ". To let them vary, pass "
+            "them to train_fn as inputs (tensors) or register them on the model as buffers, "
+            "then trace again.", BakedConstantWarning, stacklevel=user_stacklevel())
     cache = kv_cache_constants(gm)
     if cache:
         warnings.warn(

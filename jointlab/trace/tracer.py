@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from jointlab.assumptions import Assumptions
+from jointlab.assumptions import Assumptions, hooks_fact
 from jointlab.errors import TraceError
 from jointlab.passes.analyze import ensure_analyzed
 from jointlab.passes.meta_attention import flag_meta_attention
@@ -52,6 +52,7 @@ from jointlab.trace.random_ops import (
     refuse_explicit_generators,
     refuse_layout_dependent_draws,
 )
+from jointlab.trace.read_guards import read_facts, warn_side_effects, watching_python_state
 from jointlab.trace.refusals import refuse_compiled, tracing_guard
 from jointlab.trace.request import TraceRequest
 from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
@@ -107,6 +108,8 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
     refuse_dtensor_state_on_old_torch(model)
     if mode == "make_fx":  # AOT mode names subclass inputs itself (trace/aot.py)
         refuse_dtensor_inputs(inputs)
+    # before any of jointlab's trace-time hooks and switches: the state the user set
+    assumptions = Assumptions.record(model)
     with python_rngs_kept(), no_tensor_printing(), torch_errors("jl.trace"), \
             tracing_guard(model), \
             hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
@@ -115,14 +118,12 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
             meta_attention_calls() as sdpa_calls, rank_reads(torch_reads=True) as ranks_read, \
             inplace_collective_refusals(), loss_parallel_refusals(mode):
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
-        assumptions = Assumptions.record(model)  # before train_fn runs: what the user set
-        if mode == "aot":
-            from jointlab.trace.aot import trace_aot
-
-            parts = with_stack_room(trace_aot, model, train_fn, req)
-        else:  # in one chunk of CPython's frame stack: no mmap churn at a chunk boundary
-            parts = with_stack_room(trace_make_fx, model, train_fn, req)
-    assumptions = dataclasses.replace(assumptions, facts=assumptions.facts + tuple(ranks_read))
+        with watching_python_state(model, train_fn) as watched:
+            parts = _trace_mode(mode, model, train_fn, req)
+    facts = (*assumptions.facts, hooks_fact(model, watched.recorder.installed_hooks),
+             *ranks_read, *read_facts(watched))
+    assumptions = dataclasses.replace(assumptions, facts=facts)
+    warn_side_effects(watched)
     parts = dataclasses.replace(parts, assumptions=assumptions)
     gm = parts.graph_module
     refuse_explicit_generators(gm)
@@ -139,6 +140,16 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
     flag_meta_attention(joint, sdpa_calls)
     joint.train_fn = train_fn
     return joint
+
+
+def _trace_mode(mode: str, model: nn.Module, train_fn: Callable[..., Any], req: TraceRequest
+                ) -> Any:
+    if mode == "aot":
+        from jointlab.trace.aot import trace_aot
+
+        return with_stack_room(trace_aot, model, train_fn, req)
+    # in one chunk of CPython's frame stack: no mmap churn at a chunk boundary
+    return with_stack_room(trace_make_fx, model, train_fn, req)
 
 
 __all__ = ["trace", "TraceError"]

@@ -1,0 +1,166 @@
+"""What each recorded fact reads on the live model and in torch now.
+
+:mod:`jointlab.assumptions` records facts at trace time; this module reads
+the same facts again before each run: a module's flag and class, a
+parameter's ``requires_grad``, every hook by function (:func:`hooks_now`), an
+attribute path the trace read (walked from its module, or from a ``train_fn``
+variable through the fact's reader), a global or closure variable, and a
+process-wide setting (:mod:`jointlab.global_state`). Values come back in the
+plain form guards compare (:mod:`jointlab.guard_values`), or as
+:data:`MISSING` (the module, parameter or attribute is gone) or
+:data:`UNKNOWN` (nothing in this process can read it: a loaded graph's closure
+variable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from jointlab.global_state import SETTINGS
+from jointlab.guard_values import plain_form
+from jointlab.torch_compat import module_hooks, tensor_hooks
+
+if TYPE_CHECKING:
+    from jointlab.facts import Assumption
+
+__all__ = ["INSTALLED", "MISSING", "ROOT", "UNKNOWN", "Live", "class_name", "current",
+           "hook_name", "hooks_now"]
+
+ROOT = "<the model>"
+_READERS = {s.name: s.read for s in SETTINGS}
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(missing)"
+
+
+#: A fact whose module, parameter or attribute is gone now.
+MISSING: Any = _Missing()
+#: A fact nothing in this process can read (a loaded graph's closure variable).
+UNKNOWN: Any = object()
+
+
+def class_name(obj: Any) -> str:
+    """``obj``'s class as ``module.QualName`` (what a ``class`` fact holds)."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def hook_name(fn: Any) -> str:
+    """A hook function as guards show it: ``qualname (file:line)`` when it has code."""
+    fn = getattr(fn, "__func__", fn)
+    inner = getattr(fn, "func", None) if not hasattr(fn, "__code__") else None  # a partial
+    code = getattr(fn, "__code__", None) or getattr(inner, "__code__", None)
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    if code is None:
+        return name
+    return f"{name} ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
+
+
+#: The key of a hooks fact that lists the hooks the traced step itself registers.
+INSTALLED = "(registered by the traced step)"
+
+
+def hooks_now(model: nn.Module, ignore: frozenset[str] = frozenset()
+              ) -> dict[str, tuple[str, ...]]:
+    """Every hook on ``model``'s modules and parameters: ``"fqn kind" -> hook names``.
+
+    Args:
+        model: The model.
+        ignore: Hook names left out (those the traced step registers itself: eager's
+            first step registers them again, and the graph ran with them).
+
+    Returns:
+        Only the places that hold a hook, so a model without hooks gives ``{}``.
+    """
+    out: dict[str, tuple[str, ...]] = {}
+    for fqn, mod in model.named_modules():
+        for kind, fns in module_hooks(mod).items():
+            names = tuple(n for n in map(hook_name, fns) if n not in ignore)
+            if names:
+                out[f"{fqn or ROOT} {kind}"] = names
+    for fqn, p in model.named_parameters():
+        names = tuple(n for n in map(hook_name, tensor_hooks(p)) if n not in ignore)
+        if names:
+            out[f"{fqn} parameter hooks"] = names
+    return out
+
+
+def _hooks_fact_now(fact: Assumption, live: Live) -> dict[str, Any]:
+    installed = fact.value.get(INSTALLED, ()) if isinstance(fact.value, dict) else ()
+    now: dict[str, Any] = hooks_now(live.model, frozenset(installed))
+    if installed:
+        now[INSTALLED] = installed
+    return now
+
+
+@dataclass
+class Live:
+    """The live model, indexed once per check."""
+
+    model: nn.Module
+    modules: dict[str, nn.Module]
+    params: dict[str, nn.Parameter]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> Live:
+        """Index ``model``'s modules (``"<the model>"`` for the root) and parameters."""
+        return cls(model, {fqn or ROOT: mod for fqn, mod in model.named_modules()},
+                   dict(model.named_parameters()))
+
+
+def _walk(obj: Any, path: str) -> Any:
+    """The plain form of ``obj.a.b`` for ``path`` ``"a.b"``; :data:`MISSING` when a step is gone."""
+    for name in path.split("."):
+        obj = getattr(obj, name, MISSING)
+        if obj is MISSING:
+            return MISSING
+    return plain_form(obj)
+
+
+def _root(fact: Assumption, live: Live) -> Any:
+    mod = live.modules.get(fact.target)
+    if mod is not None:
+        return mod
+    return fact.reader() if fact.reader is not None else UNKNOWN
+
+
+def _module_fact(fact: Assumption, live: Live) -> Any:
+    mod = live.modules.get(fact.target)
+    if mod is None:
+        return MISSING
+    if fact.kind == "training":
+        return bool(mod.training)
+    if fact.kind == "class":
+        return class_name(mod)
+    return vars(mod).get(fact.attr, MISSING)  # an old archive's "hyperparameter"
+
+
+def current(fact: Assumption, live: Live) -> Any:
+    """What ``fact`` reads now, in plain form (or :data:`MISSING` / :data:`UNKNOWN`).
+
+    Args:
+        fact: A recorded fact (any kind but ``rank``).
+        live: The live model, indexed.
+
+    Returns:
+        The value to compare with ``fact.value``.
+    """
+    if fact.kind == "global":
+        read = _READERS.get(fact.attr)
+        return UNKNOWN if read is None else read()
+    if fact.kind == "requires_grad":
+        p = live.params.get(fact.target)
+        return MISSING if p is None else bool(p.requires_grad)
+    if fact.kind == "hooks":
+        return _hooks_fact_now(fact, live)
+    if fact.kind == "variable":
+        return UNKNOWN if fact.reader is None else plain_form(fact.reader())
+    if fact.kind == "read":
+        root = _root(fact, live)
+        return root if root is UNKNOWN else _walk(root, fact.attr)
+    return _module_fact(fact, live)
