@@ -18,9 +18,11 @@ called with ``use_cache=True``, and that is reported with the fix
 parameter baked into the graph, is reported as before.
 :func:`no_tensor_printing` turns ``print(tensor)`` in user code during a trace
 (which would only show a fake tensor) into a :class:`DataDependentError`.
-:func:`python_rngs_kept` puts Python's and numpy's global generators back
-after a trace: code that draws from them while traced (HF's SpecAugment masks
-draw from ``np.random``) must not change the user's random stream.
+:func:`python_rngs_kept` refuses a step that draws from Python's or numpy's
+global generator while traced (the graph would keep that one draw; HF's
+SpecAugment masks draw from ``np.random``), and puts both generators back
+after the trace, whatever happens: tracing must not change the user's random
+stream.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from jointlab.errors import BakedConstantWarning, DataDependentError, user_stacklevel
+from jointlab.errors import (
+    BakedConstantWarning,
+    DataDependentError,
+    UnsupportedRandomOpError,
+    user_stacklevel,
+)
 from jointlab.passes.annotate import is_user_frame
 from jointlab.runtime.constants import (
     graph_constant,
@@ -253,19 +260,50 @@ def no_tensor_printing() -> Iterator[None]:
                 delattr(torch.Tensor, kind)
 
 
+def _rng_states() -> tuple[Any, Any]:
+    np = sys.modules.get("numpy")  # not imported yet: the trace cannot have drawn from it
+    return random.getstate(), (np.random.get_state() if np is not None else None)
+
+
+def _drawn(before: tuple[Any, Any], after: tuple[Any, Any]) -> list[str]:
+    out = ["Python's random module"] if before[0] != after[0] else []
+    b, a = before[1], after[1]
+    if b is not None and a is not None and (b[2:] != a[2:] or (b[1] != a[1]).any()):
+        out.append("numpy.random")
+    return out
+
+
+def _restore(state: tuple[Any, Any]) -> None:
+    random.setstate(state[0])
+    np = sys.modules.get("numpy")
+    if np is not None and state[1] is not None:
+        np.random.set_state(state[1])
+
+
 @contextlib.contextmanager
 def python_rngs_kept() -> Iterator[None]:
-    """Restore ``random``'s and ``numpy.random``'s global state after the block, also on error.
+    """Refuse a draw from ``random`` or ``numpy.random`` in the block; restore both generators.
+
+    The graph would keep the one draw the trace made (a layerdrop's
+    ``random.random() < p``, a numpy mask) for ever, while eager draws anew every
+    step. Both generators end where they started, also on error or refusal.
 
     Yields:
-        Nothing; whatever the block draws, both generators end where they started.
+        Nothing.
+
+    Raises:
+        UnsupportedRandomOpError: The block drew from either generator.
     """
-    state = random.getstate()
-    np = sys.modules.get("numpy")  # not imported yet: the trace cannot have drawn from it
-    np_state = np.random.get_state() if np is not None else None
+    before = _rng_states()
     try:
         yield
+        drawn = _drawn(before, _rng_states())
+        if drawn:
+            raise UnsupportedRandomOpError(
+                f"the traced step drew from {' and '.join(drawn)} while traced (a layerdrop "
+                "`random.random() < p`, a numpy mask...). The graph would keep that one draw "
+                "for ever, while eager draws anew every step. Draw with torch (torch.rand, "
+                "torch.bernoulli: the graph draws those each run), or draw outside train_fn "
+                "and pass the result in as an input.")
     finally:
-        random.setstate(state)
-        if np is not None:
-            np.random.set_state(np_state)
+        _restore(before)

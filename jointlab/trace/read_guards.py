@@ -1,19 +1,16 @@
 """The guards a trace records from what it read, and what it reports about what it wrote.
 
 :func:`watching_python_state` wraps the mode's trace: it scans the code for
-globals and closure variables (:mod:`jointlab.trace.code_reads`), watches the
-model and the objects the code names (:mod:`jointlab.trace.reads`), and
-refuses a step that drew from Python's or numpy's global generator (the draw
-would be baked; eager draws anew each step). Afterwards :func:`read_facts`
-turns the record into ``read`` and ``variable`` assumptions and
-:func:`warn_side_effects` names the Python attributes the step changed.
+globals and closure variables (:mod:`jointlab.trace.code_reads`) and watches
+the model and the objects the code names (:mod:`jointlab.trace.reads`).
+Afterwards :func:`read_facts` turns the record into ``read`` and ``variable``
+assumptions and :func:`warn_side_effects` names the Python attributes the step
+changed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import random
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from jointlab.assumptions import Assumption
-from jointlab.errors import SideEffectWarning, UnsupportedRandomOpError, user_stacklevel
+from jointlab.errors import SideEffectWarning, user_stacklevel
 from jointlab.trace.code_reads import objects_to_watch, variables_read
 from jointlab.trace.reads import ReadRecorder, recording_reads
 
@@ -38,34 +35,10 @@ class Watched:
     train_fn: Callable[..., Any]
 
 
-def _rng_states() -> tuple[Any, Any]:
-    np = sys.modules.get("numpy")
-    return random.getstate(), (np.random.get_state() if np is not None else None)
-
-
-def _drawn(before: tuple[Any, Any], after: tuple[Any, Any]) -> list[str]:
-    out = ["Python's random module"] if before[0] != after[0] else []
-    b, a = before[1], after[1]
-    if b is not None and a is not None and (b[2:] != a[2:] or (b[1] != a[1]).any()):
-        out.append("numpy.random")
-    return out
-
-
-def _refuse_python_draws(before: tuple[Any, Any]) -> None:
-    drawn = _drawn(before, _rng_states())
-    if drawn:
-        raise UnsupportedRandomOpError(
-            f"the traced step drew from {' and '.join(drawn)} while traced (a layerdrop "
-            "`random.random() < p`, a numpy mask...). The graph would keep that one draw "
-            "for ever, while eager draws anew every step. Draw with torch (torch.rand, "
-            "torch.bernoulli: the graph draws those each run), or draw outside train_fn "
-            "and pass the result in as an input.")
-
-
 @contextlib.contextmanager
 def watching_python_state(model: nn.Module, train_fn: Callable[..., Any]
                           ) -> Iterator[Watched]:
-    """Record what the block reads and writes of Python state; refuse Python RNG draws.
+    """Record what the block reads and writes of Python state.
 
     Args:
         model: The model being traced.
@@ -73,18 +46,12 @@ def watching_python_state(model: nn.Module, train_fn: Callable[..., Any]
 
     Yields:
         A :class:`Watched`, complete once the block ends.
-
-    Raises:
-        jointlab.errors.UnsupportedRandomOpError: The block drew from ``random`` or
-            ``numpy.random`` (checked when it ended without an error).
     """
     objects = objects_to_watch(model, train_fn)
-    before = _rng_states()
     with recording_reads(model) as rec:
         for label, obj, _ in objects:
             rec.watch(obj, label)
         yield Watched(rec, {label: read for label, _, read in objects}, train_fn)
-    _refuse_python_draws(before)
 
 
 def read_facts(watched: Watched) -> list[Assumption]:

@@ -7,8 +7,11 @@ built from one :class:`jointlab.trace.request.TraceRequest`. After the mode,
 repair, the baked-constant check, the cost-and-storage analysis) and only
 then builds the :class:`~jointlab.runtime.graph.RunnableGraph`
 (``jl.trace``, in :mod:`jointlab.graph`, hands it to the user as a JointGraph).
-All of it runs under :func:`~jointlab.runtime.gc_pause.no_full_collection`:
-no full garbage collection while it runs.
+The mode's trace runs inside every watch of
+:data:`jointlab.trace.watch_table.WATCHES` (refusals, guards, swaps, records,
+in table order). All of it runs under
+:func:`~jointlab.runtime.gc_pause.no_full_collection`: no full garbage
+collection while it runs.
 """
 
 from __future__ import annotations
@@ -26,36 +29,25 @@ from jointlab.passes.meta_attention import flag_meta_attention
 from jointlab.passes.repair import repair_views
 from jointlab.runtime.gc_pause import no_full_collection
 from jointlab.runtime.graph import RunnableGraph
-from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.stack_room import with_stack_room
-from jointlab.runtime.torch_errors import torch_errors
 from jointlab.trace.fake_world import (
-    loss_parallel_refusals,
     refuse_dtensor_inputs,
     refuse_dtensor_state_on_old_torch,
     refuse_loss_parallel,
     refuse_unsupported_wrappers,
 )
-from jointlab.trace.fast_paths import fast_path_refusals
-from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
-from jointlab.trace.inplace_collectives import inplace_collective_refusals
-from jointlab.trace.lost_backward import no_kernel_warnings, refuse_lost_backward
+from jointlab.trace.lost_backward import refuse_lost_backward
 from jointlab.trace.make_fx import trace_make_fx
-from jointlab.trace.meta_attention import meta_attention_calls
-from jointlab.trace.python_state import (
-    no_tensor_printing,
-    python_rngs_kept,
-    warn_baked_constants,
-)
+from jointlab.trace.python_state import warn_baked_constants
 from jointlab.trace.random_ops import (
-    random_op_refusals,
     refuse_explicit_generators,
     refuse_layout_dependent_draws,
 )
-from jointlab.trace.read_guards import read_facts, warn_side_effects, watching_python_state
-from jointlab.trace.refusals import refuse_compiled, tracing_guard
+from jointlab.trace.read_guards import read_facts, warn_side_effects
+from jointlab.trace.refusals import refuse_compiled
 from jointlab.trace.request import TraceRequest
-from jointlab.trace.rnn import eager_rnn_kernels, keep_rnn_workspace
+from jointlab.trace.rnn import keep_rnn_workspace
+from jointlab.trace.watch_table import WatchCall, watching
 
 MODES = ("make_fx", "aot")
 
@@ -110,16 +102,11 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
         refuse_dtensor_inputs(inputs)
     # before any of jointlab's trace-time hooks and switches: the state the user set
     assumptions = Assumptions.record(model)
-    with python_rngs_kept(), no_tensor_printing(), torch_errors("jl.trace"), \
-            tracing_guard(model), \
-            hf_refusals(model), hf_exact_branches(), random_op_refusals(), \
-            fast_path_refusals(model), eager_rnn_kernels(model), \
-            no_kernel_warnings() as no_kernel, \
-            meta_attention_calls() as sdpa_calls, rank_reads(torch_reads=True) as ranks_read, \
-            inplace_collective_refusals(), loss_parallel_refusals(mode):
+    with watching(WatchCall(model, train_fn, mode)) as seen:  # trace/watch_table.py
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
-        with watching_python_state(model, train_fn) as watched:
-            parts = _trace_mode(mode, model, train_fn, req)
+        parts = _trace_mode(mode, model, train_fn, req)
+    no_kernel, sdpa_calls = seen["lost backward"], seen["meta attention"]
+    ranks_read, watched = seen["rank reads"], seen["python state"]
     facts = (*assumptions.facts, hooks_fact(model, watched.recorder.installed_hooks),
              *ranks_read, *read_facts(watched))
     assumptions = dataclasses.replace(assumptions, facts=facts)

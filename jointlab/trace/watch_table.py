@@ -1,0 +1,201 @@
+"""Every specialisation a trace watches for, as one table: the event, what jointlab does, its error.
+
+A joint graph is valid only under the conditions it was traced in. Each row of
+:data:`WATCHES` is one such condition: the event it watches for while
+``train_fn`` is traced, its outcome, the error or warning users see, and one
+doc line. Outcomes:
+
+- ``refuse``: the trace stops with the row's error (the graph could not be exact);
+- ``guard``: the state is recorded and checked before every run (``joint.guards``
+  rows of the row's ``kinds``);
+- ``swap``: jointlab puts something of its own in place for the trace's length
+  (and restores it), so the graph computes what eager computes;
+- ``record``: the trace notes what happened for a later pass or view;
+- ``warn``: the graph is exact, but something users may not expect is said.
+
+Rows with ``enter`` are entered by :func:`watching` around the mode's trace,
+in table order; the others are entered where named (``where``), inside a mode or
+at a pass. ``tests/test_watch_table.py`` checks the table against the code (the
+tracer enters exactly these rows, every ``refuse`` row's error is listed in the
+README, every guard kind is a :data:`jointlab.facts.KINDS`), so a missing row
+shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from jointlab import errors
+from jointlab.runtime.rank_reads import rank_reads
+from jointlab.runtime.torch_errors import torch_errors
+from jointlab.trace.fake_world import loss_parallel_refusals
+from jointlab.trace.fast_paths import fast_path_refusals
+from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
+from jointlab.trace.inplace_collectives import inplace_collective_refusals
+from jointlab.trace.lost_backward import no_kernel_warnings
+from jointlab.trace.meta_attention import meta_attention_calls
+from jointlab.trace.python_state import no_tensor_printing, python_rngs_kept
+from jointlab.trace.random_ops import random_op_refusals
+from jointlab.trace.read_guards import watching_python_state
+from jointlab.trace.refusals import tracing_guard
+from jointlab.trace.rnn import eager_rnn_kernels
+
+__all__ = ["OUTCOMES", "WATCHES", "Watch", "WatchCall", "watching"]
+
+OUTCOMES = ("refuse", "guard", "swap", "record", "warn")
+
+
+@dataclass(frozen=True)
+class WatchCall:
+    """What a row's context needs: the traced call."""
+
+    model: nn.Module
+    train_fn: Callable[..., Any]
+    mode: str
+
+
+@dataclass(frozen=True)
+class Watch:
+    """One specialisation a trace watches for.
+
+    Attributes:
+        name: The row's name (also the key of what its context yields in :func:`watching`).
+        event: What is watched for, in a user's words.
+        outcome: One of :data:`OUTCOMES`.
+        error: The error or warning class users see (None: nothing is raised).
+        doc: One line: why, and what jointlab does.
+        enter: Makes the row's context for one trace; None when entered elsewhere.
+        where: For a row without ``enter``, the dotted name of the function that enters
+            or applies it.
+        kinds: For a ``guard`` row, the ``joint.guards`` kinds it records.
+    """
+
+    name: str
+    event: str
+    outcome: str
+    error: type | None
+    doc: str
+    enter: Callable[[WatchCall], contextlib.AbstractContextManager[Any]] | None = None
+    where: str = ""
+    kinds: tuple[str, ...] = ()
+
+
+WATCHES: tuple[Watch, ...] = (
+    Watch("python rngs", "train_fn draws from random / numpy.random", "refuse",
+          errors.UnsupportedRandomOpError,
+          "the graph would keep one draw; both generators are put back, whatever happens",
+          lambda c: python_rngs_kept()),
+    Watch("tensor printing", "user code prints or formats a tensor", "refuse",
+          errors.DataDependentError, "a traced tensor has no value to show",
+          lambda c: no_tensor_printing()),
+    Watch("torch errors", "torch raises while tracing", "refuse", errors.TraceError,
+          "torch's error chained, with the user's line and advice",
+          lambda c: torch_errors("jl.trace")),
+    Watch("optimizer and parameter misuse", "optimizer.step(), backward() or .grad in train_fn",
+          "refuse", errors.TrainFnMisuseError,
+          "the graph takes gradients itself; train_fn returns the loss",
+          lambda c: tracing_guard(c.model)),
+    Watch("transformers refusals", "an HF MoE path jointlab cannot trace exactly", "refuse",
+          errors.TraceError, "named with the model's class and the fix",
+          lambda c: hf_refusals(c.model)),
+    Watch("transformers branches", "transformers' packed-sequence check while tracing",
+          "swap", None, "answered as eager answers it, so the same kernels are traced",
+          lambda c: hf_exact_branches()),
+    Watch("random ops", "an explicit generator= or random_(from, to)", "refuse",
+          errors.UnsupportedRandomOpError, "the graph could not draw what eager draws",
+          lambda c: random_op_refusals()),
+    Watch("fused fast path", "eval-mode MultiheadAttention eager would run fused", "refuse",
+          errors.FastPathError, "the fused kernel computes other bits than the traced ops",
+          lambda c: fast_path_refusals(c.model)),
+    Watch("RNN kernels", "an RNN layer", "swap", errors.UnsupportedModuleError,
+          "traced through eager's own composite (oneDNN's LSTM layer as one op)",
+          lambda c: eager_rnn_kernels(c.model)),
+    Watch("lost backward", "an op with no backward kernel", "record",
+          errors.GradientLostError, "refused after the trace if a gradient was lost",
+          lambda c: no_kernel_warnings()),
+    Watch("meta attention", "SDPA on meta tensors", "record", errors.MetaAttentionWarning,
+          "the kernel a real device would take is flagged on the graph",
+          lambda c: meta_attention_calls()),
+    Watch("rank reads", "dist.get_rank() or a mesh coordinate read", "guard", None,
+          "the graph runs only as the ranks that read the same value",
+          lambda c: rank_reads(torch_reads=True), kinds=("rank",)),
+    Watch("in-place collectives", "an in-place c10d collective in train_fn", "refuse",
+          errors.TrainFnMisuseError, "the functional spelling is named",
+          lambda c: inplace_collective_refusals()),
+    Watch("loss parallel", "loss_parallel() entered inside train_fn", "refuse",
+          errors.UnsupportedWrapperError, "entered around jl.trace it is supported",
+          lambda c: loss_parallel_refusals(c.mode)),
+    Watch("python state", "attributes, config fields, items, globals and closure "
+          "variables the step reads; attributes it writes", "guard", errors.SideEffectWarning,
+          "reads guarded, writes put back and warned", lambda c: watching_python_state(
+              c.model, c.train_fn), kinds=("read", "variable", "hooks")),
+    Watch("model facts", "training flags, module classes, requires_grad", "guard", None,
+          "recorded before any of jointlab's own hooks", where="jointlab.assumptions.Assumptions.record",
+          kinds=("training", "class", "requires_grad")),
+    Watch("global settings", "autocast, SDPA flags, oneDNN, default dtype...", "guard", None,
+          "only the settings the graph bakes (jointlab.global_state)",
+          where="jointlab.assumptions.Assumptions.relevant_to", kinds=("global",)),
+    Watch("dynamic shapes", "the sizes a dynamic trace specialised on", "guard",
+          errors.GuardError, "checked on every run before execution", where="jointlab.shape_guards.ShapeGuards.validate"),
+    Watch("backward and .grad in train_fn", "loss.backward(), autograd.grad, .grad",
+          "refuse", errors.TrainFnMisuseError, "inside train_fn only",
+          where="jointlab.trace.refusals.in_train_fn"),
+    Watch("parameter writes", "an in-place write to a parameter in train_fn", "refuse",
+          errors.TrainFnMisuseError, "the graph would not repeat it",
+          where="jointlab.trace.refusals.in_train_fn"),
+    Watch("seed calls", "torch.manual_seed or set_rng_state inside train_fn", "refuse",
+          errors.TrainFnMisuseError, "seed outside and pass seed= to compare/Stepper",
+          where="jointlab.trace.rng_calls.seed_call_refusals"),
+    Watch("parameter hooks", "p.register_hook on a parameter", "swap",
+          errors.UnsupportedHookError,
+          "registered on the trace's stand-ins, so the graph runs them; post-accumulate "
+          "hooks refused", where="jointlab.trace.param_hooks.ParamHooks"),
+    Watch("checkpoint", "torch.utils.checkpoint regions", "swap",
+          errors.UnsupportedCheckpointError, "recomputes replay eager's RNG exactly",
+          where="jointlab.trace.checkpoint.checkpoint_tracing"),
+    Watch("baked constants", "a captured number or tensor baked into the graph", "warn",
+          errors.BakedConstantWarning, "numbers are guarded too (variable rows)",
+          where="jointlab.trace.python_state.warn_baked_constants"),
+    Watch("AOT layout-dependent draws", "bernoulli_(p) or rrelu on a non-contiguous tensor "
+          "in mode='aot'", "refuse", errors.UnsupportedRandomOpError,
+          "AOT's functional forms draw in another order", where="jointlab.trace.random_ops.refuse_layout_dependent_draws"),
+)
+
+
+@contextlib.contextmanager
+def watching(call: WatchCall) -> Iterator[dict[str, Any]]:
+    """Enter every row of :data:`WATCHES` that has ``enter``, in table order.
+
+    Args:
+        call: The traced call.
+
+    Yields:
+        What each row's context yielded, by row name (e.g. ``"python state"``).
+    """
+    with contextlib.ExitStack() as stack:
+        yield {w.name: stack.enter_context(w.enter(call)) for w in WATCHES
+               if w.enter is not None}
+
+
+def markdown() -> str:
+    """The table as README shows it: one row per watch (``python -m jointlab.trace.watch_table``).
+
+    Returns:
+        A Markdown table: event, outcome, what users see, why / what jointlab does.
+    """
+    lines = ["| what the trace watches for | outcome | you see | why / what jointlab does |",
+             "|---|---|---|---|"]
+    for w in WATCHES:
+        seen = f"`{w.error.__name__}`" if w.error is not None else "—"
+        kinds = f" (`joint.guards`: {', '.join(w.kinds)})" if w.kinds else ""
+        lines.append(f"| {w.event} | {w.outcome}{kinds} | {seen} | {w.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
