@@ -171,3 +171,33 @@ def test_fp64_reference_carries_parameter_hooks():
     assert torch.equal(ref.grads["0.weight"], -m64[0].weight.grad)  # deepcopy lost the hook
     assert torch.equal(ref.grads["2.weight"], m64[2].weight.grad)
     assert_unchanged(before, model)
+
+
+class _HooksOnFirstCall(nn.Module):
+    """Like transformers' output capturing: the first forward registers a hook and a flag;
+    the hook adds what it sees to a running total that the loss reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.seen: list = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not getattr(self, "_installed", False):
+            self.lin.register_forward_hook(lambda m, a, o: self.seen.append(o))
+            self._installed = True
+        self.seen.clear()
+        out = self.lin(x)
+        return out * len(self.seen)  # 1 with one hook; 2 if the hook were registered twice
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_hooks_a_forward_registers_on_first_call_are_undone_with_their_flag(mode):
+    torch.manual_seed(0)
+    model, inputs = _HooksOnFirstCall(), {"x": torch.randn(2, 4)}
+    joint = jl.trace(model, _sum_loss, inputs, mode=mode)
+    before = deep_state(model)
+    for _ in range(2):  # a second compare must not see the hook twice
+        assert jl.compare(joint, model, inputs).verdict == "bit-exact"
+        assert not model.lin._forward_hooks and not hasattr(model, "_installed")
+    assert_unchanged(before, model)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from jointlab.runtime.snapshot import ModelSnapshot
-from jointlab.torch_compat import post_accumulate_grad_hooks, tensor_hooks
+from jointlab.torch_compat import hook_dicts, post_accumulate_grad_hooks, tensor_hooks
 
 __all__ = ["KeptModel", "hooked_copy", "model_kept", "model_on"]
 
@@ -45,11 +45,15 @@ class KeptModel:
         values: ``(tensor, clone)`` for every parameter, buffer, gradient and plain
             tensor attribute of a module (their values, restored in place).
         attrs: ``(module, shallow copy of its __dict__)``: plain attributes.
+        hooks: ``(live hook dict, copy)`` for every module: a library that registers
+            hooks on its first forward (transformers' output capturing, beside a flag
+            attribute restored with ``attrs``) gets both undone together.
     """
 
     identity: ModelSnapshot
     values: list[tuple[torch.Tensor, torch.Tensor]]
     attrs: list[tuple[nn.Module, dict[str, Any]]]
+    hooks: list[tuple[dict[Any, Any], dict[Any, Any]]]
 
     @classmethod
     def take(cls, model: nn.Module) -> KeptModel:
@@ -71,7 +75,8 @@ class KeptModel:
                 continue
             seen.add(id(t))
             values.append((t, t.detach().clone()))
-        return cls(identity, values, attrs)
+        hooks = [(d, dict(d)) for mod in model.modules() for d in hook_dicts(mod)]
+        return cls(identity, values, attrs, hooks)
 
     def restore(self) -> None:
         """Put back attributes, tensor objects, flags, the RNG, then every value."""
@@ -82,6 +87,10 @@ class KeptModel:
             for name, value in saved.items():
                 if live.get(name, _MISSING) is not value:
                     live[name] = value
+        for live_hooks, saved_hooks in self.hooks:
+            if live_hooks != saved_hooks:
+                live_hooks.clear()
+                live_hooks.update(saved_hooks)
         self.identity.restore()
         with torch.no_grad():
             for t, saved in self.values:
