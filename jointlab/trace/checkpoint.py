@@ -59,7 +59,23 @@ def _traced_set(original: Callable[..., Any], cuda: bool) -> Callable[..., Any]:
             return original(new_state, device) if cuda else original(new_state)
         SET_STATE(new_state, device=_cuda_device(device) if cuda else torch.device("cpu"))
         return None
+    setattr(set_rng_state, _RECORDS, True)
     return set_rng_state
+
+
+_RECORDS = "_jointlab_records_rng_state"
+
+
+def records_rng_state(fn: Callable[..., Any]) -> bool:
+    """True when calling ``fn`` now puts a generator-state node into the graph.
+
+    Args:
+        fn: What ``torch.set_rng_state`` (or the CUDA one) is bound to.
+
+    Returns:
+        ``fn`` is :func:`checkpoint_tracing`'s replacement and a proxy mode traces.
+    """
+    return bool(getattr(fn, _RECORDS, False)) and get_proxy_mode() is not None
 
 
 def _rng_patches() -> list[tuple[Any, str, Any]]:

@@ -148,8 +148,10 @@ WATCHES: tuple[Watch, ...] = (
     Watch("parameter writes", "an in-place write to a parameter in train_fn", "refuse",
           errors.TrainFnMisuseError, "the graph would not repeat it",
           where="jointlab.trace.refusals.in_train_fn"),
-    Watch("seed calls", "torch.manual_seed or set_rng_state inside train_fn", "refuse",
-          errors.TrainFnMisuseError, "seed outside and pass seed= to compare/Stepper",
+    Watch("seed calls", "a seed or generator-state call inside train_fn, whoever makes it "
+          "(the user, a library helper, torch.default_generator)", "refuse",
+          errors.TrainFnMisuseError, "names the function and your line; fork_rng is "
+          "recorded in make_fx mode; seed outside and pass seed= to compare/Stepper",
           where="jointlab.trace.rng_calls.seed_call_refusals"),
     Watch("parameter hooks", "p.register_hook on a parameter", "swap",
           errors.UnsupportedHookError,
