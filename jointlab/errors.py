@@ -286,3 +286,15 @@ class SideEffectWarning(UserWarning):
 
 
 __all__ += ["SideEffectWarning"]
+
+
+class UnsupportedControlFlowError(TraceError):
+    """The traced step uses higher-order control flow (``torch.cond`` on a tensor predicate).
+
+    Which branch runs depends on a tensor's value when the step runs; a joint graph
+    is one flat list of ATen ops and their backward and cannot hold the branch. The
+    message names the line and says how to write it so that it traces exactly.
+    """
+
+
+__all__ += ["UnsupportedControlFlowError"]

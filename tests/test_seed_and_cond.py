@@ -1,11 +1,13 @@
-"""Seed calls judged by their effect, whoever makes them.
+"""Seed calls judged by their effect, whoever makes them; torch.cond refused in jointlab words.
 
 Eager is the reference wherever a graph runs: a seed call inside the traced step
 (the user's, a library helper's such as PyTorch's OpInfo ``wrapper_set_seed``,
 torch's own ``fork_rng`` where the graph cannot record it, or one that bypasses
 ``torch.manual_seed``) is refused with the function that made it and the user's
 line, and the user's generator is left as it was; ``fork_rng`` in make_fx mode,
-which the graph records, runs bit for bit as eager.
+which the graph records, runs bit for bit as eager. ``torch.cond`` on a tensor
+predicate is refused in both modes with the line and the fix; on a Python bool it
+traces the branch eager runs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from torch import nn
 
 import jointlab as jl
-from jointlab.errors import TrainFnMisuseError
+from jointlab.errors import TrainFnMisuseError, UnsupportedControlFlowError
 from tests.fixtures import opinfo_seed
 from tests.util import eager_step
 
@@ -129,3 +131,46 @@ def test_a_seed_inside_fork_rng_is_refused_once_not_for_the_restore():
 
     msg = _refused(_Drawing(draw), "aot")
     assert msg.startswith("train_fn calls torch.manual_seed() at ") and "set_rng_state" not in msg
+
+
+# -- torch.cond ----------------------------------------------------------------------
+class _Branching(nn.Module):
+    def __init__(self, python_pred=None):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.python_pred = python_pred
+
+    def forward(self, x):
+        h = self.lin(x)
+        pred = h.sum() > 0 if self.python_pred is None else self.python_pred
+        return torch.cond(pred, lambda t: t.sin(), lambda t: t.cos() * 2, (h,))
+
+
+def _branch_loss(model, x):
+    return model(x).square().mean()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_cond_on_a_tensor_is_refused_with_the_line_and_the_fix(mode):
+    torch.manual_seed(0)
+    model, x = _Branching(), torch.randn(4, 8)
+    with pytest.raises(UnsupportedControlFlowError) as info:
+        jl.trace(model, _branch_loss, {"x": x}, mode=mode)
+    msg = str(info.value)
+    assert "train_fn calls torch.cond() at " in msg and "test_seed_and_cond.py:" in msg
+    assert "return torch.cond(pred, lambda t: t.sin()" in msg
+    assert "higher-order control flow" in msg
+    assert "torch.where(pred, true_fn(x), false_fn(x))" in msg and "`if use_a:`" in msg
+    assert "no rule registered" not in msg and "HigherOrderOperator" not in msg
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("pred", [True, False])
+def test_torch_cond_on_a_python_bool_traces_the_branch_eager_runs(mode, pred):
+    torch.manual_seed(0)
+    model, inputs = _Branching(python_pred=pred), {"x": torch.randn(4, 8)}
+    joint = jl.trace(model, _branch_loss, inputs, mode=mode)
+    loss, grads, _ = joint.run(model, inputs)
+    want_loss, want_grads, _ = eager_step(copy.deepcopy(model), _branch_loss, inputs, 0)
+    assert torch.equal(loss, want_loss)
+    assert all(torch.equal(grads[n], want_grads[n]) for n in want_grads)

@@ -38,6 +38,7 @@ from jointlab.errors import (
 )
 from jointlab.runtime.torch_errors import caller_line
 from jointlab.torch_compat import is_compiled_module, op_schema, storage_id
+from jointlab.trace.control_flow import cond_refusals
 from jointlab.trace.function_checks import checked_user_code
 from jointlab.trace.rng_calls import seed_call_refusals
 
@@ -179,7 +180,11 @@ def _param_writes_refused(protected: dict[Any, str], fake_mode: Any
 
 @contextlib.contextmanager
 def in_train_fn(model: nn.Module, fake_mode: Any = None) -> Iterator[None]:
-    """Refuse backward calls, ``.grad`` access, parameter writes and seed calls in ``train_fn``.
+    """Refuse backward calls, ``.grad`` access, parameter writes, seeds and ``torch.cond``.
+
+    The seed and generator-state calls and ``torch.cond`` are refused whoever makes
+    them, the user's code or a library it calls (:mod:`jointlab.trace.rng_calls`,
+    :mod:`jointlab.trace.control_flow`).
 
     Args:
         model: The model as ``train_fn`` sees it (parameters may be swapped
@@ -197,7 +202,8 @@ def in_train_fn(model: nn.Module, fake_mode: Any = None) -> Iterator[None]:
     protected = {**(_REAL[-1] if _REAL else {}), **_param_storages(model)}
     names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
     with checked_user_code(_no_backward_handlers(names)), \
-            _param_writes_refused(protected, fake_mode), seed_call_refusals():
+            _param_writes_refused(protected, fake_mode), seed_call_refusals(), \
+            cond_refusals():
         yield
 
 

@@ -153,6 +153,10 @@ WATCHES: tuple[Watch, ...] = (
           errors.TrainFnMisuseError, "names the function and your line; fork_rng is "
           "recorded in make_fx mode; seed outside and pass seed= to compare/Stepper",
           where="jointlab.trace.rng_calls.seed_call_refusals"),
+    Watch("torch.cond", "torch.cond on a tensor predicate inside train_fn", "refuse",
+          errors.UnsupportedControlFlowError, "a joint graph cannot hold a data-dependent "
+          "branch: select with torch.where, or branch in Python on a value passed in",
+          where="jointlab.trace.control_flow.cond_refusals"),
     Watch("parameter hooks", "p.register_hook on a parameter", "swap",
           errors.UnsupportedHookError,
           "registered on the trace's stand-ins, so the graph runs them; post-accumulate "
