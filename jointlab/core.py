@@ -22,12 +22,48 @@ if TYPE_CHECKING:
     from jointlab.shape_guards import ShapeGuards
 
 
-class RunResult(NamedTuple):
-    """What one run of a joint graph returns: ``loss, grads, loss_dict = joint.run(...)``."""
-
+class _RunFields(NamedTuple):
     loss: torch.Tensor
     grads: dict[str, torch.Tensor]
     loss_dict: dict[str, Any]
+
+
+class RunResult(_RunFields):
+    """What one run of a joint graph returns: ``loss, grads, loss_dict = joint.run(...)``.
+
+    A three-tuple (``loss``, ``grads`` by parameter FQN, ``loss_dict``) that also
+    carries ``input_grads``: the gradient of each tensor input traced with
+    ``requires_grad=True``, by dotted input path (eager's ``x.grad``; empty when
+    no input requires grad). It is an attribute, not a fourth item, so unpacking
+    into three names keeps working.
+    """
+
+    def __new__(cls, loss: torch.Tensor, grads: dict[str, torch.Tensor],
+                loss_dict: dict[str, Any], input_grads: dict[str, torch.Tensor] | None = None
+                ) -> RunResult:
+        """Build the result; ``input_grads`` defaults to none."""
+        self = super().__new__(cls, loss, grads, loss_dict)
+        self.__dict__["input_grads"] = dict(input_grads or {})
+        return self
+
+    @property
+    def input_grads(self) -> dict[str, torch.Tensor]:
+        """Gradient of each input traced with ``requires_grad=True``, by input path."""
+        return self.__dict__.get("input_grads", {})
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        """Copies and pickles keep ``input_grads``."""
+        return (*self, self.input_grads)
+
+    def _replace(self, **changes: Any) -> RunResult:
+        """A copy with fields replaced (``input_grads`` too), as a NamedTuple's ``_replace``."""
+        input_grads = changes.pop("input_grads", self.input_grads)
+        return type(self)(*super()._replace(**changes), input_grads)
+
+    def __repr__(self) -> str:
+        """The NamedTuple's repr, with ``input_grads`` when there are any."""
+        base = super().__repr__()
+        return base if not self.input_grads else f"{base[:-1]}, input_grads={self.input_grads!r})"
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,12 @@ class LeafSpec:
     dtype: torch.dtype | None = None
     device: torch.device | None = None
     value: Any = None
+    #: A tensor input traced with ``requires_grad=True`` (the graph returns its gradient).
+    requires_grad: bool = False
+    #: The FQN of the parameter or buffer this input is (``inputs={"w": model.weight}``).
+    state_alias: str = ""
+    #: The earlier input path this one is the same tensor as (inputs requiring grad only).
+    input_alias: str = ""
 
     def describe(self) -> str:
         """Return a short human-readable description."""
@@ -112,12 +118,28 @@ def check_leaf_type(path: str, leaf: Any) -> None:
         )
 
 
-def describe_inputs(leaves: list[tuple[str, Any]], spec: pytree.TreeSpec) -> InputSpec:
-    """Build an :class:`InputSpec` without keeping any tensor storage alive."""
+def describe_inputs(leaves: list[tuple[str, Any]], spec: pytree.TreeSpec,
+                    aliases: dict[str, tuple[str, str]] | None = None) -> InputSpec:
+    """Build an :class:`InputSpec` without keeping any tensor storage alive.
+
+    Args:
+        leaves: The flattened ``(path, leaf)`` inputs.
+        spec: Their pytree spec.
+        aliases: Inputs that are a state tensor or an earlier input
+            (:func:`jointlab.input_grads.input_aliases`).
+
+    Returns:
+        The description, ``requires_grad`` and aliases included.
+    """
     out = []
+    aliases = aliases or {}
     for path, leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            out.append(LeafSpec(path, True, tuple(leaf.shape), leaf.dtype, leaf.device))
+            kind, target = aliases.get(path, ("", ""))
+            out.append(LeafSpec(path, True, tuple(leaf.shape), leaf.dtype, leaf.device,
+                                requires_grad=leaf.requires_grad,
+                                state_alias=target if kind == "state" else "",
+                                input_alias=target if kind == "input" else ""))
         else:
             out.append(LeafSpec(path, False, value=leaf))
     return InputSpec(spec, tuple(out))
@@ -162,7 +184,8 @@ def check_leaves(
 
     Raises:
         InputTypeError: A leaf changed between tensor and constant, or has a bad type.
-        InputMismatchError: A dtype, device, rank, static size or constant differs.
+        InputMismatchError: requires_grad, a dtype, device, rank, static size or constant
+            differs.
     """
     for want, (path, leaf) in zip(spec.leaves, leaves):
         check_leaf_type(path, leaf)
@@ -183,6 +206,14 @@ def check_leaves(
 
 
 def _check_tensor(path: str, want: LeafSpec, leaf: torch.Tensor, dyn: set[int]) -> None:
+    if leaf.requires_grad != want.requires_grad:
+        returns = ("returns its gradient in result.input_grads" if want.requires_grad
+                   else "returns no gradient for it")
+        raise InputMismatchError(
+            f"input '{path}' has requires_grad={leaf.requires_grad}, but the graph was traced "
+            f"with requires_grad={want.requires_grad} (it {returns}). Pass it as at trace time "
+            f"(x.requires_grad_({want.requires_grad}) on a leaf, .detach() otherwise) or trace "
+            "again.")
     if leaf.dtype != want.dtype:
         raise InputMismatchError(
             f"input '{path}' has dtype {leaf.dtype}, but the graph was traced for "

@@ -12,7 +12,9 @@ only read it. Keys written at trace time:
 - ``fqn``: for parameter and buffer placeholders, their state name.
 - ``input_path``: for user-input placeholders, the dotted input path.
 - ``grad_of``: for gradient outputs, the parameter FQN.
-- ``zero_grad``: the node only emits zeros for a parameter without a gradient.
+- ``input_grad_of``: for an input-gradient output, the dotted input path of the
+  input (traced with ``requires_grad=True``) whose gradient it is.
+- ``zero_grad``: the node only emits zeros for a parameter (or input) without a gradient.
 - ``probe_out`` / ``probe_grad``: ``[fqn, call, leaf]`` triples: the node is
   that module call's output leaf, or the gradient reaching it (written by
   :mod:`jointlab.trace.probe_hooks` while tracing).
@@ -84,6 +86,7 @@ class NodeInfo(NamedTuple):
     fqn: str = ""
     input_path: str = ""
     grad_of: str | None = None
+    input_grad_of: str | None = None
     zero_grad: bool = False
     recompute: bool = False
     dtensor: dict[str, Any] | None = None

@@ -59,7 +59,10 @@ class Record:
         values: The kept values (clones), by node name, in graph order.
         gradients: The nodes whose value is a gradient, by node name: what of
             (``"h.0.attn.qkv.weight"`` for a parameter's gradient output,
-            ``"output of h.0.mlp"`` for the gradient reaching a module's output).
+            ``"output of h.0.mlp"`` for the gradient reaching a module's output,
+            ``"input x"`` for the gradient of an input traced with requires_grad).
+        input_grad_norms: L2 norm of the gradient of each input traced with
+            ``requires_grad=True``, by input path (empty when none is).
     """
 
     table: pd.DataFrame
@@ -67,6 +70,7 @@ class Record:
     param_grad_norms: Mapping[str, float]
     values: Mapping[str, torch.Tensor]
     gradients: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    input_grad_norms: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     def value(self, node: str) -> torch.Tensor:
         """The kept value of ``node`` (a clone taken right after it ran).
@@ -225,12 +229,17 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
                 raise
             raise node_error(failed, exc, "while recording") from exc
 
-    loss, grads, _ = joint.run_with(run, model, inputs)
-    norms = {k: float(torch.linalg.vector_norm(g.detach().float())) for k, g in grads.items()}
+    result = joint.run_with(run, model, inputs)
     table = _table([n.name for n in rec.nodes], rec)
-    return Record(table=table, loss=float(loss), param_grad_norms=MappingProxyType(norms),
+    return Record(table=table, loss=float(result.loss),
+                  param_grad_norms=MappingProxyType(_norms(result.grads)),
                   values=MappingProxyType(dict(rec.values)),
-                  gradients=joint.cached("record.gradients", _gradient_map))
+                  gradients=joint.cached("record.gradients", _gradient_map),
+                  input_grad_norms=MappingProxyType(_norms(result.input_grads)))
+
+
+def _norms(grads: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    return {k: float(torch.linalg.vector_norm(g.detach().float())) for k, g in grads.items()}
 
 
 def _gradient_map(joint: TracedGraph) -> Mapping[str, str]:
@@ -257,6 +266,8 @@ def _gradient_nodes(nodes: list[fx.Node]) -> dict[str, str]:
             n = terms[info.grad_of]
             out[node.name] = info.grad_of if n == 1 else (
                 f"{info.grad_of} (one of {n} alias terms, summed after the graph)")
+        elif info.input_grad_of and not info.zero_grad:
+            out[node.name] = f"input {info.input_grad_of}"
         elif probes:
             out[node.name] = "output of " + ", ".join(p or "(root)" for p in probes)
     return out

@@ -25,8 +25,12 @@ generates its Python code when first run or read (:mod:`jointlab.io.deferred`).
 Version 2 added every node's value spec with its storage, and stores each
 meta value that repeats across nodes (stack traces, module stacks) once in
 ``graph.json``'s ``shared`` list, referenced from a node's ``shared_meta``.
-Version 3 (written now) stores ``meta["jointlab"]`` as rows of values with
-their keys once in ``jl_keys`` (:mod:`jointlab.io.node_records`). Versions 1 and 2
+Version 3 stores ``meta["jointlab"]`` as rows of values with their keys once
+in ``jl_keys`` (:mod:`jointlab.io.node_records`). Version 4 is version 3 whose
+input leaves may say ``requires_grad`` and which model tensor or earlier input
+they are (``state_alias`` / ``input_alias``): the graph then also returns input
+gradients, an output layout a version-3 reader would misread, so only such a
+graph is written as version 4 and every other as version 3. Versions 1 to 3
 are still read.
 """
 
@@ -78,8 +82,8 @@ from jointlab.shape_guards import ShapeGuards
 from jointlab.torch_compat import pytree
 
 FORMAT = "jointlab.joint-graph"
-VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Graph-module meta key holding the archive version a graph was read from.
 ARCHIVE_VERSION_KEY = "jointlab_archive_version"
 #: Archives older than this carry analysis keys computed by an older rule
@@ -106,12 +110,19 @@ def save(joint: TracedGraph, path: str) -> None:
     """
     require_analyzed(joint.graph_module)
     graph_doc, constants = _encode_graph(joint.graph_module)
-    members = {"format.json": json.dumps({"format": FORMAT, "version": VERSION}),
+    version = VERSION if _input_grad_layout(joint) else 3  # what an older reader reads right
+    members = {"format.json": json.dumps({"format": FORMAT, "version": version}),
                "graph.json": json.dumps(graph_doc),
                "layout.json": json.dumps(_encode_layout(joint))}
     if constants:
         members["constants.pt"] = _constants_bytes(constants)
     _write_atomically(os.fspath(path), members)
+
+
+def _input_grad_layout(joint: TracedGraph) -> bool:
+    """True when an input requires grad or aliases a tensor: version 4's layout."""
+    return any(leaf.requires_grad or leaf.state_alias or leaf.input_alias
+               for leaf in joint.input_spec.leaves)
 
 
 def _constants_bytes(constants: dict[str, torch.Tensor]) -> bytes:
@@ -321,6 +332,9 @@ def _encode_layout(joint: TracedGraph) -> dict[str, Any]:
         "dtype": str(leaf.dtype).removeprefix("torch.") if leaf.dtype else None,
         "device": str(leaf.device) if leaf.device is not None else None,
         "value": encode_value(leaf.value, f"input '{leaf.path}'"),
+        **({"requires_grad": True} if leaf.requires_grad else {}),  # version 4's keys
+        **({"state_alias": leaf.state_alias} if leaf.state_alias else {}),
+        **({"input_alias": leaf.input_alias} if leaf.input_alias else {}),
     } for leaf in i.leaves]
     return {
         "mode": joint.mode,
@@ -433,7 +447,8 @@ def _decode_layout(d: Any, gm: fx.GraphModule) -> GraphParts:
             LeafSpec(str(lf["path"]), bool(lf["is_tensor"]), tuple(int(x) for x in lf["shape"]),
                      decode_dtype(lf["dtype"]) if lf["dtype"] else None,
                      decode_device(lf["device"]) if lf["device"] else None,
-                     decode_value(lf["value"]))
+                     decode_value(lf["value"]), bool(lf.get("requires_grad", False)),
+                     str(lf.get("state_alias", "")), str(lf.get("input_alias", "")))
             for lf in d["inputs"]["leaves"])
         treespec = pytree.treespec_loads(str(d["inputs"]["treespec"]))
         return GraphParts(

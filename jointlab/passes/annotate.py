@@ -155,6 +155,9 @@ class ModeRules(Protocol):
     def gradients(self, out: fx.Node) -> list[tuple[str, Any, bool]]:
         """``(parameter FQN, gradient output value, only zeros)`` for each gradient output."""
 
+    def input_gradients(self, out: fx.Node) -> list[tuple[str, Any, bool]]:
+        """``(input path, gradient output value, only zeros)`` for each input gradient."""
+
 
 def annotate(gm: fx.GraphModule, rules: ModeRules) -> None:
     """Write phase, module, type and source for every node of a joint graph (both modes).
@@ -163,7 +166,8 @@ def annotate(gm: fx.GraphModule, rules: ModeRules) -> None:
     ``source`` on every node; ``fqn`` / ``input_path`` on placeholders;
     ``fwd_twin`` on backward nodes attributed through ``seq_nr``; ``grad_acc_of``
     on attributed gradient-accumulation adds; ``grad_of`` and ``zero_grad`` on
-    gradient outputs; ``recompute`` on every node. Also copies ``nn_module_stack``,
+    gradient outputs; ``input_grad_of`` (and ``zero_grad``) on input-gradient
+    outputs; ``recompute`` on every node. Also copies ``nn_module_stack``,
     ``stack_trace`` and ``custom`` from each forward twin onto its backward nodes
     (top-level ``node.meta``, as make_fx itself would).
 
@@ -194,6 +198,7 @@ def annotate(gm: fx.GraphModule, rules: ModeRules) -> None:
     _own_zero_grads(graph, grads)
     attribute_backward(pending, by_seq)
     _mark_gradients(grads)
+    _mark_gradients(rules.input_gradients(graph.output_node()), key="input_grad_of")
     _copy_into_subgraphs(gm, by_seq)
     mark_recompute(graph)
 
@@ -304,9 +309,9 @@ def _own_zero_grads(graph: fx.Graph, grads: list[tuple[str, Any, bool]]) -> None
                               "module_type": p.get("module_type", ""), "source": ""}
 
 
-def _mark_gradients(grads: list[tuple[str, Any, bool]]) -> None:
+def _mark_gradients(grads: list[tuple[str, Any, bool]], key: str = "grad_of") -> None:
     for fqn, node, zero in grads:
         if isinstance(node, fx.Node) and KEY in node.meta:
-            node.meta[KEY]["grad_of"] = fqn
+            node.meta[KEY][key] = fqn
             if zero:
                 node.meta[KEY]["zero_grad"] = True

@@ -34,7 +34,7 @@ def forward_ancestors(roots: Sequence[Any]) -> set[fx.Node]:
 
 
 class MakeFxRules:
-    """The default mode: outputs laid out as ``[loss, *grads, *loss_dict]``.
+    """The default mode: outputs laid out as ``[loss, *grads, *input grads, *loss_dict]``.
 
     A node is backward when the engine tagged it, or when it comes after the
     loss, outside any module, and the loss does not depend on it (the
@@ -44,7 +44,8 @@ class MakeFxRules:
 
     def __init__(self, gm: fx.GraphModule, placeholder_info: Sequence[dict[str, Any]],
                  grad_fqns: Sequence[str], zero_grad_fqns: Iterable[str] = (),
-                 num_loss_dict: int = 0) -> None:
+                 num_loss_dict: int = 0, input_grad_paths: Sequence[str] = (),
+                 zero_input_paths: Iterable[str] = ()) -> None:
         """Read the output layout of ``gm``.
 
         Args:
@@ -53,6 +54,9 @@ class MakeFxRules:
             grad_fqns: The parameter FQN of each gradient output.
             zero_grad_fqns: Parameters whose gradient output is only zeros.
             num_loss_dict: How many ``loss_dict`` values follow the gradients.
+            input_grad_paths: The input path of each input-gradient output (after the
+                parameters' gradients).
+            zero_input_paths: Inputs whose gradient output is only zeros.
         """
         outs = list(gm.graph.output_node().args[0])
         self._placeholders = iter(placeholder_info)
@@ -61,6 +65,9 @@ class MakeFxRules:
         self._after_loss = False
         zero = set(zero_grad_fqns)
         self._grads = [(f, n, f in zero) for f, n in zip(grad_fqns, outs[1:1 + len(grad_fqns)])]
+        zero_in, start = set(zero_input_paths), 1 + len(grad_fqns)
+        self._input_grads = [(p, n, p in zero_in) for p, n in
+                             zip(input_grad_paths, outs[start:start + len(input_grad_paths)])]
 
     def placeholder_info(self, node: fx.Node) -> dict[str, Any]:
         """The next placeholder's facts, in graph order."""
@@ -77,6 +84,10 @@ class MakeFxRules:
         """Each gradient output with its parameter and whether it is zeros only."""
         return self._grads
 
+    def input_gradients(self, out: fx.Node) -> list[tuple[str, Any, bool]]:
+        """Each input-gradient output with its input path and whether it is zeros only."""
+        return self._input_grads
+
 
 class AotRules:
     """The AOT mode: facts read from the export's descriptors by the tracer.
@@ -86,7 +97,8 @@ class AotRules:
     """
 
     def __init__(self, placeholder_info: dict[fx.Node, dict[str, Any]],
-                 tangents: Iterable[fx.Node], gradients: list[tuple[str, Any]]) -> None:
+                 tangents: Iterable[fx.Node], gradients: list[tuple[str, Any]],
+                 input_gradients: list[tuple[str, Any]] = ()) -> None:
         """Hold the descriptor facts.
 
         Args:
@@ -94,10 +106,13 @@ class AotRules:
             tangents: The tangent placeholders (the loss's).
             gradients: ``(canonical parameter FQN, output value)`` of each trainable
                 parameter's gradient output (tied weights: one per alias).
+            input_gradients: ``(input path, output value)`` of each input that requires
+                grad.
         """
         self._info = placeholder_info
         self._reach = set(tangents)
         self._grads = [(f, n, False) for f, n in gradients]
+        self._input_grads = [(p, n, False) for p, n in input_gradients]
 
     def placeholder_info(self, node: fx.Node) -> dict[str, Any]:
         """The facts its descriptor gave."""
@@ -117,3 +132,7 @@ class AotRules:
     def gradients(self, out: fx.Node) -> list[tuple[str, Any, bool]]:
         """Each trainable parameter's gradient output(s); AOT never emits zero outputs."""
         return self._grads
+
+    def input_gradients(self, out: fx.Node) -> list[tuple[str, Any, bool]]:
+        """Each input-gradient output with its input path (never zeros only)."""
+        return self._input_grads

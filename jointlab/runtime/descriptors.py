@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.fx as fx
 
+from jointlab.input_grads import graph_input_grads
 from jointlab.meta import info
 from jointlab.torch_compat import aot_descriptors
 
@@ -112,16 +113,21 @@ def _plan_outputs_and_tangents(joint: TracedGraph, rt: Any) -> list[Pair]:
 
 def _plan_inputs_and_grads(joint: TracedGraph, rt: Any) -> list[Pair]:
     outs = [n for n, _ in _outputs(joint)]
-    grads: dict[int, list[Any]] = {}  # flat state index -> gradient outputs, in order
+    grads: dict[int, list[Any]] = {}  # flat index -> gradient outputs, in order
+    paths = [leaf.path for leaf in joint.input_spec.tensor_leaves]
+    n_state = len(joint.state_spec.fqns)
+    own = graph_input_grads(joint.input_spec)
     for n, (kind, pos) in zip(outs, rt.out_plan):
         if kind == "grad":
             grads.setdefault(rt.param_flat[pos], []).append(n)
+        elif kind == "igrad":
+            grads.setdefault(n_state + paths.index(own[pos]), []).append(n)
     pairs = []
     for ph, i in zip(joint.placeholders, rt.arg_plan):
         if i is None:
             continue
         queue = grads.get(i, [])
-        g = queue.pop(0) if queue and info(ph).get("phase") == "param" else None
+        g = queue.pop(0) if queue and info(ph).get("phase") in ("param", "input") else None
         pairs.append((ph, g if _real_grad(g) else None))
     return pairs
 
@@ -138,9 +144,10 @@ def inputs_and_grads(joint: TracedGraph) -> list[Pair]:
 
     Returns:
         ``(placeholder, gradient node or None)`` in placeholder order. The
-        gradient is None for buffers, inputs, frozen and unused parameters.
-        In ``aot`` mode a tied weight has one placeholder per alias, each with
-        its partial gradient.
+        gradient is None for buffers, frozen and unused parameters, and inputs
+        traced without ``requires_grad`` (or that are a parameter, whose gradient
+        is the parameter's). In ``aot`` mode a tied weight has one placeholder per
+        alias, each with its partial gradient.
     """
     if has_descriptors(joint):
         outs = [(n, state_base(d)) for n, d in _outputs(joint)]
@@ -153,8 +160,12 @@ def inputs_and_grads(joint: TracedGraph) -> list[Pair]:
         return _plan_inputs_and_grads(joint, rt)
     outs = [n for n, _ in _outputs(joint)]
     grads = {name: n for name, n in zip(joint.param_names, outs[1:]) if _real_grad(n)}
-    return [(n, grads.get(info(n).get("fqn")) if info(n)["phase"] == "param" else None)
-            for n in joint.placeholders if info(n).get("phase") in _INPUT_PHASES]
+    n = 1 + len(joint.param_names)
+    own = graph_input_grads(joint.input_spec)
+    in_grads = {p: g for p, g in zip(own, outs[n:n + len(own)]) if _real_grad(g)}
+    return [(ph, grads.get(info(ph).get("fqn")) if info(ph)["phase"] == "param"
+             else in_grads.get(info(ph).get("input_path")))
+            for ph in joint.placeholders if info(ph).get("phase") in _INPUT_PHASES]
 
 
 def outputs_and_tangents(joint: TracedGraph) -> list[Pair]:
@@ -179,7 +190,7 @@ def outputs_and_tangents(joint: TracedGraph) -> list[Pair]:
     if (rt := _aot_plan(joint)) is not None:
         return _plan_outputs_and_tangents(joint, rt)
     outs = [n for n, _ in _outputs(joint)]
-    n_grads = len(joint.param_names)
+    n_grads = len(joint.param_names) + len(graph_input_grads(joint.input_spec))
     fwd = [outs[0], *outs[1 + n_grads:]]
     return [(n, None) for n in fwd if isinstance(n, fx.Node)]
 

@@ -331,8 +331,9 @@ class DTensorRuntime(MakeFxRuntime):
                ) -> tuple[Any, list[torch.Tensor], list[Any]]:
         """Split the outputs and wrap each DTensor gradient back into a DTensor."""
         loss, grads, ld = super().finish(joint, outputs, flat)
+        k = len(joint.param_names)  # input gradients (after the parameters') stay plain
         grads = [self.grads[n].wrap(g) if n in self.grads else g
-                 for n, g in zip(joint.param_names, grads)]
+                 for n, g in zip(joint.param_names, grads)] + grads[k:]
         return loss, grads, ld
 
 
@@ -375,4 +376,4 @@ class AotDTensorRuntime(DTensorRuntime):
         for name, g in zip(joint.param_names, grads):
             spec = self.grads.get(name) or state.get(name)  # unused: zeros in the param's layout
             wrapped.append(g if spec is None else spec.wrap(g))
-        return loss, wrapped, ld
+        return loss, wrapped + grads[len(wrapped):], ld

@@ -25,6 +25,7 @@ from jointlab._deprecation import warn_renamed
 from jointlab.assumptions import Assumptions
 from jointlab.core import GraphParts, RunResult
 from jointlab.errors import NodeExecutionError
+from jointlab.input_grads import check_aliases, refuse_parameter_history
 from jointlab.inputs import (
     InputSpec,
     StateSpec,
@@ -40,7 +41,7 @@ from jointlab.passes.analyze import (
     same_version,
 )
 from jointlab.runtime import descriptors
-from jointlab.runtime.plans import MakeFxRuntime, Runtime
+from jointlab.runtime.plans import MakeFxRuntime, Runtime, run_result
 from jointlab.runtime.torch_errors import torch_errors
 
 if TYPE_CHECKING:
@@ -235,6 +236,8 @@ class RunnableGraph:
         if self.shape_guards is not None:
             self.shape_guards.validate(tensors)
         state = check_state(self.state_spec, model)
+        check_aliases(self.input_spec, leaves, dict(zip(self.state_spec.fqns, state)))
+        refuse_parameter_history(leaves, model)
         check_feed = getattr(self.runtime, "check_feed", None)  # DTensor state: plan first
         if check_feed is not None:
             check_feed([*state, *tensors.values()])
@@ -255,7 +258,9 @@ class RunnableGraph:
 
         Returns:
             A :class:`jointlab.core.RunResult` ``(loss, grads, loss_dict)``:
-            ``grads`` maps FQN to gradient in :attr:`param_names` order.
+            ``grads`` maps FQN to gradient in :attr:`param_names` order;
+            ``result.input_grads`` maps the path of each input traced with
+            ``requires_grad=True`` to its gradient (eager's ``x.grad``).
         """
         return self.run_with(self.graph_module, model, inputs, accumulate=accumulate)
 
@@ -275,15 +280,15 @@ class RunnableGraph:
         flat = self.flat_args(model, inputs)
         with torch.no_grad(), torch_errors("joint.run", NodeExecutionError, _RUN_HINT):
             outputs = fn(*self.runtime.prepare(self, flat))
-            loss, grads, ld = self.runtime.finish(self, list(outputs), flat)
-        grad_map = dict(zip(self.param_names, grads))
+            result = run_result(self, *self.runtime.finish(self, list(outputs), flat))
+        grad_map = result.grads
         if accumulate:
             params = dict(model.named_parameters())
             with torch.no_grad():
                 for name, g in grad_map.items():
                     p = params[name]
                     p.grad = g.detach().clone() if p.grad is None else p.grad.add_(g)
-        return RunResult(loss, grad_map, dict(zip(self.loss_dict_keys, ld)))
+        return result
 
     # -- caching and recomputing derived views --------------------------------
     def graph_version(self) -> tuple[Any, ...]:

@@ -90,14 +90,14 @@ class _TrainStep(nn.Module):
     """
 
     def __init__(self, model: nn.Module, train_fn: Callable[..., Any],
-                 leaves: list[tuple[str, Any]], treespec: pytree.TreeSpec,
-                 hooks: ParamHooks) -> None:
+                 req: request.TraceRequest, hooks: ParamHooks) -> None:
         super().__init__()
         self.model = model
         self._train_fn = train_fn
-        self._leaves = [None if isinstance(v, torch.Tensor) else v for _, v in leaves]
-        self._tensor_mask = [isinstance(v, torch.Tensor) for _, v in leaves]
-        self._treespec = treespec
+        self._leaves = [None if isinstance(v, torch.Tensor) else v for _, v in req.leaves]
+        self._tensor_mask = [isinstance(v, torch.Tensor) for _, v in req.leaves]
+        self._req = req  # inputs that are the model's tensors: fed its own (AOT's stand-ins)
+        self._aliased = [leaf.state_alias for leaf in req.input_spec.leaves if leaf.state_alias]
         self.hooks = hooks  # the parameters' own hooks, run in the traced backward
         self.box = request.LossBox()
 
@@ -105,7 +105,8 @@ class _TrainStep(nn.Module):
         it = iter(tensors)
         values = [next(it) if is_tensor else v
                   for v, is_tensor in zip(self._leaves, self._tensor_mask)]
-        kwargs = pytree.tree_unflatten(values, self._treespec)
+        state = {fqn: _state_tensor(self.model, fqn) for fqn in self._aliased}
+        kwargs = pytree.tree_unflatten(self._req.substitute(values, state), self._req.treespec)
         with _source_recorder(), self.hooks.applied(self.model), in_train_fn(self.model):
             loss, loss_dict = split_loss(self._train_fn(self.model, **kwargs))
         check_loss(loss)
@@ -114,6 +115,11 @@ class _TrainStep(nn.Module):
         vals = [plain(f"loss_dict[{k!r}]", v).detach() for k, v in loss_dict.items()
                 if isinstance(v, torch.Tensor)]
         return (plain("the loss", loss), *vals)
+
+
+def _state_tensor(model: nn.Module, fqn: str) -> torch.Tensor:
+    owner, _, name = fqn.rpartition(".")
+    return getattr(model.get_submodule(owner), name)
 
 
 class _SourceMode(TorchFunctionMode):
@@ -223,11 +229,12 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
     canon = _canonical_names(model)
     sum_alias_grads_like_eager(gm, canon)
     fqns = list(req.state_spec.fqns)
-    runtime: Any = _build_runtime(gm, fqns, req.param_names, canon, box)
+    runtime: Any = _build_runtime(gm, fqns, req, canon, box)
     if layout.state:
         runtime = AotDTensorRuntime(runtime, [layout.state.get(n) for n in fqns],
                                     dict(layout.grads))
-    annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon, layout))
+    annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon, layout,
+                           req.grad_paths))
     write_probes(gm, probes.outputs, probes.grads)
     return req.parts(gm, "aot", box, guards, runtime, module_inputs=probes.in_shapes)
 
@@ -235,9 +242,11 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
 def _export(model, train_fn, req, layout):
     tensors, dyn_dims = req.tensors, req.dyn_dims
     hooks = ParamHooks(model, req.param_names)  # read from the real parameters; refuses
-    wrapper = _TrainStep(model, train_fn, req.leaves, req.treespec, hooks)
+    wrapper = _TrainStep(model, train_fn, req, hooks)
     on_meta = state_on_meta(model)
-    args = [t.detach().to("meta") if on_meta else t.detach() for _, t in tensors]
+    own = set(req.grad_paths)  # inputs whose gradient the graph returns
+    args = [(t.detach().to("meta") if on_meta else t.detach()).requires_grad_(p in own)
+            for p, t in tensors]
     fake_user: list[tuple[str, torch.Tensor]] = []
     shape_env = None
     if dyn_dims:
@@ -257,7 +266,7 @@ def _export(model, train_fn, req, layout):
     if ckpt.get("non_reentrant"):
         warn_checkpoint_not_recomputed(ckpt["non_reentrant"])
     # The stack is closed: the export's fake mode is gone before real tensors run.
-    _drop_unrequested_input_grads(gm, [t.requires_grad for _, t in tensors])
+    _drop_unrequested_input_grads(gm, [p in own for p, _ in tensors])
     gm.graph.set_codegen(fx.graph.CodeGen())  # public; plain positional codegen
     gm.recompile()
     if layout.state:  # one local-shard placeholder and one gradient output per DTensor
@@ -268,10 +277,12 @@ def _export(model, train_fn, req, layout):
 
 
 def _drop_unrequested_input_grads(gm: fx.GraphModule, requires_grad: list[bool]) -> None:
-    """Drop gradients the export computes for inputs that do not require grad.
+    """Drop gradients the export computes for inputs whose gradient is not returned.
 
     With meta-device weights the export differentiates plain inputs too (a
-    second ``mse_loss_backward`` for the target); nothing reads that output.
+    second ``mse_loss_backward`` for the target); nothing reads that output. An
+    input that is a parameter is fed the parameter itself, so its own gradient
+    output is unused too.
     """
     out = gm.graph.output_node()
     values = list(out.args[0])
@@ -362,7 +373,8 @@ def _flat_index(desc: Any, state_index: dict[str, int], canon: dict[str, str],
                      "use mode='make_fx' for this model.")
 
 
-def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> AotRuntime:
+def _build_runtime(gm, state_fqns, req, canon, box: request.LossBox) -> AotRuntime:
+    param_names = req.param_names
     state_index = {f: i for i, f in enumerate(state_fqns)}
     arg_plan: list[int | None] = []
     tangent: torch.Tensor | None = None
@@ -376,9 +388,11 @@ def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> 
         else:
             arg_plan.append(_flat_index(desc, state_index, canon, len(state_fqns)))
     pos = {n: k for k, n in enumerate(param_names)}
+    paths = [p for p, _ in req.tensors]
+    in_pos = {paths.index(p): k for k, p in enumerate(req.grad_paths)}  # PlainAOTInput idx
     out_plan: list[tuple[str, int]] = []
     for desc in gm.graph.output_node().meta["desc"]:
-        out_plan.append(_out_step(desc, pos, state_index, canon, len(state_fqns)))
+        out_plan.append(_out_step(desc, pos, state_index, canon, len(state_fqns), in_pos))
     rt = AotRuntime(arg_plan, out_plan, [state_index[n] for n in param_names],
                     list(box.keys), dict(box.consts))
     if tangent is not None:
@@ -386,7 +400,7 @@ def _build_runtime(gm, state_fqns, param_names, canon, box: request.LossBox) -> 
     return rt
 
 
-def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
+def _out_step(desc, pos, state_index, canon, n_state, in_pos) -> tuple[str, int]:
     desc = state_base(desc)  # a DTensor gradient's local tensor is that gradient
     if isinstance(desc, D.PlainAOTOutput):
         return ("loss", 0) if desc.idx == 0 else ("ld", desc.idx - 1)
@@ -396,6 +410,8 @@ def _out_step(desc, pos, state_index, canon, n_state) -> tuple[str, int]:
             name = canon[strip_prefix(src.target)]
             if name in pos:
                 return ("grad", pos[name])
+        if isinstance(src, D.PlainAOTInput) and src.idx in in_pos:
+            return ("igrad", in_pos[src.idx])
         return ("skip", 0)
     if isinstance(desc, D.InputMutationAOTOutput):
         return ("mut", _flat_index(desc.mutated_input, state_index, canon, n_state))
@@ -426,7 +442,7 @@ def _placeholder_meta(desc: Any, model: nn.Module, paths: list[str], layout: DTe
 
 def aot_rules(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
               param_names: list[str], canon: dict[str, str],
-              layout: DTensorLayout | None = None) -> AotRules:
+              layout: DTensorLayout | None = None, grad_paths: list[str] = ()) -> AotRules:
     """Read the export's descriptors into the annotation pass's :class:`AotRules`.
 
     Args:
@@ -436,6 +452,7 @@ def aot_rules(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
         param_names: Trainable parameter FQNs (only their gradients are marked).
         canon: Alias FQN to the FQN ``named_parameters()`` reports.
         layout: The model's DTensor state (its placeholders get ``dtensor`` facts).
+        grad_paths: The inputs whose gradient the graph returns.
 
     Returns:
         The AOT mode's classification.
@@ -449,11 +466,15 @@ def aot_rules(gm: fx.GraphModule, model: nn.Module, input_paths: list[str],
             tangents.append(node)
     trainable = set(param_names)
     out = gm.graph.output_node()
-    grads = []
+    grads, input_grads = [], []
     for value, desc in zip(out.args[0], out.meta["desc"]):
         desc = state_base(desc)
         if isinstance(desc, D.GradAOTOutput) and isinstance(value, fx.Node):
+            if isinstance(desc.grad_of, D.PlainAOTInput):
+                if input_paths[desc.grad_of.idx] in grad_paths:
+                    input_grads.append((input_paths[desc.grad_of.idx], value))
+                continue
             name = canon.get(strip_prefix(getattr(desc.grad_of, "target", "")), "")
             if name in trainable:
                 grads.append((name, value))
-    return AotRules(info, tangents, grads)
+    return AotRules(info, tangents, grads, input_grads)

@@ -73,8 +73,7 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     layout = DTensorLayout.of(model)  # DTensor state: traced as its local shards
     try:
         fake_mode, fqns, fake_state, fake_user = _fake_inputs(model, leaves, dyn_dims, layout)
-        fn, box = _joint_fn(model, train_fn, fqns, req.param_names, leaves, req.treespec,
-                            layout, fake_mode, hooks)
+        fn, box = _joint_fn(model, train_fn, fqns, req, layout, fake_mode, hooks)
         record_module_stack_of(fn, model)
         _keep_stack_frames_of(train_fn)
         with contextlib.ExitStack() as stack:
@@ -100,7 +99,7 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
         for fqn, is_p in zip(spec.fqns, spec.is_param)
     ] + [{"phase": "input", "input_path": p} for p, _ in req.tensors]
     annotate(gm, MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
-                             len(box.keys)))
+                             len(box.keys), req.grad_paths, box.zero_input_grads))
     write_probes(gm, probes.outputs, probes.grads)
     return req.parts(gm, "make_fx", box, guards, layout.runtime(list(spec.fqns)),
                      module_inputs=probes.in_shapes)
@@ -114,43 +113,59 @@ def _fake_inputs(model, leaves, dyn_dims, layout):
     on_meta = state_on_meta(model)
     fake_state = [fakeify(mode, t, None) for t in state.values()]
     fake_user = []
+    seen = {id(t) for t in state.values()}
     for path, leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             src = leaf.to("meta") if on_meta else leaf
+            if id(leaf) in seen:  # one fake per placeholder: a shared fake shares its proxy
+                src = src.detach().requires_grad_(leaf.requires_grad)
+            seen.add(id(leaf))
             fake_user.append((path, fakeify(mode, src, dyn_dims.get(path))))
     return mode, list(state), fake_state, fake_user
 
 
-def _joint_fn(model, train_fn, fqns, param_names, leaves, treespec, layout, fake_mode, hooks):
+def _joint_fn(model, train_fn, fqns, req, layout, fake_mode, hooks):
     box = LossBox()
-    n_state = len(fqns)
+    n_state, param_names, leaves = len(fqns), req.param_names, req.leaves
+    tensor_paths = [p for p, v in leaves if isinstance(v, torch.Tensor)]
 
     def joint(*args):
         box.zero_grads.clear()
+        box.zero_input_grads.clear()
         state = layout.rewrap(dict(zip(fqns, args[:n_state])))
-        tensor_args = iter(args[n_state:])
-        values = [next(tensor_args) if isinstance(v, torch.Tensor) else v for _, v in leaves]
-        kwargs = pytree.tree_unflatten(values, treespec)
+        tensors = dict(zip(tensor_paths, args[n_state:]))
+        values = [tensors[p] if isinstance(v, torch.Tensor) else v for p, v in leaves]
+        kwargs = pytree.tree_unflatten(req.substitute(values, state), req.treespec)
         with reparametrize_module(model, state, tie_weights=True), _engine_backward():
             try:  # the parameters' own hooks run in the traced backward
                 with hooks.applied(model), in_train_fn(model, fake_mode):
                     loss, loss_dict = split_loss(train_fn(model, **kwargs))
                 check_loss(loss)
                 params = [state[n] for n in param_names]
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
+                wrt = [*params, *(tensors[p] for p in req.grad_paths)]  # inputs requiring grad
+                grads = torch.autograd.grad(loss, wrt, allow_unused=True)
             finally:
                 hooks.remove()
-        out = []
-        for name, p, g in zip(param_names, params, grads):
-            if g is None:
-                box.zero_grads.append(name)
-                g = torch.zeros_like(p)
-            out.append(layout.local_grad(name, g))
+        n = len(params)
+        out = [layout.local_grad(name, g) for name, g in
+               zip(param_names, _zeros_for_none(param_names, params, grads, box.zero_grads))]
+        out += _zeros_for_none(req.grad_paths, wrt[n:], grads[n:], box.zero_input_grads)
         box.record(loss_dict)
         loss_dict = {k: layout.plain_output(f"loss_dict[{k!r}]", v) for k, v in loss_dict.items()}
         return [layout.plain_output("the loss", loss), *out, *loss_dict.values()]
 
     return joint, box
+
+
+def _zeros_for_none(names, wrt, grads, zero_names):
+    # a tensor the loss does not depend on: zeros (its name noted), as the runtime returns
+    out = []
+    for name, t, g in zip(names, wrt, grads):
+        if g is None:
+            zero_names.append(name)
+            g = torch.zeros_like(t)
+        out.append(g)
+    return out
 
 
 def _keep_stack_frames_of(train_fn: Callable[..., Any]) -> None:

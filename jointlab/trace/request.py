@@ -23,7 +23,15 @@ from torch import nn
 from jointlab import torch_compat
 from jointlab.core import GraphParts
 from jointlab.errors import DataDependentError, NoTrainableParametersError
-from jointlab.inputs import InputSpec, StateSpec, describe_inputs, describe_state, flatten_inputs
+from jointlab.input_grads import graph_input_grads, input_aliases, refuse_parameter_history
+from jointlab.inputs import (
+    InputSpec,
+    StateSpec,
+    describe_inputs,
+    describe_state,
+    flatten_inputs,
+    model_state,
+)
 from jointlab.passes.annotate import frame_text, innermost_user_frame
 from jointlab.runtime.torch_errors import caller_line
 from jointlab.shape_guards import ShapeGuards, resolve_dynamic_dims
@@ -44,11 +52,13 @@ class LossBox:
         keys: Every loss_dict key, in ``train_fn``'s order.
         consts: Non-tensor loss_dict values (AOT returns them from the runtime).
         zero_grads: Trainable parameters the loss does not depend on (make_fx).
+        zero_input_grads: Inputs requiring grad that the loss does not depend on (make_fx).
     """
 
     keys: list[str] = field(default_factory=list)
     consts: dict[str, Any] = field(default_factory=dict)
     zero_grads: list[str] = field(default_factory=list)
+    zero_input_grads: list[str] = field(default_factory=list)
 
     def record(self, loss_dict: dict[str, Any]) -> None:
         """Remember the keys and non-tensor values of one call's loss_dict."""
@@ -123,10 +133,39 @@ class TraceRequest:
            dynamic_arg_dims: dict[str, int | list[int]] | None) -> TraceRequest:
         """Flatten and check the inputs and the model state (raises jointlab errors)."""
         leaves, treespec = flatten_inputs(inputs)
+        refuse_parameter_history(leaves, model)
         tensors = [(p, v) for p, v in leaves if isinstance(v, torch.Tensor)]
-        return cls(leaves, treespec, describe_inputs(leaves, treespec), tensors,
+        aliases = input_aliases(leaves, model_state(model))
+        return cls(leaves, treespec, describe_inputs(leaves, treespec, aliases), tensors,
                    resolve_dynamic_dims(tensors, dynamic, dynamic_arg_dims),
                    describe_state(model), trainable_names(model))
+
+    @property
+    def grad_paths(self) -> list[str]:
+        """Inputs whose gradient the graph returns (requires grad, no alias), in order."""
+        return graph_input_grads(self.input_spec)
+
+    def substitute(self, values: list[Any], state: dict[str, Any]) -> list[Any]:
+        """The leaf values ``train_fn`` gets: each aliasing input replaced by its stand-in.
+
+        Args:
+            values: The traced leaf values, in :attr:`leaves` order.
+            state: The traced state stand-ins by FQN (aliased parameters and buffers).
+
+        Returns:
+            ``values`` with a parameter input as the parameter's stand-in and a repeated
+            input as its first occurrence, so autograd sums their uses as eager does.
+        """
+        spec = {leaf.path: leaf for leaf in self.input_spec.leaves}
+        index = {p: i for i, (p, _) in enumerate(self.leaves)}
+        out = list(values)
+        for i, (path, _) in enumerate(self.leaves):
+            leaf = spec[path]
+            if leaf.state_alias:
+                out[i] = state[leaf.state_alias]
+            elif leaf.input_alias:
+                out[i] = out[index[leaf.input_alias]]
+        return out
 
     def parts(self, gm: fx.GraphModule, mode: str, box: LossBox,
               guards: ShapeGuards | None, runtime: Any = None,

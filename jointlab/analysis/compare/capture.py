@@ -17,7 +17,7 @@ agree (:func:`placement_mismatches`) for those shards to be the same slice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab import meta as _meta
-from jointlab.inputs import tensor_leaves
+from jointlab.inputs import flatten_inputs, tensor_leaves
 from jointlab.runtime.dtensor import is_dtensor
 from jointlab.runtime.train_fn import split_loss
 from jointlab.torch_compat import pytree
@@ -44,6 +44,8 @@ class EagerCapture:
     outputs: dict[Key, torch.Tensor]
     output_grads: dict[Key, torch.Tensor]
     calls: dict[str, int]
+    #: d loss / d input of each input that requires grad, by input path (eager's x.grad).
+    input_grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
 
 
 def to_device(tree: Any, device: torch.device | None) -> Any:
@@ -94,7 +96,8 @@ def _forward_hook(fqn: str, cap: dict[str, Any]):
 
 
 def capture_eager(model: nn.Module, train_fn: Any, inputs: dict[str, Any],
-                  param_names: list[str], *, seed: int) -> EagerCapture:
+                  param_names: list[str], *, seed: int,
+                  input_paths: list[str] | None = None) -> EagerCapture:
     """Run ``train_fn`` eagerly on ``model`` and record module values.
 
     Gradients come from ``torch.autograd.grad``, so the parameters' own hooks
@@ -107,6 +110,7 @@ def capture_eager(model: nn.Module, train_fn: Any, inputs: dict[str, Any],
         inputs: Keyword inputs, already on the model's device.
         param_names: The parameters to differentiate, in graph order.
         seed: Seed for the global RNG (restored afterwards).
+        input_paths: The inputs to differentiate too (those that require grad), by path.
 
     Returns:
         Loss, gradients, loss_dict, buffers after the step and per-module values.
@@ -120,7 +124,8 @@ def capture_eager(model: nn.Module, train_fn: Any, inputs: dict[str, Any],
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             loss, loss_dict = split_loss(train_fn(model, **inputs))
-            wanted = [params[n] for n in param_names]
+            by_path = dict(flatten_inputs(inputs)[0])
+            wanted = [params[n] for n in param_names] + [by_path[p] for p in input_paths or ()]
             grads = torch.autograd.grad(loss, wanted, allow_unused=True)
     finally:
         for h in handles:
@@ -128,6 +133,7 @@ def capture_eager(model: nn.Module, train_fn: Any, inputs: dict[str, Any],
     return EagerCapture(
         loss=loss.detach(),
         grads=dict(zip(param_names, grads)),
+        input_grads=dict(zip(input_paths or (), grads[len(param_names):])),
         loss_dict={k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                    for k, v in loss_dict.items()},
         buffers={k: v.detach().clone() for k, v in model.named_buffers()},

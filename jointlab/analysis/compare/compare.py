@@ -194,7 +194,7 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     graph = cands["graph"]
     with model_on(model, dev) as eager_model:
         eager = capture_eager(eager_model, train_fn, to_device(inputs, dev), graph.param_names,
-                              seed=seed)
+                              seed=seed, input_paths=_grad_inputs(graph))
     probes, unpaired = probe_pairs(graph.graph, eager)
     defaulted = exact is None
     if exact is None:
@@ -258,10 +258,22 @@ def _value_nodes(joint: TracedGraph) -> dict[tuple[str, str], fx.Node]:
     """The loss node and each sole-term parameter gradient node, by ``(table, name)``."""
     out = {("grads", name): terms[0] for name, terms in joint.grad_terms().items()
            if len(terms) == 1}
+    out.update({("input_grads", path): node for path, node in _input_grad_nodes(joint)})
     loss = joint.outputs_and_tangents()[0][0]
     if isinstance(loss, fx.Node):
         out[("loss", "loss")] = loss
     return out
+
+
+def _grad_inputs(joint: TracedGraph) -> list[str]:
+    """Paths of the inputs traced with ``requires_grad=True`` (eager differentiates them)."""
+    return [leaf.path for leaf in joint.input_spec.tensor_leaves if leaf.requires_grad]
+
+
+def _input_grad_nodes(joint: TracedGraph) -> list[tuple[str, fx.Node]]:
+    """``(input path, gradient node)`` of each input whose gradient the graph computes."""
+    return [(_meta.info(ph)["input_path"], g) for ph, g in joint.inputs_and_grads()
+            if g is not None and _meta.info(ph).get("phase") == "input"]
 
 
 def _scale_of(joint: TracedGraph, runner: NodeRunner | None) -> Any:
@@ -310,7 +322,7 @@ def _first_bad_value(comp: Comparison, joint: TracedGraph, candidate: str
     order = {n.name: i for i, n in enumerate(joint.graph.nodes)}
     nodes = _value_nodes(joint)
     bad = []
-    for table in ("loss", "grads"):
+    for table in ("loss", "grads", "input_grads"):
         t = getattr(comp, table)
         for _, row in t[(t["candidate"] == candidate) & ~t["ok"].astype(bool)].iterrows():
             node = nodes.get((table, row["name"]))
@@ -320,10 +332,11 @@ def _first_bad_value(comp: Comparison, joint: TracedGraph, candidate: str
         return None
     _, node, table, row = min(bad, key=lambda b: b[0])
     info = _meta.info(node)
-    owner = _meta.TRAIN_FN if table == "loss" else row["name"].rpartition(".")[0]
-    what = "loss" if table == "loss" else "parameter gradient"
+    owner = _meta.TRAIN_FN if table != "grads" else row["name"].rpartition(".")[0]
+    what = {"loss": "loss", "grads": "parameter gradient"}.get(table, "input gradient")
     return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""), what,
-                      row["max_abs_err"], row["max_rel_err"], candidate=candidate)
+                      row["max_abs_err"], row["max_rel_err"], candidate=candidate,
+                      input=row["name"] if table == "input_grads" else "")
 
 
 def _local_shards(results: dict[str, tuple], eager: EagerCapture
@@ -351,7 +364,7 @@ def _local_shards(results: dict[str, tuple], eager: EagerCapture
     note = ["DTensor state: values are compared as this rank's local shards, both sides "
             "under the same process group (a fake one exchanges no real data); "
             "jl.run_all_ranks checks every rank's gathered values"] if sharded else []
-    return {n: (RunResult(*local_values(tuple(out))), local_values(bufs))
+    return {n: (RunResult(*local_values(tuple(out)), out.input_grads), local_values(bufs))
             for n, (out, bufs) in results.items()}, local, note
 
 
@@ -386,6 +399,9 @@ def divergence_checks(joint: TracedGraph, eager: EagerCapture,
         want = eager.grads.get(name)
         if len(terms) == 1 and want is not None:
             checks.append((terms[0], want, "parameter gradient", name.rpartition(".")[0]))
+    for path, node in _input_grad_nodes(joint):
+        if (want := eager.input_grads.get(path)) is not None:
+            checks.append((node, want, "input gradient", _meta.TRAIN_FN))
     loss_node = joint.outputs_and_tangents()[0][0]  # the loss, in either mode's layout
     if isinstance(loss_node, fx.Node):
         checks.append((loss_node, eager.loss, "loss", _meta.TRAIN_FN))
@@ -409,7 +425,7 @@ def first_divergence(joint: TracedGraph, runner: NodeRunner, checks: list, tol: 
         info = _meta.info(node)
         abs_err, rel_err, _ = errors(got, want)
         return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""),
-                          what, abs_err, rel_err)
+                          what, abs_err, rel_err, input=info.get("input_grad_of") or "")
     return None
 
 

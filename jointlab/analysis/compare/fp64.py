@@ -66,8 +66,8 @@ def accept_by_fp64(comp: Comparison, eager: EagerCapture, tol: Tolerance) -> Com
 
 
 def candidate_ok(comp: Comparison, name: str) -> bool:
-    rows = [t[t["candidate"] == name] for t in (comp.loss, comp.grads, comp.loss_dict,
-                                                comp.buffers) if len(t)]
+    tables = (comp.loss, comp.grads, comp.loss_dict, comp.buffers, comp.input_grads)
+    rows = [t[t["candidate"] == name] for t in tables if t is not None and len(t)]
     return all(bool(r["ok"].all()) for r in rows)
 
 

@@ -33,11 +33,13 @@ class Divergence:
     module: str
     source: str
     phase: str
-    what: str  # "module output", "output gradient", "parameter gradient", "loss", "kernel output"
+    what: str  # "module output", "output gradient", "parameter gradient", "input gradient",
+    # "loss", "kernel output"
     max_abs_err: float
     max_rel_err: float = 0.0
     candidate: str = "graph"  # which candidate diverges: "graph" or a compiled backend
     kernel: str = ""  # the first diverging kernel call of a compiled candidate, if named
+    input: str = ""  # for an "input gradient": the dotted path of that input
 
     def __repr__(self) -> str:
         """``Divergence(<one line>)``: node, what, module, phase, source and errors."""
@@ -46,6 +48,7 @@ class Divergence:
     def __str__(self) -> str:
         """One line naming node, the module the value belongs to, and source."""
         what = (f"the loss, computed in {self.module}" if self.what == "loss"
+                else f"gradient of input '{self.input}'" if self.what == "input gradient"
                 else f"{self.what} of module '{self.module or '(root)'}'")
         where = "" if self.candidate == "graph" else (
             f"{self.candidate} kernel {self.kernel}, at " if self.kernel
@@ -97,6 +100,9 @@ class Comparison:
         kernels: Per compiled candidate that does not match (Inductor only): the
             kernel-by-kernel check naming its first diverging kernel
             (:class:`jointlab.analysis.kernel_probe.KernelCheck`); None otherwise.
+        input_grads: DataFrame like ``grads``, one row per candidate and input traced
+            with ``requires_grad=True`` (``name`` is the input path), against eager's
+            gradient of that input; empty when no input requires grad.
     """
 
     ok: bool
@@ -112,6 +118,7 @@ class Comparison:
     unchecked: tuple[str, ...]
     fp64: pd.DataFrame | None = None
     kernels: dict[str, Any] | None = None
+    input_grads: pd.DataFrame | None = None
 
     @classmethod
     def build(cls, results: dict[str, tuple], eager: EagerCapture, first: Divergence | None,
@@ -127,23 +134,27 @@ class Comparison:
         def of(table: str) -> Callable[[str], Any] | None:
             return None if scale is None else (lambda name: scale(table, name))
 
-        loss_rows, grad_rows, ld_rows, buf_rows = [], [], [], []
-        for name, ((loss, grads, ld), bufs) in results.items():
+        loss_rows, grad_rows, ld_rows, buf_rows, in_rows = [], [], [], [], []
+        for name, (out, bufs) in results.items():
+            loss, grads, ld = out
             tol = tols[name]
             loss_rows += _rows({"loss": (loss, eager.loss)}, tol, name, of("loss"))
             loss_rows[-1].update(value=float(loss), eager=float(eager.loss))
             grad_rows += _rows({k: (g, eager.grads[k]) for k, g in grads.items()}, tol, name,
                                of("grads"))
+            in_rows += _rows({k: (g, eager.input_grads.get(k)) for k, g in
+                              getattr(out, "input_grads", {}).items()}, tol, name,
+                             of("input_grads"))
             ld_rows += _rows({k: (v, eager.loss_dict[k]) for k, v in ld.items()
                               if isinstance(v, torch.Tensor)}, tol, name)
             buf_rows += _rows({k: (v, eager.buffers[k]) for k, v in bufs.items()
                                if k in eager.buffers}, tol, name)
-        tables = [_frame(r) for r in (loss_rows, grad_rows, ld_rows, buf_rows)]
+        tables = [_frame(r) for r in (loss_rows, grad_rows, ld_rows, buf_rows, in_rows)]
         ok = all(bool(t["ok"].all()) for t in tables if len(t)) and first is None
         exact = ok and inexact is None and all(bool(t["exact"].all()) for t in tables if len(t))
         verdict = "bit-exact" if exact else "within tolerance" if ok else "MISMATCH"
-        return cls(ok, exact, verdict, *tables, first, None if exact else inexact,
-                   tuple(notes), tuple(unchecked))
+        return cls(ok, exact, verdict, *tables[:4], first, None if exact else inexact,
+                   tuple(notes), tuple(unchecked), input_grads=tables[4])
 
     def _earlier_inexact(self) -> Divergence | None:
         """The first inexact node when it is not the first divergence itself."""

@@ -32,6 +32,7 @@ import torch.fx as fx
 
 from jointlab.analysis.memory.predict import predict
 from jointlab.errors import WhatIfError
+from jointlab.input_grads import graph_input_grads
 from jointlab.meta import KEY, op_name, storage_owner
 from jointlab.passes.analyze import ensure_analyzed, hint
 from jointlab.runtime.descriptors import has_descriptors, outputs_and_tangents
@@ -120,7 +121,7 @@ def _makefx_functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]
     gm = fx.GraphModule(src, graph)
     out = graph.output_node()
     outs = list(out.args[0])
-    n_grads = len(joint.param_names)
+    n_grads = len(joint.param_names) + len(graph_input_grads(joint.input_spec))
     loss, grads, extra = outs[0], outs[1:1 + n_grads], outs[1 + n_grads:]
     seed = next((n for n in graph.nodes if is_loss_seed(n, loss)), None)
     if seed is None:

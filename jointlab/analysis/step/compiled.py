@@ -40,6 +40,7 @@ from jointlab.analysis.step.rng import StepRng
 from jointlab.analysis.step.runner import check_call
 from jointlab.core import RunResult
 from jointlab.errors import CompiledGraphError, StepperError, ValueNotAvailableError
+from jointlab.runtime.plans import run_result
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -205,9 +206,8 @@ class CompiledStepper(BreakpointList):
     def _finish(self, outputs: Any) -> None:
         joint = self.joint
         with torch.no_grad():
-            loss, grads, ld = joint.runtime.finish(joint, list(outputs), self._flat)
-        self.result = RunResult(loss, dict(zip(joint.param_names, grads)),
-                                dict(zip(joint.loss_dict_keys, ld)))
+            self.result = run_result(joint, *joint.runtime.finish(joint, list(outputs),
+                                                                  self._flat))
 
     def step(self, n: int = 1) -> str | None:
         """Run the next ``n`` kernel calls; return the last one run."""

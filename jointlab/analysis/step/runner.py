@@ -32,6 +32,7 @@ from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import NodeExecutionError, ValueNotAvailableError
 from jointlab.meta import draws_random, node_error
 from jointlab.passes.analyze import written_in_place
+from jointlab.runtime.plans import run_result
 
 __all__ = ["NodeRunner", "check_call", "resolve_device"]
 
@@ -273,9 +274,8 @@ class NodeRunner(fx.Interpreter):
         """Turn the output node's value into :attr:`result`, once (AOT: buffer updates land)."""
         self.raw_outputs = outputs
         with torch.no_grad():
-            loss, grads, ld = self.joint.runtime.finish(self.joint, list(outputs), self._flat)
-        self.result = RunResult(loss, dict(zip(self.joint.param_names, grads)),
-                                dict(zip(self.joint.loss_dict_keys, ld)))
+            self.result = run_result(
+                self.joint, *self.joint.runtime.finish(self.joint, list(outputs), self._flat))
 
     # -- ranges -------------------------------------------------------------------
     def advance(self, stop: int) -> None:
