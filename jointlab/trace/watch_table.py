@@ -135,13 +135,19 @@ WATCHES: tuple[Watch, ...] = (
           "reads guarded, writes put back and warned", lambda c: watching_python_state(
               c.model, c.train_fn), kinds=("read", "variable", "hooks")),
     Watch("model facts", "training flags, module classes, requires_grad", "guard", None,
-          "recorded before any of jointlab's own hooks", where="jointlab.assumptions.Assumptions.record",
+          "recorded before any of jointlab's own hooks",
+          where="jointlab.assumptions.Assumptions.record",
           kinds=("training", "class", "requires_grad")),
     Watch("global settings", "autocast, SDPA flags, oneDNN, default dtype...", "guard", None,
           "only the settings the graph bakes (jointlab.global_state)",
           where="jointlab.assumptions.Assumptions.relevant_to", kinds=("global",)),
     Watch("dynamic shapes", "the sizes a dynamic trace specialised on", "guard",
-          errors.GuardError, "checked on every run before execution", where="jointlab.shape_guards.ShapeGuards.validate"),
+          errors.GuardError, "checked on every run before execution",
+          where="jointlab.shape_guards.ShapeGuards.validate"),
+    Watch("input gradients", "an input traced with requires_grad=True, or an input that is "
+          "the model's own parameter", "guard", errors.InputMismatchError,
+          "its gradient is a graph output (run(...).input_grads); both checked on every run",
+          where="jointlab.inputs.check_leaves"),
     Watch("backward and .grad in train_fn", "loss.backward(), autograd.grad, .grad",
           "refuse", errors.TrainFnMisuseError, "inside train_fn only",
           where="jointlab.trace.refusals.in_train_fn"),
@@ -169,7 +175,8 @@ WATCHES: tuple[Watch, ...] = (
           where="jointlab.trace.python_state.warn_baked_constants"),
     Watch("AOT layout-dependent draws", "bernoulli_(p) or rrelu on a non-contiguous tensor "
           "in mode='aot'", "refuse", errors.UnsupportedRandomOpError,
-          "AOT's functional forms draw in another order", where="jointlab.trace.random_ops.refuse_layout_dependent_draws"),
+          "AOT's functional forms draw in another order",
+          where="jointlab.trace.random_ops.refuse_layout_dependent_draws"),
 )
 
 
