@@ -111,7 +111,16 @@ def _describe(fact: Assumption, now: Any) -> str:
         name = f"'{fact.target}'.{fact.attr}"
     where = {"read": f" (read at {fact.source})",
              "variable": f" (named by {fact.source})"}.get(fact.kind, "")
-    return f"{name} was {fact.value!r} when traced and is {now!r} now{where}"
+    return f"{name} was {_show(fact.value)} when traced and is {_show(now)} now{where}"
+
+
+def _show(value: Any) -> str:
+    """A guard's value in words: a tensor form as ``tensor float32[3] [1.0, 2.0, 3.0]``."""
+    if isinstance(value, dict) and "tensor" in value and "shape" in value:
+        shape = "x".join(map(str, value["shape"]))
+        data = value.get("values", f"sha1 {value.get('sha1', '?')[:10]}")
+        return f"tensor {value['tensor']}[{shape}] {data}"
+    return repr(value)
 
 
 def describe_all(bad: list[tuple[Assumption, Any]], most: int = 5) -> str:

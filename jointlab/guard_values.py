@@ -8,17 +8,24 @@ form and is not a value guard. :func:`same_form` compares two forms the way a
 traced graph would tell them apart: a NaN equals a NaN (a NaN attribute is the
 same attribute on every run), ``0`` equals ``0.0`` (a Python number enters an
 op as a scalar either way), and ``True`` never equals ``1``.
+
+A plain tensor a trace reads (a module attribute that is no buffer, a tensor
+in ``train_fn``'s closure) is baked into the graph as a constant, so it is
+guarded by value: :func:`tensor_form` holds its dtype, shape and values (a
+digest of its bytes when large). It reads data, so it is computed outside the
+trace's fake mode (after the trace, and on each run).
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 from typing import Any
 
 import torch
 
-__all__ = ["NO_FORM", "plain_form", "same_form"]
+__all__ = ["NO_FORM", "plain_form", "same_form", "tensor_form", "value_form"]
 
 _SCALARS = (bool, int, float, str, type(None))
 _MAX_ITEMS = 256  # a larger container is not held as a guard value
@@ -96,3 +103,36 @@ def same_form(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same_form(a[k], b[k]) for k in a)
     return a == b
+
+
+_SMALL = 64  # a tensor of at most this many elements is held by its values
+
+
+def tensor_form(t: Any) -> dict[str, Any]:
+    """A plain tensor as a guard holds it: dtype, shape, and its values or their digest.
+
+    Args:
+        t: A real (not fake) tensor; a meta tensor is held by dtype and shape only.
+
+    Returns:
+        ``{"tensor": dtype, "shape": [...], "values": [...]}`` for a small tensor,
+        ``"sha1"`` of its bytes instead of ``"values"`` for a larger one.
+    """
+    form: dict[str, Any] = {"tensor": str(t.dtype).removeprefix("torch."),
+                            "shape": list(t.shape)}
+    if t.device.type == "meta":
+        return form
+    data = t.detach().cpu().contiguous()
+    if data.numel() <= _SMALL and not data.is_complex():
+        form["values"] = data.flatten().tolist()
+    else:
+        form["sha1"] = hashlib.sha1(data.view(-1).view(torch.uint8).numpy().tobytes()
+                                    ).hexdigest()
+    return form
+
+
+def value_form(value: Any) -> Any:
+    """:func:`plain_form`, or :func:`tensor_form` for a plain tensor (outside a trace only)."""
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        return tensor_form(value)
+    return plain_form(value)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from jointlab.global_state import SETTINGS
-from jointlab.guard_values import plain_form
+from jointlab.guard_values import value_form
 from jointlab.torch_compat import module_hooks, tensor_hooks
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def _walk(obj: Any, path: str) -> Any:
         obj = getattr(obj, name, MISSING)
         if obj is MISSING:
             return MISSING
-    return plain_form(obj)
+    return value_form(obj)
 
 
 def _root(fact: Assumption, live: Live) -> Any:
@@ -159,7 +159,7 @@ def current(fact: Assumption, live: Live) -> Any:
     if fact.kind == "hooks":
         return _hooks_fact_now(fact, live)
     if fact.kind == "variable":
-        return UNKNOWN if fact.reader is None else plain_form(fact.reader())
+        return UNKNOWN if fact.reader is None else value_form(fact.reader())
     if fact.kind == "read":
         root = _root(fact, live)
         return root if root is UNKNOWN else _walk(root, fact.attr)

@@ -418,3 +418,62 @@ def test_a_loaded_graph_checks_the_reads_it_can_and_says_which_it_cannot(tmp_pat
     model[1] = nn.Sigmoid()
     with pytest.raises(AssumptionError, match=r"the module was replaced"):
         loaded.run(model, inputs)
+
+
+# -- plain tensors baked as constants ---------------------------------------------------
+class TensorAttr(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale_t = torch.tensor(2.0)  # neither a parameter nor a buffer
+        self.table = torch.arange(100.0) / 100  # large: guarded by a digest
+
+    def forward(self, x):
+        return self.lin(x) * self.scale_t + self.table[:8]
+
+
+SHIFT = torch.tensor(0.5)
+
+
+def _shifted(model, x, y):
+    return F.mse_loss(model(x) + SHIFT, y)
+
+
+def test_plain_tensor_attributes_and_globals_are_guarded_by_value():
+    global SHIFT
+    torch.manual_seed(0)
+    model, inputs = TensorAttr(), _inputs()
+    with pytest.warns(jl.errors.BakedConstantWarning, match="guarded by value"):
+        joint = jl.trace(model, _shifted, inputs)
+
+    def set_attr(m, v=3.0):
+        m.scale_t = torch.tensor(v)
+
+    _refused_then_exact(joint, model, inputs, set_attr, lambda m: set_attr(m, 2.0), fn=_shifted,
+                        match=r"'<the model>'\.scale_t was tensor float32\[\] \[2\.0\] when "
+                              r"traced and is tensor float32\[\] \[3\.0\] now")
+
+    original = model.table.clone()
+
+    def bump_table(m):
+        m.table[3] += 1e-3  # in place, the same object: only its values changed
+
+    _refused_then_exact(joint, model, inputs, bump_table, lambda m: m.table.copy_(original),
+                        fn=_shifted, match=r"'<the model>'\.table was tensor float32\[100\] sha1")
+
+    def set_global(m, v=1.5):
+        global SHIFT
+        SHIFT = torch.tensor(v)
+
+    try:
+        _refused_then_exact(joint, model, inputs, set_global, lambda m: set_global(m, 0.5),
+                            fn=_shifted, match=r"SHIFT was tensor float32\[\] \[0\.5\]")
+    finally:
+        SHIFT = torch.tensor(0.5)
+
+
+def test_aot_mode_names_a_plain_tensor_attribute_instead_of_torchs_words():
+    torch.manual_seed(0)
+    with pytest.raises(jl.errors.TraceError, match=r"neither a parameter, a buffer nor an "
+                                                   r"input.*register_buffer"):
+        jl.trace(TensorAttr(), _shifted, _inputs(), mode="aot")

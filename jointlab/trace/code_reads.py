@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from jointlab.guard_values import NO_FORM, plain_form
+from jointlab.guard_values import NO_FORM, value_form
 from jointlab.passes.annotate import is_user_frame
 
 __all__ = ["Variable", "objects_to_watch", "variables_read"]
@@ -195,13 +195,13 @@ def variables_read(codes: dict[types.CodeType, dict[str, Any]],
     for code, glb in _followed(start):
         target = f"{glb.get('__name__', '?')} globals"
         for name in sorted(_global_loads(code)):
-            form = plain_form(glb.get(name, _MISSING))
+            form = value_form(glb.get(name, _MISSING))
             if name in glb and form is not NO_FORM and (target, name) not in seen:
                 seen.add((target, name))
                 out.append(Variable(target, name, form, _where(code),
                                     lambda g=glb, n=name: g.get(n, _MISSING)))
     for name, cell in _closure(root) if root is not None else ():
-        form = plain_form(_cell_value(cell))
+        form = value_form(_cell_value(cell))
         if form is not NO_FORM:
             out.append(Variable("train_fn", name, form, _where(root.__code__),
                                 lambda c=cell: _cell_value(c)))

@@ -209,7 +209,9 @@ def warn_baked_constants(gm: fx.GraphModule, train_fn: Callable[..., Any],
                         "see joint.guards)")
         if tensors:
             said.append("tensors captured from Python baked into it: " + "; ".join(tensors)
-                        + " (changing them later does not change what run() computes)")
+                        + " (guarded by value where the step read them from a module "
+                        "attribute, a global or train_fn's closure: see joint.guards; a tensor "
+                        "reached any other way is not checked)")
         warnings.warn(
             "values captured from Python: " + "; ".join(said) + ". To let them vary, pass "
             "them to train_fn as inputs (tensors) or register them on the model as buffers, "

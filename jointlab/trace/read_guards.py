@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from jointlab.assumptions import Assumption
 from jointlab.errors import SideEffectWarning, user_stacklevel
+from jointlab.guard_values import tensor_form
 from jointlab.trace.code_reads import objects_to_watch, variables_read
 from jointlab.trace.reads import ReadRecorder, recording_reads
 
@@ -67,7 +69,9 @@ def read_facts(watched: Watched) -> list[Assumption]:
     out = [Assumption("variable", v.target, v.name, v.value, v.source, reader=v.read)
            for v in variables_read(watched.recorder.codes, watched.train_fn)]
     rec = watched.recorder
-    for (target, path), form in rec.reads.items():
+    reads = {**rec.reads, **{k: tensor_form(t) for k, t in rec.tensors.items()
+                             if type(t) is torch.Tensor}}  # a real tensor, not a fake
+    for (target, path), form in reads.items():
         out.append(Assumption("read", target, path, form, rec.sources[(target, path)],
                               reader=watched.readers.get(target)))
     return out

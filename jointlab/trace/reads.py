@@ -101,6 +101,8 @@ class ReadRecorder:
             object's class while traced, with their globals: the code that ran.
         installed_hooks: Filled by :meth:`finish`: the hooks the step registered on
             the model's modules (removed again), by name.
+        tensors: ``(target, path) -> tensor`` for plain tensors read (no parameter or
+            buffer): baked into the graph as constants, guarded by value after the trace.
     """
 
     def __init__(self) -> None:
@@ -108,6 +110,7 @@ class ReadRecorder:
         self.sources: dict[tuple[str, str], str] = {}
         self.side_effects: list[SideEffect] = []
         self.codes: dict[types.CodeType, dict[str, Any]] = {}
+        self.tensors: dict[tuple[str, str], torch.Tensor] = {}
         self._roots: dict[int, tuple[str, str]] = {}  # id(obj.__dict__) -> (target, path)
         self._alive: list[Any] = []
         self._written: dict[tuple[int, str], tuple[Any, str, Any, tuple[str, str], str]] = {}
@@ -214,6 +217,9 @@ class ReadRecorder:
             if form is not NO_FORM and not _values_never_depend_on(obj, name):
                 self.reads[key] = form
                 self.sources[key] = _caller_line(3)
+            elif isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                self.tensors[key] = value  # its form reads data: after the trace
+                self.sources[key] = _caller_line(3)
             if type(value) in (list, dict, set) and id(value) not in self._containers:
                 self._containers[id(value)] = (value, _shallow(value), key)
             elif form is NO_FORM and not isinstance(value, _NOT_WATCHED) and not callable(value):
@@ -258,6 +264,7 @@ class ReadRecorder:
                 live.update(saved)
         for key in self._written_keys:
             self.reads.pop(key, None)
+            self.tensors.pop(key, None)
         self._alive.clear()
 
     def _restore_containers(self) -> None:
