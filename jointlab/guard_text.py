@@ -33,6 +33,8 @@ _ADVICE = {
             "trace again (pass a value that changes every step to train_fn as a tensor input).",
 }
 _ADVICE["variable"] = _ADVICE["read"]
+_HOOK_KINDS = ("forward pre-hooks", "forward hooks", "backward pre-hooks", "backward hooks",
+               "parameter hooks")
 _CHECKS = {
     "training": "module.training on every run",
     "requires_grad": "param.requires_grad on every run",
@@ -92,8 +94,10 @@ def _hook_changes(was: dict[str, Any], now: Any) -> str:
     for key in sorted(set(was) | set(now)):
         before, after = list(was.get(key, ())), list(now.get(key, ()))
         if before != after:
-            where, _, kind = key.partition(" ")
-            diffs.append(f"'{where}' {kind} were {before} when traced and are {after} now")
+            kind = next((k for k in _HOOK_KINDS if key.endswith(" " + k)), "")
+            where = key[: len(key) - len(kind)].strip()
+            diffs.append(f"'{where}' {kind or 'hooks'} were {before} when traced and are "
+                         f"{after} now")
     return "; ".join(diffs)
 
 

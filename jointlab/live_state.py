@@ -21,7 +21,7 @@ from torch import nn
 
 from jointlab.global_state import SETTINGS
 from jointlab.guard_values import value_form
-from jointlab.torch_compat import module_hooks, tensor_hooks
+from jointlab.torch_compat import global_module_hooks, module_hooks, tensor_hooks
 
 if TYPE_CHECKING:
     from jointlab.facts import Assumption
@@ -61,6 +61,8 @@ def hook_name(fn: Any) -> str:
     return f"{name} ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
 
 
+#: Where the process-wide module hooks (register_module_forward_hook...) are listed.
+GLOBAL = "<every module>"
 #: The key of a hooks fact that lists the hooks the traced step itself registers.
 INSTALLED = "(registered by the traced step)"
 
@@ -77,22 +79,27 @@ def hooks_now(model: nn.Module, ignore: frozenset[str] = frozenset()
     Returns:
         Only the places that hold a hook, so a model without hooks gives ``{}``.
     """
+    live = Live.of(model)
+    return _hooks(live.modules, live.params, ignore)
+
+
+def _hooks(modules: dict[str, nn.Module], params: dict[str, nn.Parameter],
+           ignore: frozenset[str]) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
-    for fqn, mod in model.named_modules():
-        for kind, fns in module_hooks(mod).items():
-            names = tuple(n for n in map(hook_name, fns) if n not in ignore)
-            if names:
-                out[f"{fqn or ROOT} {kind}"] = names
-    for fqn, p in model.named_parameters():
-        names = tuple(n for n in map(hook_name, tensor_hooks(p)) if n not in ignore)
+    places = [(f"{GLOBAL} {k}", fns) for k, fns in global_module_hooks().items()]
+    places += [(f"{fqn} {k}", fns) for fqn, mod in modules.items()
+               for k, fns in module_hooks(mod).items()]
+    places += [(f"{fqn} parameter hooks", tensor_hooks(p)) for fqn, p in params.items()]
+    for key, fns in places:
+        names = tuple(n for n in map(hook_name, fns) if n not in ignore)
         if names:
-            out[f"{fqn} parameter hooks"] = names
+            out[key] = names
     return out
 
 
 def _hooks_fact_now(fact: Assumption, live: Live) -> dict[str, Any]:
     installed = fact.value.get(INSTALLED, ()) if isinstance(fact.value, dict) else ()
-    now: dict[str, Any] = hooks_now(live.model, frozenset(installed))
+    now: dict[str, Any] = _hooks(live.modules, live.params, frozenset(installed))
     if installed:
         now[INSTALLED] = installed
     return now

@@ -477,3 +477,43 @@ def test_aot_mode_names_a_plain_tensor_attribute_instead_of_torchs_words():
     with pytest.raises(jl.errors.TraceError, match=r"neither a parameter, a buffer nor an "
                                                    r"input.*register_buffer"):
         jl.trace(TensorAttr(), _shifted, _inputs(), mode="aot")
+
+
+# -- process-wide hooks and the advice for flipped flags --------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_a_process_wide_module_hook_added_after_tracing_is_refused(mode):
+    from torch.nn.modules.module import register_module_forward_hook
+
+    model, inputs = _mlp(), _inputs()
+    joint = jl.trace(model, _mse, inputs, mode=mode)
+    handles = []
+    _refused_then_exact(
+        joint, model, inputs,
+        lambda m: handles.append(register_module_forward_hook(
+            lambda mod, a, o: o * 2 if isinstance(mod, nn.Tanh) else None)),
+        lambda m: handles.pop().remove(),
+        match=r"'<every module>' forward hooks were \[\] when traced and are \['test_a_pro")
+
+
+def test_flipped_flags_are_advised_per_module_and_per_direction():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.2), nn.Linear(8, 8))
+    model.train()
+    model[1].eval()  # a frozen BatchNorm in a training model
+    inputs = _inputs()
+    joint = jl.trace(model, _mse, inputs)
+    model[1].train()  # switched back by a later model.train()
+    with pytest.raises(AssumptionError, match=r"\(\.eval\(\) on '1'\)") as info:
+        joint.run(model, inputs)
+    assert "model.eval()" not in str(info.value)  # that would put the dropout in eval too
+    model[1].eval()
+    model[2].eval()
+    model[1].train()  # both directions at once
+    with pytest.raises(AssumptionError) as info:
+        joint.run(model, inputs)
+    msg = str(info.value)
+    assert "'2' was in training mode" in msg and "'1' was in eval mode" in msg, msg
+    assert ".train() on '2'" in msg and ".eval() on '1'" in msg, msg
+    model.train()
+    model[1].eval()
+    assert _same(_graph_step(joint, model, inputs), eager_step(model, _mse, inputs, 5))

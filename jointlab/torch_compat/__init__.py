@@ -106,6 +106,7 @@ from jointlab.torch_compat.graphs import (
 from jointlab.torch_compat.inductor import (
     complete_inductor_provenance as complete_inductor_provenance,
 )
+from jointlab.torch_compat.inductor import inductor_lifted_args as inductor_lifted_args
 from jointlab.torch_compat.inductor import inductor_provenance as inductor_provenance
 from jointlab.torch_compat.inductor import inductor_wrapper_globals as inductor_wrapper_globals
 from jointlab.torch_compat.inductor import layout_copy_source as layout_copy_source
@@ -115,6 +116,7 @@ from jointlab.torch_compat.inductor_state import (
     inductor_state_applied as inductor_state_applied,
 )
 from jointlab.torch_compat.inductor_state import state_changes as state_changes
+from jointlab.torch_compat.module_state import global_module_hooks as global_module_hooks
 from jointlab.torch_compat.module_state import hook_dicts as hook_dicts
 from jointlab.torch_compat.module_state import is_module_slot as is_module_slot
 from jointlab.torch_compat.module_state import module_hooks as module_hooks

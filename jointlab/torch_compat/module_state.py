@@ -61,3 +61,29 @@ def hook_dicts(mod: nn.Module) -> list[dict[Any, Any]]:
     names = (*_HOOK_DICTS.values(), "_forward_hooks_with_kwargs",
              "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
     return [d for d in (vars(mod).get(n) for n in names) if isinstance(d, dict)]
+
+
+#: The process-wide module hooks (``torch.nn.modules.module.register_module_forward_hook``
+#: and kin), by the name the guards show.
+_GLOBAL_HOOK_DICTS = {
+    "forward pre-hooks": "_global_forward_pre_hooks",
+    "forward hooks": "_global_forward_hooks",
+    "backward pre-hooks": "_global_backward_pre_hooks",
+    "backward hooks": "_global_backward_hooks",
+}
+
+
+def global_module_hooks() -> dict[str, tuple[Any, ...]]:
+    """The hooks registered for every module at once, by kind, in registration order.
+
+    Returns:
+        ``{"forward hooks": (fn, ...), ...}`` for each kind that holds a hook.
+    """
+    from torch.nn.modules import module as module_mod
+
+    out = {}
+    for kind, attr in _GLOBAL_HOOK_DICTS.items():
+        hooks = getattr(module_mod, attr, None)
+        if hooks:
+            out[kind] = tuple(hooks.values())
+    return out
