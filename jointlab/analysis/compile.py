@@ -70,6 +70,8 @@ class InductorGraph:
         buffers: ``{buffer: (post-grad node, target, shape)}`` recorded while lowering.
         lowered: ``(post-grad graph, {buffer: node})`` per graph Inductor lowered.
         copies: ``{buffer: buffer it copies}`` for the layout copies Inductor added.
+        lifted: The baked tensor constants Inductor lifted to leading inputs of its
+            generated ``call`` (:func:`jointlab.torch_compat.inductor_lifted_args`).
         state: Inductor's configuration, lowerings and decompositions when it
             compiled (None before).
     """
@@ -84,6 +86,7 @@ class InductorGraph:
         self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
         self.copies: dict[str, str] = {}
         self._pieces: list[KernelPiece] | None = None
+        self.lifted = torch_compat.inductor_lifted_args(self.gm)
         self.state: torch_compat.InductorState | None = None
 
     def kernel_pieces(self) -> list[KernelPiece]:
@@ -97,6 +100,14 @@ class InductorGraph:
                 raise CompiledGraphError("not compiled yet: run the compiled joint once first")
             self._pieces = kernel_pieces(self.source_code)
         return self._pieces
+
+    def code_args(self, args: list[Any]) -> list[Any]:
+        """What the generated ``call`` takes for the graph's ``args``: the lifted constants first.
+
+        Calling the compiled module prepends them itself; running the generated
+        wrapper's ``call`` (or its pieces) directly needs them prepended here.
+        """
+        return [*self.lifted, *args]
 
     def __call__(self, *args: Any) -> Any:
         """Compile for these inputs on the first call, then run the compiled code."""

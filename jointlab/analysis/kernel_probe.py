@@ -257,7 +257,7 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
                            "which the probed rerun could draw in another order")
     source = compiled.source
     flat = source.flat_args(copy.deepcopy(model), inputs)
-    args = list(source.runtime.prepare(source, flat))
+    args = compiled.compiled.code_args(list(source.runtime.prepare(source, flat)))
     cuda = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda})
     with torch.random.fork_rng(devices=cuda):  # the caller's RNG state stays as it was
         torch.manual_seed(seed)

@@ -67,6 +67,28 @@ def inductor_wrapper_globals(compiled: Callable[..., Any]) -> dict[str, Any]:
     return namespace
 
 
+def inductor_lifted_args(gm: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors ``torch._inductor.compile(gm, ...)`` passes its generated code before the args.
+
+    Inductor compiles a graph module through ``aot_module_simplified``, which
+    lifts the module's parameters and buffers (``remove_duplicate=False``, in
+    that order) to inputs: the callable it returns prepends them to each call's
+    args. A traced graph's baked tensor constants (``_tensor_constant0``: a
+    captured tensor, HF's empty KV-cache keys) are such buffers once the graph
+    is copied into a ``GraphModule``. Code that calls the generated wrapper's
+    ``call`` directly must prepend them the same way.
+
+    Args:
+        gm: The module given to ``torch._inductor.compile``.
+
+    Returns:
+        The lifted tensors, in the order the generated ``call`` unpacks them.
+    """
+    params = dict(gm.named_parameters(remove_duplicate=False))
+    buffers = dict(gm.named_buffers(remove_duplicate=False))
+    return [*params.values(), *buffers.values()]
+
+
 # -- completing Inductor's provenance around pattern replacements -----------------
 _ABSORBED = "jointlab_absorbed"  # the pass name on the provenance jointlab adds
 

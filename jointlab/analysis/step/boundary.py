@@ -13,10 +13,14 @@ correct kernel wrong or a wrong one right.
 
 Matched buffers are compared with the uncompiled graph (every node's value
 from one run of :class:`jointlab.analysis.step.runner.NodeRunner` with the
-stepper's seed) and, on request, with eager autograd where eager recorded the
+stepper's RNG stream: its seed, or the user's state it started from) and, on
+request, with eager autograd where eager recorded the
 node: a probed module output or output gradient, the node itself or a chain
 of views of it (views keep values; the buffer is reshaped to the probe's shape).
-Tolerances are :mod:`jointlab.analysis.compare`'s dtype-aware ones.
+Tolerances are :mod:`jointlab.analysis.compare`'s dtype-aware ones. A row
+beyond tolerance says so in its note (max abs and rel error); eager runs
+seeded, so for a stepper without ``seed=`` a node that follows a random op is
+not compared with eager, and its note says why.
 """
 
 from __future__ import annotations
@@ -70,9 +74,10 @@ def node_of(stepper: Any, buffer: str) -> tuple[str | None, str]:
 
 def graph_values(stepper: Any) -> dict[str, Any]:
     """Every node's value from one run of the uncompiled graph with the stepper's seed."""
-    runner = NodeRunner(stepper.joint, stepper.model, stepper.inputs, device=stepper.device,
-                        seed=stepper.seed, keep="all")
-    runner.advance(len(runner.nodes))
+    with stepper.same_stream():  # without seed=: the user's stream the stepper started from
+        runner = NodeRunner(stepper.joint, stepper.model, stepper.inputs, device=stepper.device,
+                            seed=stepper.seed, keep="all")
+        runner.advance(len(runner.nodes))
     return {n.name: runner.lookup(n) for n in runner.nodes}
 
 
@@ -93,6 +98,20 @@ def eager_values(stepper: Any) -> dict[str, torch.Tensor]:
     return {p.node.name: p.want for p in pairs}
 
 
+def after_random(stepper: Any) -> frozenset[str]:
+    """Joint nodes whose value depends on a random op (the op itself included)."""
+    out: set[str] = set()
+    for node in stepper.joint.graph.nodes:  # topological order: inputs seen first
+        if _meta.draws_random(node) or any(a.name in out for a in node.all_input_nodes):
+            out.add(node.name)
+    return frozenset(out)
+
+
+def _unseeded_random(stepper: Any, node: str) -> bool:
+    """True when eager (seeded, seed 0) cannot draw the unseeded stepper's stream for ``node``."""
+    return stepper.seed is None and node in stepper.cached_values("random", after_random)
+
+
 def probe_of(stepper: Any, name: str, probed: dict[str, Any]) -> str | None:
     """``name``, or the one chain of views of it, up to a node eager recorded (else None)."""
     node = stepper.joint_nodes[name]
@@ -107,8 +126,17 @@ def probe_of(stepper: Any, name: str, probed: dict[str, Any]) -> str | None:
 def _compare(row: dict[str, Any], got: torch.Tensor, side: str, want: torch.Tensor,
              tol: Tolerance) -> None:
     seen = got.reshape(want.shape) if got.numel() == want.numel() else got
-    row[f"{side}_ok"] = close(seen, want, tol)
-    row[f"{side}_max_abs"] = errors(seen, want)[0]
+    row[f"{side}_ok"] = ok = close(seen, want, tol)
+    abs_err, rel_err, _ = errors(seen, want)
+    row[f"{side}_max_abs"] = abs_err
+    if not ok:
+        what = "the uncompiled graph" if side == "graph" else "eager"
+        _add_note(row, f"beyond tolerance of {what} (max abs {abs_err:.3g}, max rel "
+                       f"{rel_err:.3g}; both drew the same RNG stream)")
+
+
+def _add_note(row: dict[str, Any], note: str) -> None:
+    row["note"] = f"{row['note']}; {note}" if row["note"] else note
 
 
 def boundary_table(stepper: Any, writes: tuple[str, ...], *, eager: bool = False,
@@ -147,7 +175,11 @@ def boundary_table(stepper: Any, writes: tuple[str, ...], *, eager: bool = False
             else:
                 row["note"] = "the uncompiled graph's value is not a tensor"
             probe = probe_of(stepper, node, probed) if probed else None
-            if probe is not None:
+            if probe is not None and _unseeded_random(stepper, node):
+                _add_note(row, "not compared with eager: it follows a random op, and eager "
+                               "runs seeded while this stepper (no seed=) draws the stream it "
+                               "was created with; pass seed= to compare it")
+            elif probe is not None:
                 _compare(row, got, "eager", probed[probe], tol)
                 row["eager_node"] = probe
         rows.append(row)

@@ -13,15 +13,26 @@ At each stop :meth:`CompiledStepper.boundary` lists the buffers the kernel
 just run wrote, the joint-graph node each holds (from Inductor's own record of
 the post-grad node a buffer is the value of, kept only when that node is the
 joint node itself: same op, same shape), and compares them with the uncompiled
-graph under the same seed and, where the node is a probed module output, with
-eager. A buffer that holds no single joint node's value says so instead of
-being compared with a guess. Breakpoints on a node, module or op stop before
+graph drawing the same RNG stream and, where the node is a probed module
+output, with eager; a row that does not match says why in its note.
+
+The generated ``call`` takes the graph's args after the tensor constants the
+trace baked in (a captured tensor, HF's KV-cache placeholders), which Inductor
+lifted to inputs; the stepper passes them first, as the compiled module does.
+Random ops draw what ``compiled.run`` draws: with ``seed=`` what it draws after
+``torch.manual_seed(seed)``, without one what it would draw from the user's RNG
+state when the stepper was created (kept, so :meth:`CompiledStepper.reset`
+replays it; the user's RNG is never advanced).
+
+A buffer that holds no single joint node's value says so instead of being
+compared with a guess. Breakpoints on a node, module or op stop before
 the first kernel that covers a node they select. Per-kernel timings live in
 :mod:`jointlab.analysis.step.kernel_timing`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -34,7 +45,7 @@ from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.boundary import boundary_table, node_of
 from jointlab.analysis.step.breakpoints import Breakpoint, BreakpointList, check_breakpoint
-from jointlab.analysis.step.kernel_code import OUTPUTS, KernelPiece
+from jointlab.analysis.step.kernel_code import OUTPUTS, KernelPiece, call_arity
 from jointlab.analysis.step.kernel_timing import kernel_timings, module_timings
 from jointlab.analysis.step.rng import StepRng
 from jointlab.analysis.step.runner import check_call
@@ -74,6 +85,17 @@ def _check_device(source: Any, device: str | torch.device | None) -> None:
             "there.")
 
 
+def _check_arity(inner: Any, n_graph_args: int) -> None:
+    """Refuse when the generated ``call`` unpacks another number of args than it would get."""
+    want, lifted = call_arity(inner.source_code), len(inner.lifted)
+    if want is not None and want != lifted + n_graph_args:
+        raise CompiledGraphError(
+            f"the generated code's call() takes {want} args, but the graph gives "
+            f"{n_graph_args} and Inductor lifted {lifted} baked constants: this compile "
+            "passes its code arguments jointlab does not know, so it cannot be stepped "
+            "(compiled.run still runs it).")
+
+
 class CompiledStepper(BreakpointList):
     """Run a compiled joint graph's generated code one kernel call at a time.
 
@@ -101,7 +123,11 @@ class CompiledStepper(BreakpointList):
             model: The model (its buffers are cloned; the model is never changed).
             inputs: Keyword inputs with the traced structure.
             device: Must be where the graph was traced (the code was compiled for it).
-            seed: Start the RNG stream of the random ops from this seed (and on :meth:`reset`).
+            seed: Start the RNG stream of the random ops from this seed (and on :meth:`reset`):
+                the masks ``torch.manual_seed(seed); compiled.run(...)`` draws. Without
+                one, from the user's RNG state at creation: what ``compiled.run`` would
+                draw if called instead (again on :meth:`reset`; the user's RNG is never
+                advanced).
             keep: Refused: the generated code frees its buffers itself.
 
         Raises:
@@ -110,6 +136,8 @@ class CompiledStepper(BreakpointList):
             jointlab.errors.StepperError: ``keep`` was given, or the model or inputs are
                 of the wrong kind.
         """
+        rng = StepRng(seed, torch.device(next(iter(compiled.source.state_spec.devices), "cpu")),
+                      snapshot=True)  # the stream c.run would draw now: taken before all else
         _refuse_unsteppable(compiled)
         check_call(compiled.source, model, inputs, StepperError, "jl.Stepper")
         if keep is not None:
@@ -125,12 +153,12 @@ class CompiledStepper(BreakpointList):
         inner = compiled.compiled
         self._globals = torch_compat.inductor_wrapper_globals(inner.fn)
         self._pieces: list[KernelPiece] = inner.kernel_pieces()
+        _check_arity(inner, len(self._fresh_args()))
         self.kernels = [p.kernel for p in self._pieces]
         cover = kernel_map(compiled)
         self.covers = {k: tuple(cover.get(k, ())) for k in self.kernels}
         self.joint_nodes = {n.name: n for n in self.joint.graph.nodes}
-        self.device = torch.device(next(iter(self.joint.state_spec.devices), "cpu"))
-        self._rng = StepRng(seed, self.device)
+        self.device, self._rng = rng.device, rng
         self.breakpoints: list[Breakpoint] = []
         self._values: dict[str, dict[str, Any]] = {}
         self.reset()
@@ -152,7 +180,8 @@ class CompiledStepper(BreakpointList):
     def reset(self) -> None:
         """Go back to the first kernel: fresh buffers, fresh namespace, reseeded RNG."""
         runner = self._globals.get("runner")
-        self.namespace: dict[str, Any] = {"args": self._fresh_args(), "self": runner}
+        args = self.compiled.compiled.code_args(self._fresh_args())
+        self.namespace: dict[str, Any] = {"args": args, "self": runner}
         self.position = 0
         self.hit: tuple[Breakpoint, str] | None = None
         self.timings: dict[str, float] = {}
@@ -326,6 +355,15 @@ class CompiledStepper(BreakpointList):
             raise ValueNotAvailableError("no kernel call has run yet: step() first.")
         return boundary_table(self, self._pieces[self.position - 1].writes, eager=eager,
                               rtol=rtol, atol=atol)
+
+    def same_stream(self) -> contextlib.AbstractContextManager[None]:
+        """Within: the global RNG holds this stepper's start state (as at its first kernel).
+
+        With ``seed=`` that is ``torch.manual_seed(seed)``'s state; without, the user's
+        state when the stepper was created (what ``compiled.run`` would have drawn then).
+        The user's state is put back on exit.
+        """
+        return self._rng.drawing()
 
     def cached_values(self, key: str, build: Any) -> dict[str, Any]:
         """``build(self)`` once per stepper (reference values for :meth:`boundary`)."""

@@ -28,7 +28,7 @@ from types import CodeType
 
 from jointlab.errors import CompiledGraphError
 
-__all__ = ["KernelPiece", "kernel_pieces"]
+__all__ = ["KernelPiece", "call_arity", "kernel_pieces"]
 
 _HANDLE = re.compile(r"#\s*\[Provenance debug handles\]\s*(\S+)\s*$")
 OUTPUTS = "_jointlab_outputs"
@@ -63,6 +63,16 @@ def _call_function(source: ast.Module) -> ast.FunctionDef:
     raise CompiledGraphError(
         "cannot step this compiled graph: Inductor's generated wrapper has no call() "
         "function jointlab recognises, so its kernels cannot be run one at a time.")
+
+
+def call_arity(source_code: str) -> int | None:
+    """How many args the wrapper's ``call`` unpacks (``arg0_1, ..., argN = args``), or None."""
+    body = _flat_body(_call_function(ast.parse(source_code)).body)
+    for stmt in body:
+        if (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name)
+                and stmt.value.id == "args" and isinstance(stmt.targets[0], ast.Tuple)):
+            return len(stmt.targets[0].elts)
+    return None
 
 
 def _is_device_guard(stmt: ast.stmt) -> bool:

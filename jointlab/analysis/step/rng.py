@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,14 +19,38 @@ class StepRng:
     ``torch.Generator`` (the same state ``torch.manual_seed`` gives the default
     generator), so creating or resetting a stepper never touches the user's RNG
     and costs no global reseed.
+
+    Without a seed the stream is the user's own: drawn live from the global
+    generators, or, with ``snapshot=True``, from a copy of their state when the
+    stream was made: what one call of the graph (``c.run``) made at that moment
+    would draw, again on each :meth:`reset`, the user's generators left alone.
     """
 
-    def __init__(self, seed: int | None, device: torch.device) -> None:
+    def __init__(self, seed: int | None, device: torch.device, *,
+                 snapshot: bool = False) -> None:
+        """Compute the start state (see the class docstring).
+
+        Args:
+            seed: Seed the stream as ``torch.manual_seed(seed)`` would, or None.
+            device: The graph's device (its CUDA generator is swapped too).
+            snapshot: Without a seed, start from the user's generators' state now.
+        """
         self.seed, self.cuda = seed, device.type == "cuda"
         self.device = device
         self.state: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self._start = None if seed is None else self._seeded(seed)
+        if seed is not None:
+            self._start = self._seeded(seed)
+        else:
+            self._start = self._get() if snapshot else None
         self.reset()
+
+    @contextlib.contextmanager
+    def drawing(self) -> Iterator[None]:
+        """Within: the global generators hold the start state (the user's put back after)."""
+        with torch.random.fork_rng(devices=[self.device] if self.cuda else []):
+            if self._start is not None:
+                self._set(self._start)
+            yield
 
     def _get(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         cuda = torch.cuda.get_rng_state(self.device) if self.cuda else None
