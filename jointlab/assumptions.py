@@ -260,13 +260,13 @@ class Assumptions:
         Returns:
             ``recorded``, ``count`` (every fact), ``train``/``eval`` (module counts),
             ``trainable``/``frozen`` (parameter counts), ``dropout`` (distinct ``p``
-            values of modules named ``*Dropout*``) and ``autocast`` (device type to dtype,
-            only where on).
+            values the step read from its modules) and ``autocast`` (device type to
+            dtype, only where on).
         """
         kinds = [f.kind for f in self.facts]
         train = [f.value for f in self.facts if f.kind == "training"]
         grads = [f.value for f in self.facts if f.kind == "requires_grad"]
-        dropout = sorted({f.value for f in self.facts if f.kind == "hyperparameter"
+        dropout = sorted({f.value for f in self.facts if f.kind in ("read", "hyperparameter")
                           and f.attr == "p" and isinstance(f.value, float)})
         autocast = {f.attr[len("autocast["):-1]: f.value for f in self.facts
                     if f.kind == "global" and f.attr.startswith("autocast[") and f.value}

@@ -147,6 +147,9 @@ def test_guard_table_lists_every_module_flag_and_parameter(name):
         for fqn, m in model.named_modules()}
     assert "autocast[cpu]" in set(g["attr"])
     assert "traced under" in joint._repr_html_() and "joint.guards" in joint._repr_html_()
+    ps = sorted({m.p for m in model.modules() if isinstance(m, nn.Dropout)})
+    if ps:  # the card names the dropout probabilities the step read
+        assert "dropout p=" + ", ".join(f"{p:g}" for p in ps) in joint._repr_html_()
 
 
 def test_guard_table_holds_a_dynamic_traces_shape_guards():
