@@ -94,9 +94,10 @@ class StateMismatchError(JointlabError, ValueError):
 class AssumptionError(StateMismatchError):
     """The model or torch's settings differ from what the graph was traced under.
 
-    ``joint.guards`` lists every recorded assumption: module ``training`` flags,
-    ``requires_grad``, plain hyperparameters (dropout ``p``, ``eps``...) and
-    process-wide settings such as autocast.
+    ``joint.guards`` lists every recorded assumption: module ``training`` flags and
+    classes, hooks, ``requires_grad``, every attribute and variable the trace read
+    (dropout ``p``, an HF ``config.hidden_dropout``, a global) and the process-wide
+    settings the graph bakes (autocast...).
     """
 
 

@@ -202,10 +202,11 @@ class RunnableGraph:
     def guards(self) -> pd.DataFrame:
         """Every assumption the graph was traced under, one row each, checked on every run.
 
-        Module ``training`` flags, parameters' ``requires_grad``, plain hyperparameters
-        (dropout ``p``, ``eps``...), torch's process-wide settings (autocast...) and, for a
-        dynamic trace, the shape guards. Columns: ``kind, target, attr, traced, checks,
-        source``.
+        Module ``training`` flags and classes, hooks, parameters' ``requires_grad``, every
+        attribute and variable the trace read (dropout ``p``, ``config.hidden_dropout``, a
+        global; see :mod:`jointlab.trace.watch_table`), the process-wide settings the graph
+        bakes and, for a dynamic trace, the shape guards. Columns: ``kind, target, attr,
+        traced, checks, source``.
         """
         import pandas as pd
 
