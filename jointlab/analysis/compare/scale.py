@@ -7,8 +7,12 @@ every key) comes out as rounding noise around 1e-11, and two correct
 implementations return different noise; judged against its own size, noise
 fails noise. :func:`produced_scale` evaluates the producing op on the absolute
 values of what it combined (``sum(|x|)`` for ``sum(x)``, ``|a| @ |b|`` for
-``a @ b``, ``|a| + |b|`` for ``a - b``), through views and additions, so a
-tolerance can be set relative to it (:func:`jointlab.analysis.compare.judge.close`).
+``a @ b``, ``|a| + |b|`` for ``a - b``), through views and additions, and
+through the backward ops of convolutions and norms
+(:mod:`jointlab.analysis.compare.backward_scale`: a conv bias whose
+contribution a train-mode BatchNorm cancels is judged by the norm's backward
+output it sums), so a tolerance can be set relative to it
+(:func:`jointlab.analysis.compare.judge.close`).
 Ops it does not know are scaled by their own value's magnitude, as before.
 """
 
@@ -21,6 +25,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from jointlab.analysis.compare.backward_scale import (
+    backward_reads,
+    backward_scale,
+    backward_source,
+)
 from jointlab.meta import op_name
 from jointlab.torch_compat import op_parts
 
@@ -36,6 +45,7 @@ _REDUCTIONS = frozenset({"sum", "mean", "mm", "bmm", "addmm", "baddbmm", "mv", "
                          "matmul"})
 _ADDS = frozenset({"add", "sub"})
 _PRODUCTS = frozenset({"mul", "div"})
+_FACTORS = frozenset({"alpha", "beta", "other"})  # keyword operands scaled by their size
 _DEPTH = 6  # views and additions followed back at most this far
 
 
@@ -90,6 +100,10 @@ def scale_reads(node: fx.Node, depth: int = _DEPTH) -> set[str]:
     """Names of the nodes whose values :func:`produced_scale` of ``node`` reads."""
     if (norm := _norm_stat(node)) is not None:
         return {norm.args[0].name, node.name}
+    if depth > 0 and (src := backward_source(node)) is not None:
+        dy = src.args[0]
+        return backward_reads(node, src) | (scale_reads(dy, depth - 1)
+                                            if isinstance(dy, fx.Node) else set())
     kind = _kind(node) if depth > 0 else None
     if kind is None:
         return {node.name}
@@ -121,6 +135,11 @@ def produced_scale(node: fx.Node, value_of: Callable[[fx.Node], Any],
     """
     if (norm := _norm_stat(node)) is not None:
         return _norm_scale(node, norm, value_of)
+    if depth > 0 and (src := backward_source(node)) is not None:
+        out = backward_scale(node, src, value_of,
+                             lambda dy: produced_scale(dy, value_of, depth - 1))
+        if out is not None:
+            return out
     kind = _kind(node) if depth > 0 else None
     if kind is None:
         value = value_of(node)
@@ -128,8 +147,8 @@ def produced_scale(node: fx.Node, value_of: Callable[[fx.Node], Any],
             and value.is_floating_point() else None
 
     def scale(arg: Any) -> Any:
-        if not isinstance(arg, fx.Node):
-            return _abs(arg)
+        if not isinstance(arg, fx.Node):  # a scalar operand's size; a dimension as it is
+            return _abs(arg) if kind in _ADDS or kind in _PRODUCTS else arg
         if kind in _PRODUCTS and arg is not node.args[0]:
             return _abs(value_of(arg))  # the factor's size, not how it was made
         return produced_scale(arg, value_of, depth - 1)
@@ -137,7 +156,8 @@ def produced_scale(node: fx.Node, value_of: Callable[[fx.Node], Any],
     args = [scale(a) for a in node.args]
     if any(isinstance(a, fx.Node) and s is None for a, s in zip(node.args, args)):
         return None
-    kwargs = {k: _abs(v) for k, v in node.kwargs.items() if not isinstance(v, fx.Node)}
+    kwargs = {k: _abs(v) if k in _FACTORS else v for k, v in node.kwargs.items()
+              if not isinstance(v, fx.Node)}
     target = node.target
     if kind == "sub":  # |a| + |alpha|·|b|
         target = getattr(torch.ops.aten.add, op_parts(node.target)[2])
