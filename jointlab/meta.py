@@ -18,6 +18,10 @@ only read it. Keys written at trace time:
 - ``probe_out`` / ``probe_grad``: ``[fqn, call, leaf]`` triples: the node is
   that module call's output leaf, or the gradient reaching it (written by
   :mod:`jointlab.trace.probe_hooks` while tracing).
+- ``probe_settled``: ``[fqn, call, leaf]`` triples on the last in-place write to
+  that module output's storage before the module returned (make_fx: an output
+  filled in place, ``out[:, t] = ...``): the ``probe_out`` node holds the
+  returned value once this node has run.
 - ``fwd_twin``: on a backward node, the forward node whose gradient it computes
   (its module and source are the twin's).
 - ``grad_acc_of``: on a gradient-accumulation add, the forward value whose
@@ -94,6 +98,7 @@ class NodeInfo(NamedTuple):
     grad_acc_of: str | None = None
     probe_out: tuple[Any, ...] = ()
     probe_grad: tuple[Any, ...] = ()
+    probe_settled: tuple[Any, ...] = ()
     target: str = ""
     category: str = "other"
     shape: tuple[int, ...] | None = None

@@ -235,7 +235,7 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
                                     dict(layout.grads))
     annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon, layout,
                            req.grad_paths))
-    write_probes(gm, probes.outputs, probes.grads)
+    write_probes(gm, probes.outputs, probes.grads, probes.returned)
     return req.parts(gm, "aot", box, guards, runtime, module_inputs=probes.in_shapes)
 
 

@@ -100,7 +100,7 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     ] + [{"phase": "input", "input_path": p} for p, _ in req.tensors]
     annotate(gm, MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
                              len(box.keys), req.grad_paths, box.zero_input_grads))
-    write_probes(gm, probes.outputs, probes.grads)
+    write_probes(gm, probes.outputs, probes.grads, probes.returned)
     return req.parts(gm, "make_fx", box, guards, layout.runtime(list(spec.fqns)),
                      module_inputs=probes.in_shapes)
 

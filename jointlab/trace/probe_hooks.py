@@ -13,7 +13,13 @@ graph nodes the hooks found (see :mod:`jointlab.meta`):
 - ``probe_out``: list of ``[fqn, call, leaf]``: this node is output ``leaf``
   of call number ``call`` (0-based, per module, in execution order) of module ``fqn``;
 - ``probe_grad``: list of ``[fqn, call, leaf]``: this node is the gradient of
-  the loss with respect to that output.
+  the loss with respect to that output;
+- ``probe_settled``: list of ``[fqn, call, leaf]``, on the last in-place write to
+  that output's storage before the module returned (make_fx: ``out = zeros_like(x);
+  out[:, t] = ...``): the output node holds the returned value once this node ran.
+
+For that last key the hooks also record, per output, the graph's last node when
+the module returned (:attr:`ProbeRecorder.returned`).
 
 Hooks are removed on exit, whatever happens; the model is never changed.
 The lookups use private torch APIs (``get_innermost_proxy_mode``,
@@ -82,6 +88,9 @@ class ProbeRecorder:
 
     outputs: dict[Key, fx.Node] = field(default_factory=dict)
     grads: dict[Key, fx.Node] = field(default_factory=dict)
+    #: The graph's last node when the module returned each output (in-place writes
+    #: to the output's storage up to it are part of the returned value).
+    returned: dict[Key, fx.Node] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
     #: Tensor-argument shapes of each module's first call (symbolic sizes as text).
     in_shapes: dict[str, list[tuple]] = field(default_factory=dict)
@@ -90,6 +99,7 @@ class ProbeRecorder:
         """Forget everything (a new tracing pass starts)."""
         self.outputs.clear()
         self.grads.clear()
+        self.returned.clear()
         self.calls.clear()
         self.in_shapes.clear()
 
@@ -107,9 +117,16 @@ def shape_of(t: torch.Tensor) -> tuple:
     return tuple(d if isinstance(d, int) else str(d) for d in t.shape)
 
 
+def _last_node(mode: Any) -> fx.Node | None:
+    """The node the trace now running appended last (O(1)), or None."""
+    graph = getattr(getattr(mode, "tracer", None), "graph", None)
+    return next(reversed(graph.nodes), None) if graph is not None else None
+
+
 def _output_hook(rec: ProbeRecorder, fqn: str):
     def hook(_mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
-        if get_innermost_proxy_mode() is None:  # AOT's metadata pass: not the graph
+        mode = get_innermost_proxy_mode()
+        if mode is None:  # AOT's metadata pass: not the graph
             return
         call = rec.calls.get(fqn, 0)
         rec.calls[fqn] = call + 1
@@ -120,6 +137,8 @@ def _output_hook(rec: ProbeRecorder, fqn: str):
             if node is None:
                 continue
             rec.outputs[(fqn, call, leaf)] = node
+            if (last := _last_node(mode)) is not None:
+                rec.returned[(fqn, call, leaf)] = last
             if t.requires_grad:
                 t.register_hook(_grad_hook(rec, (fqn, call, leaf)))
     return hook

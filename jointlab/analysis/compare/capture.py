@@ -152,10 +152,22 @@ class Probe:
     want: torch.Tensor
     what: str  # "module output" or "output gradient"
     module: str  # the module whose output (or output's gradient) this is
+    #: The node after which ``node`` holds the returned value (an output the module
+    #: filled in place), or None: its value as produced.
+    after: fx.Node | None = None
 
 
 def probe_pairs(graph: fx.Graph, eager: EagerCapture) -> tuple[list[Probe], list[str]]:
     """Pair the tracer's probed nodes with the eager capture.
+
+    A module output filled in place (``probe_settled``) is read after its last
+    write before the module returned, as eager's hook saw it. A node is read at
+    one point, so a key on it that needs another (a parent writing its child's
+    output in place before returning it) is left out and its module reported.
+
+    Args:
+        graph: The traced graph, its probes written.
+        eager: The eager capture.
 
     Returns:
         The pairs, and the modules whose calls could not be paired (the graph
@@ -164,8 +176,11 @@ def probe_pairs(graph: fx.Graph, eager: EagerCapture) -> tuple[list[Probe], list
     """
     traced_calls: dict[str, int] = {}
     found: list[tuple[fx.Node, Key, str]] = []
+    settled: dict[Key, fx.Node] = {}
     for node in graph.nodes:
         meta = _meta.info(node)
+        for fqn, call, leaf in meta.get("probe_settled", ()):
+            settled[(fqn, call, leaf)] = node
         for kind, what in (("probe_out", "module output"), ("probe_grad", "output gradient")):
             for fqn, call, leaf in meta.get(kind, ()):
                 found.append((node, (fqn, call, leaf), what))
@@ -174,9 +189,20 @@ def probe_pairs(graph: fx.Graph, eager: EagerCapture) -> tuple[list[Probe], list
     unpaired = sorted(f for f in set(traced_calls) | set(eager.calls)
                       if traced_calls.get(f) != eager.calls.get(f))
     bad = set(unpaired)
-    pairs = []
+    pairs: list[Probe] = []
+    read_at: dict[fx.Node, fx.Node | None] = {}
     for node, key, what in found:
         table = eager.outputs if what == "module output" else eager.output_grads
-        if key[0] not in bad and key in table:
-            pairs.append(Probe(node, table[key], what, key[0]))
-    return pairs, unpaired
+        after = settled.get(key) if what == "module output" else None
+        if key[0] in bad or key not in table:
+            continue
+        if read_at.setdefault(node, after) is not after:
+            bad.add(key[0])
+            continue
+        pairs.append(Probe(node, table[key], what, key[0], after))
+    return [p for p in pairs if p.module not in bad], sorted(bad)
+
+
+def settle_points(probes: list[Probe]) -> dict[str, str]:
+    """``{node name: writer name}``: where each filled-in-place output is read (NodeRunner)."""
+    return {p.node.name: p.after.name for p in probes if p.after is not None}

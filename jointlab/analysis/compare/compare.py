@@ -43,6 +43,7 @@ from jointlab.analysis.compare.capture import (
     local_values,
     placement_mismatches,
     probe_pairs,
+    settle_points,
     to_device,
 )
 from jointlab.analysis.compare.fp64 import (
@@ -136,9 +137,10 @@ def _checked_args(joint: Any, model: Any, inputs: Any, seed: Any, device: Any, t
 
 
 def _run_graph(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], seed: int,
-               device: torch.device, keep: set[str]
+               device: torch.device, keep: set[str], settle: dict[str, str] | None = None
                ) -> tuple[RunResult, dict[str, torch.Tensor], NodeRunner]:
-    runner = NodeRunner(joint, model, inputs, device=device, seed=seed, keep=keep)  # clones buffers
+    runner = NodeRunner(joint, model, inputs, device=device, seed=seed, keep=keep,
+                        settle=settle)  # clones buffers
     runner.advance(len(runner.nodes))
     return runner.result, runner.buffers(), runner
 
@@ -207,7 +209,8 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
             keep = {p.node.name for p in probes} | set(uncertain_layout_nodes(graph))
             if compiled or not exact:  # what the scale of each loss and gradient reads
                 keep |= {r for n in _value_nodes(graph).values() for r in scale_reads(n)}
-            out, bufs, runner = _run_graph(graph, model, inputs, seed, dev, keep)
+            out, bufs, runner = _run_graph(graph, model, inputs, seed, dev, keep,
+                                           settle_points(probes))
         else:
             out, bufs = _run_compiled(cand, model, inputs, seed, dev)
         results[name] = (out, bufs)

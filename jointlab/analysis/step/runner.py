@@ -109,7 +109,8 @@ class NodeRunner(fx.Interpreter):
 
     def __init__(self, joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
                  device: str | torch.device | None = None, seed: int | None = None,
-                 keep: str | Iterable[str] | None = None) -> None:
+                 keep: str | Iterable[str] | None = None,
+                 settle: Mapping[str, str] | None = None) -> None:
         """Bind ``model``'s state and ``inputs`` to the graph on ``device``.
 
         Args:
@@ -119,6 +120,9 @@ class NodeRunner(fx.Interpreter):
             device: Where to run (see :func:`resolve_device`).
             seed: Start the graph's RNG stream from this seed (and again on :meth:`reset`).
             keep: ``"all"`` or node names whose values outlive their last use.
+            settle: ``{kept node name: writer node name}``: read that kept node as
+                it is once the writer (a later in-place write to its storage) ran,
+                not as produced (a module output filled in place, as it returned).
         """
         self.device = resolve_device(device)
         gm = joint.graph_module
@@ -132,7 +136,7 @@ class NodeRunner(fx.Interpreter):
         self.nodes: list[fx.Node] = list(self.graph.nodes)
         self._placeholder_index = {n: i for i, n in enumerate(self.nodes)
                                    if n.op == "placeholder"}
-        self._snap = self._snapshot_nodes()
+        self._snap = self._snapshot_plan(settle or {})
         self._bind(joint.flat_args(model, inputs))
         self._rng = StepRng(seed, self.device)
         self._segments: dict[tuple[int, int], Segment] = {}
@@ -231,6 +235,14 @@ class NodeRunner(fx.Interpreter):
         return {n for n in self.nodes if self.kept(n) and n.name in written
                 and n.op != "output"}
 
+    def _snapshot_plan(self, settle: Mapping[str, str]) -> dict[fx.Node, list[fx.Node]]:
+        """``{node: kept nodes copied once it ran}``: as produced, or after their settling write."""
+        by_name = {n.name: n for n in self.nodes}
+        plan: dict[fx.Node, list[fx.Node]] = {}
+        for n in self._snapshot_nodes():
+            plan.setdefault(by_name.get(settle.get(n.name, ""), n), []).append(n)
+        return plan
+
     def kept(self, n: fx.Node) -> bool:
         """True when ``n``'s value outlives its last use."""
         return self.keep_all or n.name in self.keep
@@ -263,8 +275,9 @@ class NodeRunner(fx.Interpreter):
             self._finish(value)
         else:
             self.env[node] = value
-            if node in self._snap and isinstance(value, torch.Tensor):
-                self.snapshots[node] = value.clone()
+            for n in self._snap.get(node, ()):
+                if isinstance(self.env.get(n), torch.Tensor):
+                    self.snapshots[n] = self.env[n].clone()
         for dead in self._free[pos]:
             self.env.pop(dead, None)
         self.position = pos + 1
@@ -329,7 +342,7 @@ class NodeRunner(fx.Interpreter):
                                      any(self._random[a:b]))
         for n, v in zip(live_out, results):
             self.env[n] = v
-        snapped = [n for n in self.nodes[a:b] if n in self._snap]
+        snapped = [n for t in self.nodes[a:b] for n in self._snap.get(t, ())]
         self.snapshots.update(zip(snapped, results[len(live_out):]))
         for i in range(a, b):
             for dead in self._free[i]:
@@ -359,7 +372,9 @@ class NodeRunner(fx.Interpreter):
         inside = self.nodes[a:b]
         inside_set = set(inside)
         index = {n: i for i, n in enumerate(self.nodes)}
-        live_in = [n for n in self.nodes[:a] if any(u in inside_set for u in n.users)]
+        read_after = {n for t in inside for n in self._snap.get(t, ())}  # snapshots taken here
+        live_in = [n for n in self.nodes[:a]
+                   if n in read_after or any(u in inside_set for u in n.users)]
         live_out = [n for n in inside if self.kept(n) or any(index[u] >= b for u in n.users)]
         g = fx.Graph()
         remap: dict[fx.Node, fx.Node] = {}
@@ -368,7 +383,7 @@ class NodeRunner(fx.Interpreter):
         copies = []
         for n in inside:
             remap[n] = g.node_copy(n, lambda x: remap[x])
-            if n in self._snap:  # copy the value before a later in-place op writes it
-                copies.append(g.call_function(_clone_tensor, (remap[n],)))
+            for m in self._snap.get(n, ()):  # copy before a later in-place op writes it
+                copies.append(g.call_function(_clone_tensor, (remap[m],)))
         g.output(tuple(remap[n] for n in live_out) + tuple(copies))
         return fx.GraphModule(self.module, g), live_in, live_out
