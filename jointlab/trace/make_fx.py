@@ -22,6 +22,7 @@ from jointlab.core import GraphParts
 from jointlab.inputs import model_state, state_on_meta
 from jointlab.passes.annotate import annotate
 from jointlab.passes.classify import MakeFxRules
+from jointlab.passes.module_paths import absolute_module_paths
 from jointlab.passes.probes import write_probes
 from jointlab.runtime.dtensor import DTensorLayout
 from jointlab.runtime.fakes import fakeify, symbolic_dispatch, symbolic_fake_mode
@@ -98,6 +99,8 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
         {**state_placeholder_info(model, fqn, is_p), **layout.placeholder_info(fqn)}
         for fqn, is_p in zip(spec.fqns, spec.is_param)
     ] + [{"phase": "input", "input_path": p} for p, _ in req.tensors]
+    # a shared submodule makes torch name modules relative to a sub-model: true FQNs
+    absolute_module_paths(gm, {n for n, _ in model.named_modules(remove_duplicate=False)})
     annotate(gm, MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
                              len(box.keys), req.grad_paths, box.zero_input_grads))
     write_probes(gm, probes.outputs, probes.grads, probes.returned)

@@ -47,7 +47,6 @@ from jointlab.analysis.compare.capture import (
     to_device,
 )
 from jointlab.analysis.compare.fp64 import (
-    accept_by_fp64,
     candidate_ok,
     compiled_exact,
     fp64_reference,
@@ -56,6 +55,7 @@ from jointlab.analysis.compare.fp64 import (
 from jointlab.analysis.compare.judge import Tolerance as Tolerance
 from jointlab.analysis.compare.judge import close, compute_dtype, errors, expects_exact
 from jointlab.analysis.compare.judge import default_tolerances as default_tolerances
+from jointlab.analysis.compare.random_ops import blame_random_op, random_nodes, referee_fp64
 from jointlab.analysis.compare.result import Comparison as Comparison
 from jointlab.analysis.compare.result import Divergence as Divergence
 from jointlab.analysis.compare.scale import produced_scale, scale_reads
@@ -233,12 +233,13 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
     if compiled and not compiled_exact(comp, compiled):
         ref = fp64_reference(model, train_fn, inputs, graph.param_names, seed, dev)
         comp = dataclasses.replace(comp, fp64=fp64_table(results, eager, ref, compiled))
-        comp = accept_by_fp64(comp, eager, loose)
+        comp = referee_fp64(comp, eager, loose, graph)  # not downstream of random ops
     kernels = {name: cands[name].first_diverging_kernel(model, inputs, loose, seed)
                for name in compiled if not candidate_ok(comp, name)
                and hasattr(cands[name], "first_diverging_kernel")}
     comp = dataclasses.replace(comp, kernels=kernels) if kernels else comp
-    return name_compiled_divergence(comp, graph, compiled)
+    comp = name_compiled_divergence(comp, graph, compiled)
+    return blame_random_op(comp, graph, random_nodes(graph.graph))
 
 
 def _judged_notes(tol: Tolerance, graph: TracedGraph, dev: torch.device,
