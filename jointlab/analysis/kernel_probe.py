@@ -21,7 +21,14 @@ differs are counted as unchecked, a graph with random ops is not probed (the
 two runs could draw in another order), and when every kernel matches its
 post-grad node while the outputs still differ, the difference arose before
 lowering (a decomposition or graph pass), which the result says instead of
-naming a kernel.
+naming a kernel. Then :func:`first_decomposed_divergence` names the op: the
+post-grad graph's values against the traced graph's, both run eagerly on the
+same inputs. Each post-grad node belongs to the last traced node Inductor's
+provenance (``postToPre``) derives it from (a decomposed ``gelu``'s ``mul`` and
+``erf`` to the ``gelu``, a pattern's ``addmm`` to the ``add`` it ends in, never
+to the ``mm`` it consumed), and those read outside their group hold that traced
+node's results (each part of a tuple-valued op such as
+``native_layer_norm_backward`` is matched by shape and value).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import operator
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +51,8 @@ from jointlab.analysis.kernels import kernel_map, kernel_table
 from jointlab.analysis.step.runner import ValueRecorder
 from jointlab.meta import graph_draws_random
 
-__all__ = ["KernelCheck", "KernelDivergence", "first_diverging_kernel", "kernel_calls"]
+__all__ = ["DecomposedDivergence", "KernelCheck", "KernelDivergence",
+           "first_decomposed_divergence", "first_diverging_kernel", "kernel_calls"]
 
 _HANDLE = re.compile(r"^(\s*)# \[Provenance debug handles\] (\S+)\s*$")
 _SIGNATURE = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\((\[.*?\]), r'''", re.M)
@@ -92,6 +101,26 @@ class KernelDivergence:
 
 
 @dataclass(frozen=True)
+class DecomposedDivergence:
+    """The first traced-graph op whose value in Inductor's post-grad graph differs.
+
+    Attributes:
+        node: The traced (joint-graph) node, and ``post_node`` the post-grad node
+            holding its value after Inductor's decompositions and graph passes.
+    """
+
+    node: str
+    post_node: str
+    max_abs_err: float
+    max_rel_err: float
+
+    def __str__(self) -> str:
+        """One line: the traced node, the post-grad node and the error."""
+        return (f"{self.node} (post-grad {self.post_node}): max abs err "
+                f"{self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}")
+
+
+@dataclass(frozen=True)
 class KernelCheck:
     """What the kernel-by-kernel check did.
 
@@ -100,12 +129,15 @@ class KernelCheck:
         checked: Kernel calls with at least one buffer compared.
         unchecked: Kernel calls none of whose buffers could be compared.
         note: Why no kernel is named, where none is ("" otherwise).
+        decomposed: Where every kernel matched: the first traced op whose
+            post-grad value differs (the bug arose before lowering), or None.
     """
 
     first: KernelDivergence | None
     checked: int
     unchecked: tuple[str, ...]
     note: str = ""
+    decomposed: DecomposedDivergence | None = None
 
 
 @dataclass(frozen=True)
@@ -256,14 +288,28 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
         return KernelCheck(None, 0, (), "no kernel-by-kernel check: the graph has random ops, "
                            "which the probed rerun could draw in another order")
     source = compiled.source
-    flat = source.flat_args(copy.deepcopy(model), inputs)
-    args = compiled.compiled.code_args(list(source.runtime.prepare(source, flat)))
+    flat = list(source.runtime.prepare(source, source.flat_args(copy.deepcopy(model), inputs)))
+    args = compiled.compiled.code_args(flat)
     cuda = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda})
     with torch.random.fork_rng(devices=cuda):  # the caller's RNG state stays as it was
         torch.manual_seed(seed)
         want = _reference(gm, args)
         torch.manual_seed(seed)
         seen = _probed(compiled, args)
+    check = _kernel_check(compiled, gm, buffers, seen, want, tol)
+    if check.first is not None:
+        return check
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        traced = _reference(source.graph_module, flat)  # the graph before Inductor's passes
+    return dataclasses.replace(check, decomposed=first_decomposed_divergence(
+        compiled, gm, want, traced, tol))
+
+
+def _kernel_check(compiled: Any, gm: fx.GraphModule, buffers: dict[str, str],
+                  seen: list[tuple[str, dict[str, torch.Tensor]]], want: dict[str, Any],
+                  tol: Tolerance) -> KernelCheck:
+    """Each probed kernel call's completed buffers against the post-grad values ``want``."""
     calls = kernel_calls(compiled.compiled.source_code)
     last = {b: i for i, c in enumerate(calls) for b in c.writes}
     elsewhere = unprobed_writes(compiled.compiled.source_code, calls)
@@ -291,3 +337,60 @@ def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, An
                 return KernelCheck(dataclasses.replace(found, written_before=before),
                                    checked, tuple(unchecked))
     return KernelCheck(None, checked, tuple(unchecked))
+
+
+def _group_outputs(compiled: Any, gm: fx.GraphModule) -> dict[str, list[str]]:
+    """``{traced node: post-grad nodes holding its results}`` from Inductor's provenance.
+
+    A post-grad node belongs to the last traced node (in graph order) it derives
+    from; it holds a result of that node when a node of another group (or the
+    graph's output) reads it.
+    """
+    post_to_pre = (compiled.compiled.provenance or {}).get("postToPre", {})
+    order = {n.name: i for i, n in enumerate(compiled.source.graph.nodes)}
+    group: dict[fx.Node, str] = {}
+    for post in (n for n in gm.graph.nodes if n.op == "call_function"):
+        if pres := [p for p in post_to_pre.get(post.name, []) if p in order]:
+            group[post] = max(pres, key=order.__getitem__)
+    out: dict[str, list[str]] = {}
+    for post, owner in group.items():
+        if any(group.get(u) != owner for u in post.users):
+            out.setdefault(owner, []).append(post.name)
+    return out
+
+
+def first_decomposed_divergence(compiled: Any, gm: fx.GraphModule, post: dict[str, Any],
+                                traced: dict[str, Any], tol: Tolerance
+                                ) -> DecomposedDivergence | None:
+    """The first traced op, in graph order, whose post-grad value differs from its own.
+
+    Args:
+        compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
+        gm: Inductor's post-grad graph.
+        post: Its node values, run eagerly (:func:`_reference`).
+        traced: The traced graph's node values on the same inputs.
+        tol: How values are judged; relative to the magnitudes that produced each
+            traced value too (:mod:`jointlab.analysis.compare.scale`).
+
+    Returns:
+        The first differing pair, or None when every paired value matches.
+    """
+    results = _group_outputs(compiled, gm)
+
+    def value_of(n: fx.Node) -> Any:
+        return traced.get(n.name)
+
+    for node in compiled.source.graph.nodes:
+        want = traced.get(node.name)
+        owner = node.args[0] if node.target is operator.getitem else node  # a tuple's part
+        cands = [p for p in results.get(getattr(owner, "name", ""), [])
+                 if isinstance(want, torch.Tensor) and isinstance(post.get(p), torch.Tensor)
+                 and post[p].shape == want.shape]
+        scale = produced_scale(node, value_of) if cands else None
+        if not cands or any(close(post[p], want, tol) or close(post[p], want, tol, scale)
+                            for p in cands):
+            continue
+        held = min(cands, key=lambda p: errors(post[p], want)[0])
+        abs_err, rel_err, _ = errors(post[held], want)
+        return DecomposedDivergence(owner.name, held, abs_err, rel_err)
+    return None

@@ -20,7 +20,11 @@ judged relative to their own size; a loss or gradient is also judged relative to
 magnitudes that produced it (:mod:`jointlab.analysis.compare.scale`), so the rounding
 noise of a gradient that is zero in exact arithmetic (an attention key bias) is no
 mismatch. On a MISMATCH of a compiled candidate alone, ``first_divergence`` names its
-first diverging kernel (or its first value beyond tolerance). A compiled joint
+first diverging kernel; where every kernel matches Inductor's post-grad graph (the
+bug arose before lowering: a decomposition or graph pass), the first traced op whose
+value after Inductor's decompositions differs
+(:func:`jointlab.analysis.kernel_probe.first_decomposed_divergence`); else its first
+value beyond tolerance. A compiled joint
 (``joint.compile()``) is compared as well as the graph it came from, so "inductor vs
 graph vs eager" is one call.
 """
@@ -296,8 +300,10 @@ def name_compiled_divergence(comp: Comparison, joint: TracedGraph,
                              compiled: list[str]) -> Comparison:
     """A MISMATCH of a compiled candidate only, with ``first_divergence`` naming it.
 
-    The first diverging kernel where the kernel-by-kernel check found one, else
-    the first loss or gradient (in graph order) beyond tolerance.
+    The first diverging kernel where the kernel-by-kernel check found one; where
+    every kernel matched Inductor's post-grad graph (the bug arose before
+    lowering), the first traced op whose post-grad value differs; else the
+    first loss or gradient (in graph order) beyond tolerance.
     """
     if comp.ok or comp.first_divergence is not None:
         return comp
@@ -306,6 +312,9 @@ def name_compiled_divergence(comp: Comparison, joint: TracedGraph,
         if check is not None and check.first is not None:
             return dataclasses.replace(comp, first_divergence=_kernel_divergence(
                 joint, name, check.first))
+        if (op := getattr(check, "decomposed", None)) is not None:
+            return dataclasses.replace(comp, first_divergence=_decomposed_divergence(
+                joint, name, op))
         if (found := _first_bad_value(comp, joint, name)) is not None:
             return dataclasses.replace(comp, first_divergence=found)
     return comp
@@ -319,6 +328,14 @@ def _kernel_divergence(joint: TracedGraph, candidate: str, k: Any) -> Divergence
                       info.get("source", "") or next(iter(k.sources), ""),
                       info.get("phase", ""), "kernel output", k.max_abs_err, k.max_rel_err,
                       candidate=candidate, kernel=k.kernel)
+
+
+def _decomposed_divergence(joint: TracedGraph, candidate: str, op: Any) -> Divergence:
+    """``op`` (a :class:`jointlab.analysis.kernel_probe.DecomposedDivergence`) as a Divergence."""
+    info = _meta.info(next(n for n in joint.graph.nodes if n.name == op.node))
+    return Divergence(op.node, info.get("module", ""), info.get("source", ""),
+                      info.get("phase", ""), "output after Inductor's decompositions",
+                      op.max_abs_err, op.max_rel_err, candidate=candidate)
 
 
 def _first_bad_value(comp: Comparison, joint: TracedGraph, candidate: str

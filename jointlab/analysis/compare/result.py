@@ -34,7 +34,7 @@ class Divergence:
     source: str
     phase: str
     what: str  # "module output", "output gradient", "parameter gradient", "input gradient",
-    # "loss", "kernel output"
+    # "loss", "kernel output", "output after Inductor's decompositions"
     max_abs_err: float
     max_rel_err: float = 0.0
     candidate: str = "graph"  # which candidate diverges: "graph" or a compiled backend
