@@ -43,6 +43,7 @@ _LAZY = {
     "plot_memory": "jointlab.viz",
     "plot_lifetimes": "jointlab.viz",
     "plot_diff": "jointlab.viz",
+    "diff_view": "jointlab.viz",
     "export_figure": "jointlab.viz",
     "explore": "jointlab.widgets",
     "report": "jointlab.reporting",

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["KernelCoverage", "kernel_column", "kernel_copies", "kernel_coverage", "kernel_layer",
-           "kernel_map", "kernel_table"]
+           "kernel_map", "kernel_table", "phase_label"]
 
 #: Node-table categories that compute values (the rest are views and bookkeeping).
 COMPUTE = frozenset({"matmul", "conv", "pointwise", "reduction", "norm", "rng", "copy"})
@@ -70,6 +70,25 @@ def is_compute(node: Any) -> bool:
         return False
     cat = _meta.info(node).get("category")
     return cat in COMPUTE or (cat == OTHER and is_op_overload(node.target))
+
+
+#: The order phases are named in a kernel's label: a fused kernel is "forward+backward".
+PHASE_ORDER = {"forward": 0, "backward": 1}
+
+
+def phase_label(nodes: Any) -> str:
+    """The phases of ``nodes`` joined by ``+``: forward first, then backward, then others.
+
+    Args:
+        nodes: Joint-graph nodes (those a kernel covers).
+
+    Returns:
+        For example ``"forward+backward"``; ``""`` when no node has a phase. The
+        kernel table and :func:`jointlab.analysis.step.kernel_timing.kernel_timings`
+        both label phases this way.
+    """
+    phases = {_meta.phase(n) for n in nodes} - {""}
+    return "+".join(sorted(phases, key=lambda p: (PHASE_ORDER.get(p, len(PHASE_ORDER)), p)))
 
 
 def is_extern(kernel: str) -> bool:
@@ -189,10 +208,9 @@ def kernel_table(compiled: Any) -> pd.DataFrame:
     for kernel, names in mapping.items():
         nodes = [by_name[n] for n in names]
         mods = sorted({_meta.info(n).get("module", "") for n in nodes} - {""})
-        phases = sorted({_meta.info(n).get("phase", "") for n in nodes} - {""})
         rows.append({"kernel": kernel, "name": kernel.rpartition(":")[0],
                      "kind": kernel_kind(kernel, nodes, kernel in copy_kernels),
-                     "nodes": tuple(names), "modules": tuple(mods), "phase": "+".join(phases),
+                     "nodes": tuple(names), "modules": tuple(mods), "phase": phase_label(nodes),
                      "copies": copy_kernels.get(kernel, ()),
                      "source": kernel_source(code, kernel)})
     cols = ["kernel", "name", "kind", "nodes", "modules", "phase", "copies", "source"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from jointlab import meta as _meta
-from jointlab.analysis.kernels import is_compute, kernel_copies, kernel_kind
+from jointlab.analysis.kernels import is_compute, kernel_copies, kernel_kind, phase_label
 from jointlab.analysis.step.runner import NodeRunner
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ def kernel_timings(stepper: Any) -> pd.DataFrame:
 
     Returns:
         A DataFrame indexed by kernel call (run order) with ``kind``, ``modules``,
-        ``phase``, ``nodes`` (how many joint nodes it covers) and ``step_s``.
+        ``phase`` (labelled as the kernel table labels it,
+        :func:`jointlab.analysis.kernels.phase_label`: ``"forward+backward"``),
+        ``nodes`` (how many joint nodes it covers) and ``step_s``.
     """
     import pandas as pd
 
@@ -59,7 +61,7 @@ def kernel_timings(stepper: Any) -> pd.DataFrame:
         info = stepper.kernel_info(kernel)
         kind = kernel_kind(kernel, nodes, copies=kernel in copy_kernels)
         rows.append({"kernel": kernel, "kind": kind,
-                     "modules": info["modules"], "phase": info["phase"],
+                     "modules": info["modules"], "phase": phase_label(nodes),
                      "nodes": len(nodes), "step_s": seconds})
     cols = ["kernel", "kind", "modules", "phase", "nodes", "step_s"]
     return pd.DataFrame(rows, columns=cols).set_index("kernel")
