@@ -15,6 +15,15 @@ are over its finite elements. A value jointlab cannot describe says why in
 memory held), ``complex``, ``sparse``/``quantized`` layouts, ``empty``
 (no elements) and ``not a tensor``. :meth:`Record.layers` gives the norms and
 NaN/Inf counts as :func:`jointlab.dag_view` colourings.
+
+An additive attention mask holds ``-inf`` by design. A value is marked as a
+mask (``mask`` column) when its node fills with ``-inf`` (``scalar_tensor``,
+``full``, ``masked_fill``, ``where`` selecting a ``-inf`` fill...) or carries
+such a value over unchanged (views, ``expand``, ``slice``, ``cat``...), and
+every non-finite element of its value is exactly ``-inf``. Its ``inf`` count
+stays in the table, but the repr's "with NaN/Inf" count and the ``nan/inf``
+layer leave it out. A NaN or ``+inf`` anywhere, or ``-inf`` produced by
+arithmetic (scores + mask), is counted. See ``value_stats._mask_nodes``.
 """
 
 from __future__ import annotations
@@ -53,7 +62,9 @@ class Record:
     Attributes:
         table: One row per graph node, indexed like ``joint.nodes`` (join them
             with ``joint.nodes.join(rec.table)``), columns :data:`STAT_COLUMNS`.
-            ``time_s`` is the node's wall time; ``kept`` whether :meth:`value` has it.
+            ``time_s`` is the node's wall time; ``kept`` whether :meth:`value` has it;
+            ``mask`` whether the value is an attention mask whose ``inf`` count is
+            its ``-inf`` fill (not a numerical problem: see below).
         loss: The step's loss.
         param_grad_norms: L2 norm of each trainable parameter's gradient, by FQN.
         values: The kept values (clones), by node name, in graph order.
@@ -145,9 +156,10 @@ class Record:
         finite = described.index[bad.eq(0).to_numpy()]
         norms = {str(n): float(v) for n, v in described.loc[finite, "norm"].items()
                  if math.isfinite(v)}
+        problems = bad.where(~described["mask"].to_numpy(), 0)  # a mask's -inf is no problem
         return {"grad norm": {n: norms[n] for n in self.gradients if n in norms},
                 "value norm": norms,
-                "nan/inf": {str(n): int(v) for n, v in bad.items()}}
+                "nan/inf": {str(n): int(v) for n, v in problems.items()}}
 
     def module_time(self, nodes: pd.DataFrame, prefix: str) -> tuple[float, float]:
         """Forward and backward seconds of the nodes at or below module ``prefix``.
@@ -171,26 +183,45 @@ class Record:
     def __repr__(self) -> str:
         t = self.table
         described = int(t["note"].eq("").sum())
-        bad = int(((t["nan"].fillna(0) > 0) | (t["inf"].fillna(0) > 0)).sum())
+        nonfinite = ((t["nan"].fillna(0) > 0) | (t["inf"].fillna(0) > 0)).to_numpy()
+        masks = int((nonfinite & t["mask"].to_numpy()).sum())
+        bad = int(nonfinite.sum()) - masks
+        mask_note = f" ({masks} attention masks with -inf, not counted)" if masks else ""
         return (f"Record(loss={self.loss:.6g}, {len(t)} nodes, {described} described, "
-                f"{bad} with NaN/Inf, kept {len(self.values)} values "
+                f"{bad} with NaN/Inf{mask_note}, kept {len(self.values)} values "
                 f"({human_bytes(self._kept_bytes())}))")
 
 
-def _table(names: list[str], rec: ValueObserver) -> pd.DataFrame:
-    empty = (None, "", *NAN_ROW, None, None, False, "not run")
-    get, times = rec.rows.get, rec.times.get
-    cols = list(zip(*[get(i, empty) for i in range(len(names))])) or [()] * 11
-    data: dict[str, Any] = dict(zip([c for c in STAT_COLUMNS if c != "time_s"], cols))
-    for c in ("nan", "inf"):
-        data[c] = pd.array(data[c], dtype="Int64")
-    for c in ("mean", "std", "min", "max", "norm"):
-        data[c] = np.fromiter(data[c], dtype=np.float64, count=len(names))
-    data["kept"] = np.fromiter(data["kept"], dtype=bool, count=len(names))
-    data["time_s"] = np.fromiter((times(i, math.nan) for i in range(len(names))),
-                                 dtype=np.float64, count=len(names))
-    df = pd.DataFrame(data, index=pd.Index(names, name="node"))
-    return HumanFrame(df[list(STAT_COLUMNS)])  # shown in human units, no number wrapped
+_EMPTY_ROW = (None, "", *NAN_ROW, None, None, False, "not run")
+
+
+def _table(index: pd.Index, rec: ValueObserver) -> pd.DataFrame:
+    """The record's table: one row per node of ``index`` (graph order), :data:`STAT_COLUMNS`.
+
+    Built column by column from numpy arrays (object, float64, bool) and masked
+    ``Int64`` arrays, so its cost is a few microseconds a column plus a pass
+    over the rows, not pandas' per-column inference.
+    """
+    n = len(index)
+    rows = [_EMPTY_ROW if r is None else r for r in rec.rows]
+    cols = list(zip(*rows)) if rows else [()] * 11
+    data: dict[str, Any] = {}
+    for k, c in enumerate(c for c in STAT_COLUMNS if c not in ("time_s", "mask")):
+        col = cols[k]
+        if c in ("nan", "inf"):
+            mask = np.fromiter((v is None for v in col), dtype=bool, count=n)
+            ints = np.fromiter((v or 0 for v in col), dtype=np.int64, count=n)
+            data[c] = pd.arrays.IntegerArray(ints, mask)
+        elif c == "kept":
+            data[c] = np.fromiter(col, dtype=bool, count=n)
+        elif c in ("mean", "std", "min", "max", "norm"):
+            data[c] = np.fromiter(col, dtype=np.float64, count=n)
+        else:
+            data[c] = np.fromiter(col, dtype=object, count=n)
+    data["time_s"] = np.array(rec.times, dtype=np.float64)
+    data["mask"] = np.array(rec.mask, dtype=bool)
+    # shown in human units, no number wrapped
+    return HumanFrame({c: data[c] for c in STAT_COLUMNS}, index=index, copy=False)
 
 
 def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
@@ -230,7 +261,7 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
             raise node_error(failed, exc, "while recording") from exc
 
     result = joint.run_with(run, model, inputs)
-    table = _table([n.name for n in rec.nodes], rec)
+    table = _table(rec.index, rec)
     return Record(table=table, loss=float(result.loss),
                   param_grad_norms=MappingProxyType(_norms(result.grads)),
                   values=MappingProxyType(dict(rec.values)),

@@ -14,8 +14,10 @@ elements and ``nan``/``inf`` count the others (all NaN when none is finite).
 dtype, mean, population standard deviation, min, max, L2 norm, NaN and Inf
 counts, the node's wall time, and optionally a clone of the value within a
 byte budget. Views and other ops that only rearrange their argument reuse the
-argument's statistics unless something wrote in place in between. The
-graph it instruments is a copy; the user's graph is never edited.
+argument's statistics unless something wrote in place in between. A value whose
+infinities are an attention mask's ``-inf`` fill is marked as one
+(:func:`_mask_nodes` states the rule). The graph it instruments is a copy; the
+user's graph is never edited.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import torch
 import torch.fx as fx
 
@@ -39,7 +42,16 @@ __all__ = ["NAN_ROW", "STAT_COLUMNS", "ValueObserver", "ValueStats", "describe",
 
 #: Columns of :attr:`Record.table`; none collides with a ``joint.nodes`` column.
 STAT_COLUMNS = ("value_shape", "value_dtype", "mean", "std", "min", "max", "norm", "nan", "inf",
-                "time_s", "kept", "note")
+                "time_s", "kept", "note", "mask")
+#: Ops that build an additive attention mask from a ``-inf`` fill value (a literal
+#: ``-inf`` argument, or a ``-inf`` scalar node that ``where`` selects from).
+_MASK_FILL = frozenset({"scalar_tensor", "full", "full_like", "new_full", "fill", "fill_",
+                        "masked_fill", "masked_fill_", "where", "lift_fresh_copy"})
+#: Ops that carry a mask's values over unchanged (rearranged, selected, repeated).
+_MASK_CARRY = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose",
+                         "permute", "unsqueeze", "squeeze", "alias", "detach", "clone",
+                         "contiguous", "view_as", "flatten", "unflatten", "movedim", "expand",
+                         "slice", "select", "cat", "repeat", "_to_copy", "to"})
 #: Ops whose output holds no defined values until something writes into it.
 _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
                             "new_empty_strided", "empty_permuted"})
@@ -215,13 +227,29 @@ class ValueObserver:
         self.same_as = [index.get(n.args[0], -1) if op_name(n) in _SAME_VALUES | {"expand"}
                         and n.args and isinstance(n.args[0], fx.Node) else -1 for n in nodes]
         self.uninitialized = [op_name(n) in _UNINITIALIZED for n in nodes]
+        #: Per node: whether its -inf may be an attention mask (:func:`_mask_nodes`).
+        self.maskable = _mask_nodes(nodes)
+        #: Per node: the mask it adds to scores, or -1 (:func:`_mask_sums`).
+        self.mask_sum = _mask_sums(nodes, self.maskable)
+        #: Per node: whether another node may reuse its statistics (only these need a stamp).
+        self.is_source = [False] * len(nodes)
+        for src in self.same_as:
+            if src >= 0:
+                self.is_source[src] = True
+        #: The record table's index: the node names in graph order.
+        self.index = pd.Index([n.name for n in nodes], name="node")
         self.reset(0)
 
     def reset(self, keep_bytes: int) -> None:
-        self.rows: dict[int, tuple[Any, ...]] = {}
-        self.times: dict[int, float] = {}
+        n = len(self.nodes)
+        #: Per node: its row of statistics (None until it runs).
+        self.rows: list[tuple[Any, ...] | None] = [None] * n
+        #: Per node: its wall time in seconds (NaN until it runs).
+        self.times: list[float] = [math.nan] * n
         self.values: dict[str, torch.Tensor] = {}
         self.budget = keep_bytes
+        #: Per node: its value's infinities are all -inf and it is an attention mask.
+        self.mask = [False] * len(self.nodes)
         #: Per storage (its data pointer): how many in-place ops wrote into it so far.
         self.writes: dict[int, int] = {}
         #: Per node: its value's storage and that storage's write count when it ran.
@@ -234,7 +262,7 @@ class ValueObserver:
         """Whether node ``src``'s storage saw no in-place write since ``src`` ran."""
         stamp = self.stamp.get(src)
         return stamp is not None and self.writes.get(stamp[0], 0) == stamp[1] and not (
-            self.rows[src][-1])
+            self.rows[src][-1])  # type: ignore[index]
 
     def _tensor_row(self, i: int, value: torch.Tensor) -> tuple[Any, ...]:
         numel = value.numel()
@@ -256,11 +284,25 @@ class ValueObserver:
             if kept:
                 self.values[self.nodes[i].name] = value.detach().clone()
                 self.budget -= value.nbytes
-        self.numel[i] = numel
-        ptr = value.untyped_storage().data_ptr()
-        self.stamp[i] = (ptr, self.writes.get(ptr, 0))
+        if self.is_source[i]:
+            self.numel[i] = numel
+            ptr = value.untyped_storage().data_ptr()
+            self.stamp[i] = (ptr, self.writes.get(ptr, 0))
         dtype = _DTYPE_NAMES.get(value.dtype) or str(value.dtype).removeprefix("torch.")
         return (tuple(value.shape), dtype, *stats, nan, inf, kept, note)
+
+    def _is_mask(self, i: int, value: torch.Tensor, row: tuple[Any, ...]) -> bool:
+        """Whether node ``i``'s infinities (no NaN) are an attention mask's -inf."""
+        neg = int((value == -math.inf).sum())
+        if neg != row[8]:  # a +inf is no mask
+            return False
+        j = self.mask_sum[i]
+        if j < 0:
+            return True
+        # scores + mask: exactly the mask's -inf, broadcast to the sum's shape
+        src = self.rows[j]
+        return bool(src and src[8] is not None and src[0] is not None
+                    and src[8] * value.numel() == neg * math.prod(src[0]) and self.mask[j])
 
     def observe(self, i: int, value: Any, *written: Any) -> None:
         """Record node ``i``'s value; its time runs from the previous node's end.
@@ -272,17 +314,61 @@ class ValueObserver:
             if isinstance(t, torch.Tensor):
                 ptr = t.untyped_storage().data_ptr()
                 self.writes[ptr] = self.writes.get(ptr, 0) + 1
-        if not isinstance(value, torch.Tensor):
-            self.times[i] = time.perf_counter() - self.clock
-            self.rows[i] = (None, type(value).__name__, *NAN_ROW, None, None, False,
-                            "not a tensor")
-        else:
+        if isinstance(value, torch.Tensor):
             if value.is_cuda:
                 torch.cuda.synchronize(value.device)
             self.times[i] = time.perf_counter() - self.clock
-            self.rows[i] = self._tensor_row(i, value)
+            row = self.rows[i] = self._tensor_row(i, value)
+            if row[8] and row[7] == 0 and (self.maskable[i] or self.mask_sum[i] >= 0):
+                self.mask[i] = self._is_mask(i, value, row)
+        else:
+            self.times[i] = time.perf_counter() - self.clock
+            self.rows[i] = (None, type(value).__name__, *NAN_ROW, None, None, False,
+                            "not a tensor")
         self.last_done = i
         self.clock = time.perf_counter()
+
+
+def _mask_nodes(nodes: list[fx.Node]) -> list[bool]:
+    """Per node: whether its ``-inf`` values, if any, are an attention mask's.
+
+    The rule: a node is a mask when it fills with ``-inf`` (an op of
+    :data:`_MASK_FILL` with a literal ``-inf`` argument, or a ``where``/fill
+    whose value argument is such a node), or carries a mask's values over
+    unchanged (:data:`_MASK_CARRY` of a mask node). At run time its value counts
+    as a mask only when every non-finite element is exactly ``-inf`` (a NaN or a
+    ``+inf`` is reported as a numerical problem). Arithmetic on a mask (scores +
+    mask) is not a mask: its ``-inf`` are counted. A mask filled with the
+    dtype's min (``torch.finfo(dtype).min``, what HF uses in eager attention) is
+    finite and never counted.
+    """
+    out: dict[fx.Node, bool] = {}
+    for n in nodes:
+        name = op_name(n) if n.op == "call_function" else ""
+        flat: list[Any] = []
+        fx.node.map_aggregate((n.args, n.kwargs), flat.append)
+        from_mask = any(isinstance(a, fx.Node) and out.get(a, False) for a in flat)
+        if name in _MASK_FILL:
+            out[n] = from_mask or any(isinstance(a, float) and a == -math.inf for a in flat)
+        else:
+            out[n] = name in _MASK_CARRY and from_mask
+    return [out[n] for n in nodes]
+
+
+def _mask_sums(nodes: list[fx.Node], maskable: list[bool]) -> list[int]:
+    """Per node: for ``scores + mask`` (``add`` of exactly one mask node), the mask's index.
+
+    Such a sum is a mask when its ``-inf`` are exactly the mask's, broadcast
+    (:meth:`ValueObserver.observe` compares the counts); -1 for other nodes.
+    """
+    index = {n: i for i, n in enumerate(nodes)}
+    out = [-1] * len(nodes)
+    for i, n in enumerate(nodes):
+        if n.op == "call_function" and op_name(n) in ("add", "add_") and len(n.args) >= 2:
+            masks = [index[a] for a in n.args[:2] if isinstance(a, fx.Node) and maskable[index[a]]]
+            if len(masks) == 1:
+                out[i] = masks[0]
+    return out
 
 
 def _is_mutating(node: fx.Node) -> bool:
