@@ -70,6 +70,7 @@ class InductorGraph:
         buffers: ``{buffer: (post-grad node, target, shape)}`` recorded while lowering.
         lowered: ``(post-grad graph, {buffer: node})`` per graph Inductor lowered.
         copies: ``{buffer: buffer it copies}`` for the layout copies Inductor added.
+        origins: ``{buffer: post-grad nodes it was made for}`` (Inductor's ``origins``).
         lifted: The baked tensor constants Inductor lifted to leading inputs of its
             generated ``call`` (:func:`jointlab.torch_compat.inductor_lifted_args`).
         state: Inductor's configuration, lowerings and decompositions when it
@@ -85,6 +86,7 @@ class InductorGraph:
         self.buffers: dict[str, tuple[str, str, tuple[int, ...]]] = {}
         self.lowered: list[tuple[torch.fx.GraphModule, dict[str, str]]] = []
         self.copies: dict[str, str] = {}
+        self.origins: dict[str, tuple[str, ...]] = {}
         self._pieces: list[KernelPiece] | None = None
         self.lifted = torch_compat.inductor_lifted_args(self.gm)
         self.state: torch_compat.InductorState | None = None
@@ -120,6 +122,7 @@ class InductorGraph:
             self.provenance, self.source_code = inductor_provenance(fn)
             self.lowered = record["lowered"]
             self.copies = record["copies"]
+            self.origins = record["origins"]
             self.buffers = buffer_origins(self.lowered)
             self.fn = fn
             with contextlib.suppress(CompiledGraphError):  # raised again where pieces are read

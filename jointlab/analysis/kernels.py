@@ -26,7 +26,12 @@ kernel is credited with the nodes whose values it writes: one whose every
 written buffer is such a copy (recorded while lowering,
 :func:`jointlab.torch_compat.layout_copy_source`) is a ``copy`` kernel that
 covers no node; :func:`kernel_copies` says what it copies. A kernel that
-writes copies and computed values keeps Inductor's provenance.
+writes copies and computed values (a U-Net kernel that computes a ReLU and
+transposes the weight gradients of earlier ``convolution_backward`` calls) is
+credited with the nodes its computed buffers were made for only: the origins
+only its copies bring in are dropped (:func:`copy_only_origins`, from each
+buffer's Inductor ``origins``), and the table's ``copies`` column names what it
+copies.
 
 Everything here reads; nothing writes ``node.meta``.
 """
@@ -45,8 +50,9 @@ from jointlab.torch_compat import is_op_overload
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["KernelCoverage", "kernel_column", "kernel_copies", "kernel_coverage", "kernel_layer",
-           "kernel_map", "kernel_table", "phase_label"]
+__all__ = ["KernelCoverage", "copied_values", "copy_only_origins", "kernel_column",
+           "kernel_copies", "kernel_coverage", "kernel_layer", "kernel_map", "kernel_table",
+           "phase_label"]
 
 #: Node-table categories that compute values (the rest are views and bookkeeping).
 COMPUTE = frozenset({"matmul", "conv", "pointwise", "reduction", "norm", "rng", "copy"})
@@ -114,15 +120,16 @@ def kernel_writes(compiled: Any) -> dict[str, tuple[str, ...]]:
     return {p.kernel: p.writes for p in compiled.compiled.kernel_pieces()}
 
 
-def kernel_copies(compiled: Any) -> dict[str, tuple[str, ...]]:
-    """``kernel call -> what it copies`` for the kernels that write only layout copies.
+def copied_values(compiled: Any) -> dict[str, tuple[str, ...]]:
+    """``kernel call -> what it copies`` for every kernel that writes a layout copy.
 
     Args:
         compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
 
     Returns:
-        Per copy kernel, the values it copies: a graph input by its placeholder
-        name, another buffer by the node it holds (else the buffer's name).
+        Per kernel writing at least one layout copy, the values its copies hold: a
+        graph input by its placeholder's FQN or input path, another buffer by the
+        node it holds (else the buffer's name).
     """
     _provenance(compiled)
     copies = getattr(compiled.compiled, "copies", {})
@@ -137,9 +144,51 @@ def kernel_copies(compiled: Any) -> dict[str, tuple[str, ...]]:
         while buf in copies and buf not in held:  # a copy of a copy: name the original
             buf = copies[buf]
         return inputs.get(buf) or held.get(buf, buf)
-    return {k: tuple(dict.fromkeys(name(copies[b]) for b in writes))
+    return {k: tuple(dict.fromkeys(name(copies[b]) for b in writes if b in copies))
             for k, writes in kernel_writes(compiled).items()
-            if writes and all(b in copies for b in writes)}
+            if any(b in copies for b in writes)}
+
+
+def kernel_copies(compiled: Any) -> dict[str, tuple[str, ...]]:
+    """``kernel call -> what it copies`` for the kernels that write only layout copies.
+
+    Args:
+        compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
+
+    Returns:
+        Per copy kernel, the values it copies (see :func:`copied_values`).
+    """
+    copies = getattr(compiled.compiled, "copies", {})
+    writes = kernel_writes(compiled)
+    return {k: v for k, v in copied_values(compiled).items()
+            if all(b in copies for b in writes[k])}
+
+
+def copy_only_origins(compiled: Any) -> dict[str, set[str]]:
+    """``kernel call -> post-grad nodes it was credited with only for the copies it writes``.
+
+    Inductor credits a fused kernel with the ``origins`` of every buffer it
+    writes, and a layout copy's origins are the nodes whose value it copies or
+    the op that needed the copy (a weight gradient transposed after its
+    ``convolution_backward``). A post-grad node counts as copied only, for a
+    kernel, when it is an origin of a copy that kernel writes and no buffer
+    computed for that node (not a copy) is written by this kernel or by none (a
+    buffer fused away inside some kernel): such a node keeps its credit.
+    """
+    inner = compiled.compiled
+    copies, origins = inner.copies, getattr(inner, "origins", {})
+    writes = kernel_writes(compiled)
+    writer = {b: k for k, bufs in writes.items() for b in bufs}
+    computed_by: dict[str, set[str]] = {}
+    for buf, posts in origins.items():
+        if buf not in copies:
+            for post in posts:
+                computed_by.setdefault(post, set()).add(writer.get(buf, ""))
+    out: dict[str, set[str]] = {}
+    for kernel, bufs in writes.items():
+        made = {p for b in bufs if b in copies for p in origins.get(b, ())}
+        out[kernel] = {p for p in made if not computed_by.get(p, set()) & {kernel, ""}}
+    return out
 
 
 def kernel_map(compiled: Any) -> dict[str, list[str]]:
@@ -159,10 +208,11 @@ def kernel_map(compiled: Any) -> dict[str, list[str]]:
     prov = _provenance(compiled)
     post_to_pre = prov.get("postToPre", {})
     order = {n.name: i for i, n in enumerate(compiled.source.graph.nodes)}
-    copy_kernels = kernel_copies(compiled)
+    copy_kernels, copied = kernel_copies(compiled), copy_only_origins(compiled)
     out: dict[str, list[str]] = {}
     for kernel, posts in prov.get("cppCodeToPost", {}).items():
-        pre = {p for post in posts for p in post_to_pre.get(post, []) if p in order}
+        computes = [p for p in posts if p not in copied.get(kernel, ())]
+        pre = {p for post in computes for p in post_to_pre.get(post, []) if p in order}
         out[kernel] = [] if kernel in copy_kernels else sorted(pre, key=order.__getitem__)
     return dict(sorted(out.items(), key=lambda kv: int(kv[0].rpartition(":")[2] or 0)))
 
@@ -189,6 +239,9 @@ def kernel_source(source_code: str, kernel: str) -> str:
 def kernel_table(compiled: Any) -> pd.DataFrame:
     """One row per kernel call: name, kind, nodes, modules, phase, copies, source.
 
+    ``nodes`` are the joint-graph nodes the kernel computes; ``copies`` the values
+    it only copies into another layout (:func:`copied_values`), never credited.
+
     Args:
         compiled: A :class:`jointlab.CompiledJoint` (``backend="inductor"``) that has run.
 
@@ -202,6 +255,7 @@ def kernel_table(compiled: Any) -> pd.DataFrame:
     import pandas as pd
 
     mapping, copy_kernels = kernel_map(compiled), kernel_copies(compiled)
+    copied = copied_values(compiled)
     by_name = {n.name: n for n in compiled.source.graph.nodes}
     code = compiled.compiled.source_code or ""
     rows = []
@@ -211,7 +265,7 @@ def kernel_table(compiled: Any) -> pd.DataFrame:
         rows.append({"kernel": kernel, "name": kernel.rpartition(":")[0],
                      "kind": kernel_kind(kernel, nodes, kernel in copy_kernels),
                      "nodes": tuple(names), "modules": tuple(mods), "phase": phase_label(nodes),
-                     "copies": copy_kernels.get(kernel, ()),
+                     "copies": copied.get(kernel, ()),
                      "source": kernel_source(code, kernel)})
     cols = ["kernel", "name", "kind", "nodes", "modules", "phase", "copies", "source"]
     table = pd.DataFrame(rows, columns=cols).set_index("kernel")

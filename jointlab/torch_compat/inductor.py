@@ -152,8 +152,27 @@ def layout_copy_source(buf: Any) -> str | None:
     return reads[0] if set(count.used_ops) <= {"load"} and len(reads) == 1 else None
 
 
+def buffer_origin_names(buf: Any) -> tuple[str, ...] | None:
+    """The post-grad nodes a buffer of the generated code was made for (Inductor's ``origins``).
+
+    A fused kernel's provenance is the union of the ``origins`` of the buffers it
+    writes, so these say which of a kernel's nodes each buffer brought in.
+
+    Returns:
+        The node names, or None where the buffer keeps no readable ``origins``.
+    """
+    getter = getattr(buf, "get_origins", None)
+    try:
+        origins = getter() if callable(getter) else getattr(buf, "origins", None)
+        return None if origins is None else tuple(o.name for o in origins)
+    except Exception:  # noqa: BLE001 - an IR node without origins: unknown, not empty
+        return None
+
+
 def _recording_codegen(original: Callable[..., Any], lowered: list[Any],
-                       copies: dict[str, str]) -> Callable[..., Any]:
+                       record: dict[str, Any]) -> Callable[..., Any]:
+    copies, origins = record["copies"], record["origins"]
+
     def codegen(graph: Any) -> Any:
         out = original(graph)
         names = {}
@@ -164,6 +183,9 @@ def _recording_codegen(original: Callable[..., Any], lowered: list[Any],
             source = layout_copy_source(buf)
             if source is not None:
                 copies[buf.get_name()] = source
+            made_for = buffer_origin_names(buf)
+            if made_for is not None:
+                origins[buf.get_name()] = made_for
         lowered.append((graph.module, names))
         return out
     return codegen
@@ -189,7 +211,8 @@ def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
     Yields:
         ``{"options": Inductor options to compile with, "lowered": [(post-grad
         graph module, {buffer name: its node's name}), ...], "copies": {layout-copy
-        buffer: the buffer it copies}}`` (see :func:`layout_copy_source`).
+        buffer: the buffer it copies}, "origins": {buffer: the post-grad node names
+        it was made for}}`` (see :func:`layout_copy_source`, :func:`buffer_origin_names`).
 
     Raises:
         UnsupportedTorchError: This torch lacks the pattern matcher's ``Match``,
@@ -202,9 +225,10 @@ def complete_inductor_provenance() -> Iterator[dict[str, Any]]:
     action = torch_attr("torch.fx.traceback", "NodeSourceAction", purpose).REPLACE
     erase = required(match_cls, "erase_nodes", "Match.erase_nodes", purpose)
     codegen = required(lowering, "codegen", "GraphLowering.codegen", purpose)
-    record: dict[str, Any] = {"options": {"fx_graph_cache": False}, "lowered": [], "copies": {}}
+    record: dict[str, Any] = {"options": {"fx_graph_cache": False}, "lowered": [], "copies": {},
+                              "origins": {}}
     match_cls.erase_nodes = _recording_erase(erase, node_source, action)
-    lowering.codegen = _recording_codegen(codegen, record["lowered"], record["copies"])
+    lowering.codegen = _recording_codegen(codegen, record["lowered"], record)
     try:
         yield record
     finally:

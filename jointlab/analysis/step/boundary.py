@@ -9,7 +9,8 @@ node: one joint node, same op, same shape. Anything else (a decomposed op's
 partial result such as a layer norm's variance, a functional ``bernoulli``
 standing for an in-place one, a buffer with no origin) is listed with the
 reason and not compared: comparing it with a guessed node could call a
-correct kernel wrong or a wrong one right.
+correct kernel wrong or a wrong one right. No stop reads as checked when
+nothing was: every row that compares nothing has a note saying why.
 
 Matched buffers are compared with the uncompiled graph (every node's value
 from one run of :class:`jointlab.analysis.step.runner.NodeRunner` with the
@@ -43,6 +44,8 @@ __all__ = ["boundary_table", "node_of"]
 
 #: Ops whose result holds its input's values, reshaped (boundary values follow them to eager).
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "alias", "detach"})
+#: The one row of a stop whose kernel writes no buffer the generated code names.
+NO_WRITES = "(no buffer)"
 COLUMNS = ["buffer", "node", "shape", "graph_ok", "graph_max_abs", "eager_ok",
            "eager_max_abs", "eager_node", "note"]
 
@@ -59,8 +62,13 @@ def node_of(stepper: Any, buffer: str) -> tuple[str | None, str]:
     """
     inner = stepper.compiled.compiled
     rec = inner.buffers.get(buffer)
+    source = getattr(inner, "copies", {}).get(buffer)
+    if rec is None and source is not None:
+        return None, (f"a layout copy of {source} that Inductor added: it holds no node of "
+                      "the traced graph, so it is not compared")
     if rec is None:
-        return None, "Inductor recorded no origin node for this buffer"
+        return None, ("no origin in the traced graph: Inductor recorded no node this buffer "
+                      "holds, so it is not compared")
     post, target, shape = rec
     pre = (inner.provenance or {}).get("postToPre", {}).get(post, [])
     node = stepper.joint_nodes.get(pre[0]) if len(pre) == 1 else None
@@ -135,6 +143,13 @@ def _compare(row: dict[str, Any], got: torch.Tensor, side: str, want: torch.Tens
                        f"{rel_err:.3g}; both drew the same RNG stream)")
 
 
+def _unchecked(buffer: str, note: str) -> dict[str, Any]:
+    """A boundary row that compares nothing yet, with why (``note``)."""
+    row = dict.fromkeys(COLUMNS)
+    row.update(buffer=buffer, note=note)
+    return row
+
+
 def _add_note(row: dict[str, Any], note: str) -> None:
     row["note"] = f"{row['note']}; {note}" if row["note"] else note
 
@@ -153,7 +168,10 @@ def boundary_table(stepper: Any, writes: tuple[str, ...], *, eager: bool = False
     Returns:
         A DataFrame indexed by buffer: ``node``, ``shape``, ``graph_ok``,
         ``graph_max_abs``, ``eager_ok``, ``eager_max_abs``, ``eager_node`` (None
-        where not compared) and ``note`` (why a buffer is not compared).
+        where not compared) and ``note`` (why a buffer is not compared). Every
+        tensor the kernel writes has a row, and a row that compares nothing says
+        why in its note (no origin in the traced graph, a layout copy); a stop
+        with no such tensor gives one :data:`NO_WRITES` row saying so.
     """
     import pandas as pd
 
@@ -166,8 +184,8 @@ def boundary_table(stepper: Any, writes: tuple[str, ...], *, eager: bool = False
         if not isinstance(got, torch.Tensor):
             continue  # freed by the kernel's own tail (e.g. a tuple result once unpacked)
         node, note = node_of(stepper, buf)
-        row = dict.fromkeys(COLUMNS)
-        row.update(buffer=buf, node=node, shape=tuple(got.shape), note=note)
+        row = _unchecked(buf, note)
+        row.update(node=node, shape=tuple(got.shape))
         if node is not None:
             want = ref.get(node)
             if isinstance(want, torch.Tensor):
@@ -183,5 +201,9 @@ def boundary_table(stepper: Any, writes: tuple[str, ...], *, eager: bool = False
                 _compare(row, got, "eager", probed[probe], tol)
                 row["eager_node"] = probe
         rows.append(row)
+    if not rows:  # never an empty table that reads as checked
+        rows.append(_unchecked(NO_WRITES, "no buffer this kernel writes is named by the "
+                                          "generated code and held at this stop: nothing is "
+                                          "compared"))
     df = pd.DataFrame(rows, columns=COLUMNS).set_index("buffer")
     return df.astype(object).where(df.notna(), None)  # None, not NaN, where not compared
