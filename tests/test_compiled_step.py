@@ -107,7 +107,11 @@ def test_every_buffer_named_over_a_whole_run_holds_that_nodes_value(tiny):
     named = unnamed = 0
     while not s.done:
         s.step()
-        for buf, row in s.boundary().iterrows():
+        tab = s.boundary()
+        assert len(tab), f"stop {s.last}: an empty table would read as checked"
+        unchecked = tab[tab["graph_ok"].isna()]
+        assert unchecked["note"].notna().all(), (s.last, unchecked)  # never silent
+        for buf, row in tab.iterrows():
             if buf == NO_WRITES or row["node"] is None:  # (pandas' iterrows: NaN, not None)
                 unnamed += 1
                 continue
