@@ -41,6 +41,7 @@ def test_kernel_table_and_kernel_timings_label_a_fused_kernel_alike(monkeypatch)
     kernel = "cpp_fused_0:1"
     monkeypatch.setattr(kernels, "kernel_map", lambda c: {kernel: [fwd.name, bwd.name]})
     monkeypatch.setattr(kernels, "kernel_copies", lambda c: {})
+    monkeypatch.setattr(kernels, "copied_values", lambda c: {})
     monkeypatch.setattr(kernels, "kernel_coverage", lambda c: None)
     monkeypatch.setattr(kernel_timing, "kernel_copies", lambda c: {})
     compiled = SimpleNamespace(source=joint, compiled=SimpleNamespace(source_code=""))
