@@ -28,7 +28,7 @@ import torch
 __all__ = ["NO_FORM", "plain_form", "same_form", "tensor_form", "value_form"]
 
 _SCALARS = (bool, int, float, str, type(None))
-_MAX_ITEMS = 256  # a larger container is not held as a guard value
+_MAX_ITEMS = 256  # a larger container is held by a digest of its items
 _MAX_DEPTH = 4
 
 
@@ -41,31 +41,52 @@ class _NoForm:
 NO_FORM: Any = _NoForm()
 
 
-def _container_form(value: Any, depth: int) -> Any:
-    if len(value) > _MAX_ITEMS or depth >= _MAX_DEPTH:
+def _digest_form(value: Any) -> Any:
+    """A large or deep container of plain values, held by its length and a digest."""
+    if len(value) > 1_000_000:
+        return NO_FORM
+    forms = _items_form(value, 0, limits=False)
+    if forms is NO_FORM:
+        return NO_FORM
+    digest = hashlib.sha1(repr(forms).encode()).hexdigest()
+    return {"container": type(value).__name__, "items": len(value), "sha1": digest}
+
+
+def _container_form(value: Any, depth: int, limits: bool = True) -> Any:
+    form = _items_form(value, depth, limits)
+    if form is NO_FORM and limits and depth == 0:  # too large or deep to show: a digest
+        return _digest_form(value)
+    return form
+
+
+def _items_form(value: Any, depth: int, limits: bool) -> Any:
+    if limits and (len(value) > _MAX_ITEMS or depth >= _MAX_DEPTH):
         return NO_FORM
     if isinstance(value, dict):
         if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in value):
             return NO_FORM
-        items = {k: plain_form(v, depth + 1) for k, v in value.items()}
+        items = {k: plain_form(v, depth + 1, limits) for k, v in value.items()}
         return NO_FORM if any(v is NO_FORM for v in items.values()) else items
-    forms = [plain_form(v, depth + 1) for v in value]
+    forms = [plain_form(v, depth + 1, limits) for v in value]
     if any(f is NO_FORM for f in forms):
         return NO_FORM
     return tuple(forms) if isinstance(value, tuple) else forms
 
 
-def plain_form(value: Any, depth: int = 0) -> Any:
+def plain_form(value: Any, depth: int = 0, limits: bool = True) -> Any:
     """``value`` as plain data a guard can store, or :data:`NO_FORM`.
 
     Args:
         value: Any Python value.
         depth: Nesting depth (for containers; callers leave it 0).
+        limits: Hold a container of more than 256 items, or nested deeper than 4,
+            by its length and a digest of its items' forms (the default); False: in full.
 
     Returns:
         The value itself for numbers, strings, bools, None, dtypes and devices;
         ``"Color.RED"`` for an enum member; tuples, lists and dicts (str or int keys)
-        of those, converted item by item; :data:`NO_FORM` for anything else.
+        of those, converted item by item (a large or deep one as ``{"container",
+        "items", "sha1"}``); :data:`NO_FORM` for anything else.
     """
     if isinstance(value, enum.Enum):
         return f"{type(value).__qualname__}.{value.name}"
@@ -74,7 +95,7 @@ def plain_form(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (torch.dtype, torch.device)):
         return value
     if type(value) in (tuple, list, dict):
-        return _container_form(value, depth)
+        return _container_form(value, depth, limits)
     return NO_FORM
 
 

@@ -517,3 +517,34 @@ def test_flipped_flags_are_advised_per_module_and_per_direction():
     model.train()
     model[1].eval()
     assert _same(_graph_step(joint, model, inputs), eager_step(model, _mse, inputs, 5))
+
+
+class LargeTable(nn.Module):
+    """Reads one entry of a 300-entry list and a deeply nested option: both guarded."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scales = [1.0] * 300
+        self.deep = {"a": {"b": {"c": {"d": [2.0]}}}}
+
+    def forward(self, x):
+        return self.lin(x) * self.scales[7] * self.deep["a"]["b"]["c"]["d"][0]
+
+
+def test_large_and_deep_containers_are_guarded_by_a_digest():
+    torch.manual_seed(0)
+    model, inputs = LargeTable(), _inputs()
+    joint = jl.trace(model, _mse, inputs)
+
+    def set_scale(m, v=3.0):
+        m.scales[7] = v
+
+    _refused_then_exact(joint, model, inputs, set_scale, lambda m: set_scale(m, 1.0),
+                        match=r"'<the model>'\.scales was \{'container': 'list', 'items': 300")
+
+    def set_deep(m, v=5.0):
+        m.deep["a"]["b"]["c"]["d"][0] = v
+
+    _refused_then_exact(joint, model, inputs, set_deep, lambda m: set_deep(m, 2.0),
+                        match=r"'<the model>'\.deep was \{'container': 'dict'")
