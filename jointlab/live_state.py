@@ -14,6 +14,8 @@ variable).
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -120,10 +122,30 @@ class Live:
                    dict(model.named_parameters()))
 
 
+_STEP = re.compile(r"\.?([A-Za-z_]\w*)|\[(-?\d+|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]")
+
+
+def _steps(path: str) -> list[tuple[str, Any]]:
+    """``"cfgs[0].scale"`` as ``[("attr", "cfgs"), ("item", 0), ("attr", "scale")]``."""
+    out = []
+    for m in _STEP.finditer(path):
+        out.append(("attr", m.group(1)) if m.group(1) else ("item", ast.literal_eval(m.group(2))))
+    return out
+
+
+def _step(obj: Any, how: str, key: Any) -> Any:
+    if how == "attr":
+        return getattr(obj, key, MISSING)
+    try:
+        return obj[key]
+    except (LookupError, TypeError):
+        return MISSING
+
+
 def _walk(obj: Any, path: str) -> Any:
-    """The plain form of ``obj.a.b`` for ``path`` ``"a.b"``; :data:`MISSING` when a step is gone."""
-    for name in path.split("."):
-        obj = getattr(obj, name, MISSING)
+    """The form of ``obj.a[0].b`` for ``path`` ``"a[0].b"``; :data:`MISSING` when a step is gone."""
+    for how, key in _steps(path):
+        obj = _step(obj, how, key)
         if obj is MISSING:
             return MISSING
     return value_form(obj)

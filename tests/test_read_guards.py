@@ -548,3 +548,35 @@ def test_large_and_deep_containers_are_guarded_by_a_digest():
 
     _refused_then_exact(joint, model, inputs, set_deep, lambda m: set_deep(m, 2.0),
                         match=r"'<the model>'\.deep was \{'container': 'dict'")
+
+
+class ListOfConfigs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.cfgs = [_Cfg(), _Cfg()]
+        self.by_name = {"head": _Cfg()}
+
+    def forward(self, x):
+        return self.lin(x) * self.cfgs[1].shift * self.by_name["head"].shift
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_objects_held_in_a_list_or_dict_are_watched(mode):
+    torch.manual_seed(0)
+    model, inputs = ListOfConfigs(), _inputs()
+    joint = jl.trace(model, _mse, inputs, mode=mode)
+
+    def set_item(m, v=2.5):
+        m.cfgs[1].shift = v
+
+    _refused_then_exact(joint, model, inputs, set_item, lambda m: set_item(m, 1.5),
+                        match=r"'<the model>'\.cfgs\[1\]\.shift was 1\.5 when traced")
+
+    def set_named(m, v=2.5):
+        m.by_name["head"].shift = v
+
+    _refused_then_exact(joint, model, inputs, set_named, lambda m: set_named(m, 1.5),
+                        match=r"'<the model>'\.by_name\['head'\]\.shift was 1\.5")
+    model.cfgs[0].shift = 9.0  # never read: no false alarm
+    assert _same(_graph_step(joint, model, inputs), eager_step(model, _mse, inputs, 5))

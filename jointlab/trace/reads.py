@@ -44,6 +44,7 @@ __all__ = ["ROOT", "ReadRecorder", "SideEffect", "recording_reads"]
 ROOT = "<the model>"
 _MISSING: Any = object()
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class whose attributes Python code may set
+_MAX_ITEMS_WATCHED = 1024  # objects of a longer list are not watched one by one
 _NOT_WATCHED = (torch.Tensor, type, types.ModuleType, types.FunctionType, types.MethodType,
                 types.BuiltinFunctionType)
 
@@ -188,6 +189,14 @@ class ReadRecorder:
         cls.__getattribute__ = __getattribute__  # type: ignore[method-assign]
         cls.__setattr__ = __setattr__  # type: ignore[method-assign]
 
+    def _watch_items(self, value: Any, key: tuple[str, str]) -> None:
+        """Watch the objects a list, tuple or dict holds, as ``path[i]`` / ``path['k']``."""
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, item in list(items)[:_MAX_ITEMS_WATCHED]:
+            if isinstance(k, (int, str)) and not isinstance(item, _NOT_WATCHED) \
+                    and not callable(item) and plain_form(item) is NO_FORM:
+                self.watch(item, key[0], f"{key[1]}[{k!r}]")
+
     def _unpatch(self) -> None:
         for cls, saved in self._patched.items():
             for attr, value in zip(("__getattribute__", "__setattr__"), saved):
@@ -222,6 +231,8 @@ class ReadRecorder:
                 self.sources[key] = _caller_line(3)
             if type(value) in (list, dict, set) and id(value) not in self._containers:
                 self._containers[id(value)] = (value, _shallow(value), key)
+            if form is NO_FORM and type(value) in (list, tuple, dict):
+                self._watch_items(value, key)
             elif form is NO_FORM and not isinstance(value, _NOT_WATCHED) and not callable(value):
                 self.watch(value, key[0], key[1])
         finally:
