@@ -134,3 +134,32 @@ def test_a_mask_op_holding_nan_or_plus_inf_is_counted():
         assert int((v == -math.inf).sum()) == 1 and int(torch.isfinite(v).sum()) == 1
         assert not rec.table.loc[where, "mask"], col
         assert rec.layers()["nan/inf"][where] == 2, col
+
+
+def test_scores_plus_mask_with_more_minus_inf_than_the_mask_is_counted():
+    """``scores + mask`` is a mask only while its -inf are exactly the mask's, broadcast."""
+    class LogScores(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = x.shape[-1]
+            causal = torch.ones(s, s, dtype=torch.bool).tril()
+            mask = torch.where(causal, 0.0, float("-inf"))
+            scores = torch.log(torch.relu(x * self.w)).unsqueeze(-2).expand(-1, s, s)
+            return torch.softmax(scores + mask, -1)
+
+    def fn(model, x):
+        return model(x).nan_to_num().sum()
+
+    x = torch.tensor([[1.0, -2.0, 3.0, 4.0]])  # log(relu(-2)) = -inf: beyond the mask's
+    model = LogScores()
+    joint = jl.trace(model, fn, {"x": x})
+    rec = jl.record(joint, model, {"x": x}, keep_bytes=1 << 20)
+    add = next(n.name for n in joint.graph.nodes if _meta.op_name(n) == "add")
+    v = rec.values[add]
+    mask_inf = 6  # a 4x4 causal mask's strictly upper triangle
+    assert int((v == -math.inf).sum()) > mask_inf  # the reference: more than the mask's
+    assert not rec.table.loc[add, "mask"]
+    assert rec.layers()["nan/inf"][add] == int(torch.isinf(v).sum())
