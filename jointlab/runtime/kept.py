@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from jointlab.runtime.snapshot import ModelSnapshot
-from jointlab.torch_compat import hook_dicts, post_accumulate_grad_hooks, tensor_hooks
+from jointlab.runtime.snapshot import HookCopies, ModelSnapshot
+from jointlab.torch_compat import post_accumulate_grad_hooks, tensor_hooks
 
 __all__ = ["KeptModel", "hooked_copy", "model_kept", "model_on"]
 
@@ -53,7 +53,7 @@ class KeptModel:
     identity: ModelSnapshot
     values: list[tuple[torch.Tensor, torch.Tensor]]
     attrs: list[tuple[nn.Module, dict[str, Any]]]
-    hooks: list[tuple[dict[Any, Any], dict[Any, Any]]]
+    hooks: HookCopies
 
     @classmethod
     def take(cls, model: nn.Module) -> KeptModel:
@@ -75,8 +75,7 @@ class KeptModel:
                 continue
             seen.add(id(t))
             values.append((t, t.detach().clone()))
-        hooks = [(d, dict(d)) for mod in model.modules() for d in hook_dicts(mod)]
-        return cls(identity, values, attrs, hooks)
+        return cls(identity, values, attrs, HookCopies.take(model.modules()))
 
     def restore(self) -> None:
         """Put back attributes, tensor objects, flags, the RNG, then every value."""
@@ -87,10 +86,7 @@ class KeptModel:
             for name, value in saved.items():
                 if live.get(name, _MISSING) is not value:
                     live[name] = value
-        for live_hooks, saved_hooks in self.hooks:
-            if live_hooks != saved_hooks:
-                live_hooks.clear()
-                live_hooks.update(saved_hooks)
+        self.hooks.restore()
         self.identity.restore()
         with torch.no_grad():
             for t, saved in self.values:

@@ -9,12 +9,14 @@ it costs nothing per byte of the model.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
-from jointlab.torch_compat import module_stores
+from jointlab.torch_compat import hook_dicts, module_stores
 
 
 @dataclass
@@ -69,3 +71,34 @@ class ModelSnapshot:
             torch.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+@dataclass
+class HookCopies:
+    """Copies of modules' hook dicts, to put back after a step that may register hooks.
+
+    A library may register hooks on a module's first forward (transformers' output
+    capturing, beside a flag attribute it sets); whoever restores the flag must
+    restore the hooks with it, or the next forward registers them a second time.
+    """
+
+    copies: list[tuple[dict[Any, Any], dict[Any, Any]]]
+
+    @classmethod
+    def take(cls, modules: Iterable[nn.Module]) -> HookCopies:
+        """Copy every hook dict of ``modules`` (their live dicts are kept by reference)."""
+        return cls([(d, dict(d)) for mod in modules for d in hook_dicts(mod)])
+
+    def restore(self) -> list[Any]:
+        """Put every dict back as copied.
+
+        Returns:
+            The entries registered since the copy (hook functions and their flags).
+        """
+        added = []
+        for live, saved in self.copies:
+            if live != saved:
+                added.extend(v for k, v in live.items() if k not in saved)
+                live.clear()
+                live.update(saved)
+        return added

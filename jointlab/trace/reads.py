@@ -36,8 +36,9 @@ from torch import nn
 
 from jointlab.guard_values import NO_FORM, plain_form, same_form
 from jointlab.live_state import hook_name
+from jointlab.runtime.snapshot import HookCopies
 from jointlab.sources import source_location
-from jointlab.torch_compat import hook_dicts, is_module_slot, module_internal_names
+from jointlab.torch_compat import is_module_slot, module_internal_names
 
 __all__ = ["ROOT", "ReadRecorder", "SideEffect", "recording_reads"]
 
@@ -118,7 +119,7 @@ class ReadRecorder:
         self._written_keys: set[tuple[str, str]] = set()
         self._patched: dict[type, tuple[Any, Any]] = {}
         self._containers: dict[int, tuple[Any, Any, tuple[str, str]]] = {}
-        self._hooks: list[tuple[dict[Any, Any], dict[Any, Any]]] = []
+        self._hooks = HookCopies([])
         self.installed_hooks: list[str] = []
         self._busy = False
 
@@ -163,7 +164,7 @@ class ReadRecorder:
         self._patch(nn.Module)
         for fqn, mod in model.named_modules():
             self.watch(mod, fqn or ROOT)
-            self._hooks.extend((d, dict(d)) for d in hook_dicts(mod))
+        self._hooks = HookCopies.take(model.modules())
 
     def _patch(self, cls: type) -> None:
         if cls in self._patched:
@@ -267,12 +268,7 @@ class ReadRecorder:
             else:
                 d[name] = old
         self._restore_containers()
-        for live, saved in self._hooks:
-            if live != saved:
-                self.installed_hooks.extend(hook_name(fn) for key, fn in live.items()
-                                            if key not in saved and callable(fn))
-                live.clear()
-                live.update(saved)
+        self.installed_hooks = [hook_name(fn) for fn in self._hooks.restore() if callable(fn)]
         for key in self._written_keys:
             self.reads.pop(key, None)
             self.tensors.pop(key, None)
