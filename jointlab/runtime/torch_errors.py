@@ -128,29 +128,21 @@ def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = Trac
             return exc
         return cls(f"train_fn raised {type(exc).__name__}: {exc}{line} (during {where}). This "
                    "is your code's own exception, chained as __cause__; fix it there.")
-    known = _known_cause(exc)
-    if known:
-        return error(f"{where} failed inside torch{line}: {known} torch's error is chained as "
-                     "__cause__.")
+    if torch_compat.is_real_tensor_in_fake_trace_error(exc):
+        return error(f"{where} failed inside torch{line}: {_UNLIFTED_TENSOR} torch's error is "
+                     "chained as __cause__.")
     return error(f"{where} failed inside torch{line}{_graph_line(exc)}: "
                  f"{type(exc).__name__}: {exc}\n{hint}; torch's error is chained as __cause__.")
 
 
-#: torch's words for a cause jointlab can name, and what to say instead.
-_KNOWN = {
-    "Please convert all Tensors to FakeTensors first": (
-        "the step uses a real tensor that is neither a parameter, a buffer nor an input (a "
-        "plain tensor attribute of a module, or one captured from train_fn's closure or a "
-        "global). mode='aot' cannot hold it. Register it on its module as a buffer "
-        "(register_buffer(name, t, persistent=False)) or pass it to train_fn as an input; "
-        "or trace with mode='make_fx', which bakes it into the graph as a constant and "
-        "guards its value (joint.guards)."),
-}
-
-
-def _known_cause(exc: BaseException) -> str:
-    text = str(exc)
-    return next((say for words, say in _KNOWN.items() if words in text), "")
+#: What jointlab says for torch's refusal of a real tensor in AOT's fake trace.
+_UNLIFTED_TENSOR = (
+    "the step uses a real tensor that is neither a parameter, a buffer nor an input (a "
+    "plain tensor attribute of a module, or one captured from train_fn's closure or a "
+    "global). mode='aot' cannot hold it. Register it on its module as a buffer "
+    "(register_buffer(name, t, persistent=False)) or pass it to train_fn as an input; "
+    "or trace with mode='make_fx', which bakes it into the graph as a constant and "
+    "guards its value (joint.guards).")
 
 
 @contextlib.contextmanager

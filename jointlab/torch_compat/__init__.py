@@ -45,6 +45,9 @@ from jointlab.torch_compat._base import OLDEST_TESTED as OLDEST_TESTED
 from jointlab.torch_compat._base import PRIVATE as PRIVATE
 from jointlab.torch_compat._base import TESTED as TESTED
 from jointlab.torch_compat._base import is_generator_argument_error as is_generator_argument_error
+from jointlab.torch_compat._base import (
+    is_real_tensor_in_fake_trace_error as is_real_tensor_in_fake_trace_error,
+)
 from jointlab.torch_compat._base import is_tested as is_tested
 from jointlab.torch_compat._base import release as release
 from jointlab.torch_compat._base import resolve

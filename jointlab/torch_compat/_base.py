@@ -252,3 +252,19 @@ def is_generator_argument_error(exc: BaseException) -> bool:
         Whether it is that refusal.
     """
     return isinstance(exc, NotImplementedError) and "torch._C.Generator" in str(exc)
+
+
+def is_real_tensor_in_fake_trace_error(exc: BaseException) -> bool:
+    """True for torch's refusal of a real tensor met while tracing with fake tensors.
+
+    AOT's export asserts "Please convert all Tensors to FakeTensors first" when the
+    traced code uses a tensor that is no parameter, buffer or input (a plain tensor
+    attribute, a captured one); torch 2.11 to 2.15 word it so.
+
+    Args:
+        exc: The error the trace raised.
+
+    Returns:
+        Whether it is that refusal.
+    """
+    return "Please convert all Tensors to FakeTensors first" in str(exc)
