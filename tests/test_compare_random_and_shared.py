@@ -56,6 +56,16 @@ def _other_draw(compiled):
     return call
 
 
+def _compare_with_another_draw(c, model, inputs):
+    """``c.compare`` with its compiled code drawing another dropout mask, then put back."""
+    saved = c.compiled
+    c.compiled = _other_draw(c)
+    try:
+        return c.compare(model, inputs, train_fn=_ce)
+    finally:
+        c.compiled = saved
+
+
 def test_clean_compile_with_dropout_is_no_mismatch(dropout_compiled):
     model, inputs, _, c = dropout_compiled
     r = c.compare(model, inputs, train_fn=_ce)
@@ -64,12 +74,7 @@ def test_clean_compile_with_dropout_is_no_mismatch(dropout_compiled):
 
 def test_another_mask_is_not_excused_by_float64_and_names_the_dropout(dropout_compiled):
     model, inputs, joint, c = dropout_compiled
-    saved = c.compiled
-    c.compiled = _other_draw(c)
-    try:
-        r = c.compare(model, inputs, train_fn=_ce)
-    finally:
-        c.compiled = saved
+    r = _compare_with_another_draw(c, model, inputs)
     assert r.verdict == "MISMATCH"
     # the loss differs from eager's: float32 eager is the reference, float64 never excuses it
     loss = r.loss[r.loss["candidate"] != "graph"]
@@ -96,12 +101,7 @@ def test_float64_never_accepts_a_value_downstream_of_the_dropout(dropout_compile
     from jointlab.analysis.compare.random_ops import referee_fp64
 
     model, inputs, joint, c = dropout_compiled
-    saved = c.compiled
-    c.compiled = _other_draw(c)
-    try:
-        r = c.compare(model, inputs, train_fn=_ce)
-    finally:
-        c.compiled = saved
+    r = _compare_with_another_draw(c, model, inputs)
     eager = capture_eager(model, _ce, inputs, joint.param_names, seed=0)
     fp64 = r.fp64.copy()
     fp64["candidate_vs_fp64"] = 0.0  # the candidate sits on float64's own (other) draw

@@ -106,25 +106,21 @@ def test_a_dict_item_and_a_config_field_read_in_forward_are_guarded(mode):
     assert _same(_graph_step(joint, model, inputs), eager_step(model, _mse, inputs, 5))
 
 
+def _set_global(name: str, value):
+    """A change (or undo) for _refused_then_exact that rebinds this module's global."""
+    return lambda m: globals().__setitem__(name, value)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_module_global_read_in_forward_is_guarded(mode):
-    global SCALE
     model, inputs = _scaled(), _inputs()
     joint = jl.trace(model, _mse, inputs, mode=mode)
-
-    def change(m):
-        global SCALE
-        SCALE = 0.25
-
-    def undo(m):
-        global SCALE
-        SCALE = 0.5
-
     try:
-        _refused_then_exact(joint, model, inputs, change, undo,
+        _refused_then_exact(joint, model, inputs, _set_global("SCALE", 0.25),
+                            _set_global("SCALE", 0.5),
                             match=r"tests\.test_read_guards globals: SCALE was 0\.5")
     finally:
-        SCALE = 0.5
+        _set_global("SCALE", 0.5)(None)
 
 
 def _closure_step():
@@ -179,23 +175,14 @@ class UsesFunction(nn.Module):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_global_read_inside_an_autograd_function_is_guarded(mode):
-    global FACTOR
     torch.manual_seed(0)
     model, inputs = UsesFunction(), _inputs()
     joint = jl.trace(model, _mse, inputs, mode=mode)
-
-    def change(m):
-        global FACTOR
-        FACTOR = 4.0
-
-    def undo(m):
-        global FACTOR
-        FACTOR = 3.0
-
     try:
-        _refused_then_exact(joint, model, inputs, change, undo, match=r"FACTOR was 3\.0")
+        _refused_then_exact(joint, model, inputs, _set_global("FACTOR", 4.0),
+                            _set_global("FACTOR", 3.0), match=r"FACTOR was 3\.0")
     finally:
-        FACTOR = 3.0
+        _set_global("FACTOR", 3.0)(None)
 
 
 # -- classes and hooks ------------------------------------------------------------------
@@ -440,7 +427,6 @@ def _shifted(model, x, y):
 
 
 def test_plain_tensor_attributes_and_globals_are_guarded_by_value():
-    global SHIFT
     torch.manual_seed(0)
     model, inputs = TensorAttr(), _inputs()
     with pytest.warns(jl.errors.BakedConstantWarning, match="guarded by value"):
@@ -461,15 +447,12 @@ def test_plain_tensor_attributes_and_globals_are_guarded_by_value():
     _refused_then_exact(joint, model, inputs, bump_table, lambda m: m.table.copy_(original),
                         fn=_shifted, match=r"'<the model>'\.table was tensor float32\[100\] sha1")
 
-    def set_global(m, v=1.5):
-        global SHIFT
-        SHIFT = torch.tensor(v)
-
     try:
-        _refused_then_exact(joint, model, inputs, set_global, lambda m: set_global(m, 0.5),
-                            fn=_shifted, match=r"SHIFT was tensor float32\[\] \[0\.5\]")
+        _refused_then_exact(joint, model, inputs, _set_global("SHIFT", torch.tensor(1.5)),
+                            _set_global("SHIFT", torch.tensor(0.5)), fn=_shifted,
+                            match=r"SHIFT was tensor float32\[\] \[0\.5\]")
     finally:
-        SHIFT = torch.tensor(0.5)
+        _set_global("SHIFT", torch.tensor(0.5))(None)
 
 
 def test_aot_mode_names_a_plain_tensor_attribute_instead_of_torchs_words():
