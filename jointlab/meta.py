@@ -58,6 +58,8 @@ of indexing the dict.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -68,6 +70,8 @@ from jointlab.torch_compat import is_op_overload, op_schema
 
 KEY = "jointlab"
 TRAIN_FN = "<train_fn>"
+#: How every view, table and message spells the root module's own ops (FQN ``""``).
+ROOT_LABEL = "(root)"
 #: Trace-time ``node.meta`` tag (written by the tracer, not under :data:`KEY`) on
 #: nodes created while checkpoint recomputes; the annotation pass reads it.
 RECOMPUTE_TAG = "jointlab_checkpoint_recompute"
@@ -198,6 +202,43 @@ def in_module(module_fqn: str, prefix: str) -> bool:
     return module_fqn.startswith(prefix + ".")
 
 
+def module_label(fqn: str) -> str:
+    """The one display spelling of a module FQN: :data:`ROOT_LABEL` for the root ``""``."""
+    return fqn or ROOT_LABEL
+
+
+def module_names(fqns: Iterable[str]) -> set[str]:
+    """Every module FQN a ``module=`` filter can name: the given FQNs and their parents."""
+    names: set[str] = set()
+    for fqn in fqns:
+        names.add(fqn)
+        parts = fqn.split(".")
+        names.update(".".join(parts[:k]) for k in range(1, len(parts)))
+    return names
+
+
+def did_you_mean(word: str, candidates: Iterable[str], common: list[str]) -> str:
+    """``" Did you mean 'a', 'b'?"`` for the names nearest ``word``, else ``common`` ones.
+
+    A candidate that ends with ``"." + word`` (``transformer.h.0.attn`` for
+    ``h.0.attn``: the name below a wrapper) comes first, then difflib's nearest.
+
+    Args:
+        word: The misspelt name.
+        candidates: The names that exist.
+        common: Names to list when none is close.
+
+    Returns:
+        A sentence to append to an error message (with a leading space).
+    """
+    names = sorted(c for c in candidates if c)
+    suffix = sorted((c for c in names if c.endswith("." + word)), key=len)
+    close = suffix[:3] or difflib.get_close_matches(word, names, n=3, cutoff=0.5)
+    if close:
+        return " Did you mean " + ", ".join(repr(c) for c in close) + "?"
+    return f" The graph has, for example, {', '.join(repr(c) for c in common[:8])}."
+
+
 def is_aten_op(node: fx.Node) -> bool:
     """True for a ``call_function`` node whose target is an operator overload."""
     return node.op == "call_function" and is_op_overload(node.target)
@@ -302,7 +343,7 @@ def node_error(node: fx.Node, exc: BaseException, doing: str = "") -> NodeExecut
     src = meta.get("source") or "unknown source"
     when = f" {doing}" if doing else ""
     return NodeExecutionError(
-        f"node '{node.name}' of module '{mod or '<root>'}' ({meta.get('phase', '?')}, {src}) "
+        f"node '{node.name}' of module '{module_label(mod)}' ({meta.get('phase', '?')}, {src}) "
         f"raised {type(exc).__name__}{when}: {exc}\n  {node.format_node()}")
 
 

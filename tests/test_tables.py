@@ -290,11 +290,28 @@ def test_select_filters():
     assert all(m == "h.0.attn" or m.startswith("h.0.attn.") for m in attn_bwd["module"])
     assert "h.0.attn.qkv" in set(attn_bwd["module"])
     assert len(joint.select(module="h.0")) > len(joint.select(module="h.0.attn"))
-    assert joint.select(module="h.1").index.intersection(joint.select(module="h.10").index).empty
+    assert all(m == "h.1" or m.startswith("h.1.") for m in joint.select(module="h.1")["module"])
+    with pytest.raises(TableQueryError, match="'h.10'"):  # no h.10 here: not h.1's rows
+        joint.select(module="h.10")
     mm = joint.select(op="aten.mm")
     assert len(mm) == (df["target"] == "aten.mm").sum() > 0
     assert joint.select(op="mm").equals(mm)
     assert joint.select().equals(df)
+
+
+def test_select_refuses_a_module_that_names_nothing_and_suggests_the_full_name():
+    """The README's ``select(module="h.0.attn")`` on a model that nests it (HF GPT-2's
+    ``transformer.h.0.attn``) raised nothing and returned 0 rows: it must name the module."""
+    _, _, joint = traced("tiny_lm")
+    with pytest.raises(TableQueryError, match=r"'h\.0\.atn'.*Did you mean 'h\.0\.attn'"):
+        joint.select(module="h.0.atn")
+    nested = {m: "transformer." + m for m in joint.nodes["module"] if m and m != TRAIN_FN}
+    renamed = joint.nodes.assign(module=joint.nodes["module"].replace(nested))
+    from jointlab.analysis import tables
+    with pytest.raises(TableQueryError, match=r"Did you mean 'transformer\.h\.0\.attn'"):
+        tables._check_module("h.0.attn", renamed["module"],
+                             tables.module_mask(renamed["module"], "h.0.attn"))
+    assert len(joint.select(module="h.0", op="aten.nonexistent_op_name")) == 0  # only module
 
 
 @pytest.mark.parametrize("kwargs", [{"phase": "fwd"}, {"module": 3}])

@@ -21,7 +21,15 @@ import pandas as pd
 
 from jointlab.analysis.distributed import collective_group, comm_bytes, group_dims, is_collective
 from jointlab.errors import TableQueryError
-from jointlab.meta import PHASES, TRAIN_FN, in_module, node_info, op_aliases
+from jointlab.meta import (
+    PHASES,
+    TRAIN_FN,
+    did_you_mean,
+    in_module,
+    module_names,
+    node_info,
+    op_aliases,
+)
 from jointlab.passes.analyze import require_analyzed
 
 if TYPE_CHECKING:
@@ -144,6 +152,16 @@ def _check_phase(phase: str | None) -> None:
         raise TableQueryError(f"phase must be one of {PHASES} or None, got {phase!r}")
 
 
+def _check_module(module: str, modules: pd.Series, hits: pd.Series) -> None:
+    """Refuse a module filter naming no module of the graph: 0 rows would look like an answer."""
+    if hits.any():
+        return
+    names = module_names(pd.unique(modules))
+    top = sorted(n for n in names if n and "." not in n and n != TRAIN_FN)
+    raise TableQueryError(f"no node of the graph is in module {module!r}, so select() would "
+                          f"return nothing." + did_you_mean(module, names, top))
+
+
 def module_mask(modules: pd.Series, prefix: str) -> pd.Series:
     """Rows whose module is ``prefix`` or one of its submodules (:func:`jointlab.meta.in_module`).
 
@@ -187,7 +205,8 @@ def select(joint: TracedGraph, module: str | None = None, phase: str | None = No
         The matching rows of ``joint.nodes``, in graph order.
 
     Raises:
-        TableQueryError: ``phase`` is unknown or a filter is not a string.
+        TableQueryError: ``phase`` is unknown, ``module`` names no module of the
+            graph (with the nearest names), or a filter is not a string.
     """
     for name, value in (("module", module), ("phase", phase), ("op", op)):
         if value is not None and not isinstance(value, str):
@@ -197,6 +216,7 @@ def select(joint: TracedGraph, module: str | None = None, phase: str | None = No
     mask = pd.Series(True, index=df.index)
     if module is not None:
         mask &= module_mask(df["module"], module)
+        _check_module(module, df["module"], mask)
     if phase is not None:
         mask &= df["phase"] == phase
     if op is not None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,25 +71,6 @@ def _predicate(when: Any) -> Callable[[Any], bool] | None:
 
 
 # -- validation ----------------------------------------------------------------
-def module_names(nodes: Iterable[fx.Node]) -> set[str]:
-    """Every module FQN a ``module=`` breakpoint can name: node modules and their parents."""
-    names: set[str] = set()
-    for node in nodes:
-        fqn = _meta.module(node)
-        names.add(fqn)
-        parts = fqn.split(".")
-        names.update(".".join(parts[:k]) for k in range(1, len(parts)))
-    return names
-
-
-def _nearest(word: str, candidates: Iterable[str], common: list[str]) -> str:
-    """``" Did you mean 'a', 'b'?"`` for the closest candidates, else the ``common`` names."""
-    close = difflib.get_close_matches(word, sorted(c for c in candidates if c), n=3, cutoff=0.5)
-    if close:
-        return " Did you mean " + ", ".join(repr(c) for c in close) + "?"
-    return f" The graph has, for example, {', '.join(repr(c) for c in common[:8])}."
-
-
 def check_breakpoint(bp: Breakpoint, nodes: list[fx.Node]) -> None:
     """Refuse a module or op breakpoint that no compute node of the graph matches.
 
@@ -107,16 +87,17 @@ def check_breakpoint(bp: Breakpoint, nodes: list[fx.Node]) -> None:
     compute = [n for n in nodes if is_compute(n)]
     if bp.module is not None and not any(_meta.in_module(_meta.module(n), bp.module)
                                          for n in compute):
-        names = module_names(compute)
+        names = _meta.module_names(_meta.module(n) for n in compute)
         top = sorted(n for n in names if n and "." not in n)  # the root's children
+        hint = _meta.did_you_mean(bp.module, names, top)
         raise StepperError(f"no compute node of the graph is in module {bp.module!r}, so this "
-                           f"breakpoint would never stop." + _nearest(bp.module, names, top))
+                           f"breakpoint would never stop." + hint)
     if bp.op is not None and not any(bp.op in _meta.op_aliases(n) for n in compute):
         ops = {a for n in compute for a in _meta.op_aliases(n)
                if "<" not in a and not a.endswith(".default")}
         common = [op for op, _ in Counter(_meta.op_name(n) for n in compute).most_common()]
         raise StepperError(f"no compute node of the graph runs op {bp.op!r}, so this breakpoint "
-                           f"would never stop." + _nearest(bp.op, ops, common))
+                           f"would never stop." + _meta.did_you_mean(bp.op, ops, common))
     if not any(bp.selects(n) for n in nodes):
         raise StepperError(f"no node of the graph matches {bp!r} (each part must hold for the "
                            f"same node), so this breakpoint would never stop.")
