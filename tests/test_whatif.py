@@ -123,7 +123,7 @@ def test_a_make_fx_graph_without_its_seed_is_refused():
     joint = jl.trace(f.make_model(), f.train_fn, inputs)
     seed = next(n for n in joint.graph.nodes if "ones_like" in str(n.target))
     seed.target, seed.args = torch.ops.aten.full_like.default, (seed.args[0], 1.0)
-    joint.invalidate()
+    joint.recompute()
     with pytest.raises(jl.errors.WhatIfError, match="ones_like"):
         what_if(joint)
 

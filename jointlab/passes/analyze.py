@@ -52,7 +52,7 @@ import torch
 import torch.fx as fx
 
 from jointlab.errors import StaleAnalysisError
-from jointlab.meta import KEY, is_aten_op, op_name, phase
+from jointlab.meta import KEY, draws_random, is_aten_op, op_name, phase
 from jointlab.torch_compat import flop_formula, is_collective_op, op_schema, storage_id
 
 _STAMP = "_jointlab_analyzed"
@@ -63,9 +63,9 @@ _COUNTED = {"matmul", "conv"}
 _NORM_PREFIX = ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
                 "native_group_norm", "batch_norm", "layer_norm", "group_norm", "rms_norm",
                 "_fused_rms_norm", "cudnn_batch_norm")
-_RNG = {"bernoulli", "bernoulli_", "native_dropout", "rand", "randn", "randint", "rand_like",
-        "randn_like", "randint_like", "uniform_", "normal_", "exponential_", "multinomial",
-        "randperm", "philox_rand", "run_and_save_rng_state", "run_with_rng_state"}
+#: Random ops are those :func:`jointlab.meta.draws_random` names (torch's own tag); these
+#: higher-order ops carry no tags but run an op under a saved or fresh RNG state.
+_RNG_STATE_OPS = {"philox_rand", "run_and_save_rng_state", "run_with_rng_state"}
 _COPY = {"copy_", "copy", "clone", "_to_copy", "contiguous", "_copy_from", "index_put_",
          "index_put", "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones",
          "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_empty", "fill_",
@@ -192,7 +192,7 @@ def category(node: fx.Node) -> str:
         return "conv"
     if name.startswith(_NORM_PREFIX):
         return "norm"
-    if name in _RNG or base in _RNG:
+    if draws_random(node) or name in _RNG_STATE_OPS:
         return "rng"
     if is_op(node) and is_collective_op(node.target):
         return "collective"

@@ -323,7 +323,8 @@ class RunnableGraph:
         ensure_analyzed(self.graph_module)
 
     def invalidate(self) -> None:
-        """Deprecated alias of :meth:`recompute` (kept for one release)."""
+        """Deprecated alias of :meth:`recompute` (kept for one release; warns)."""
+        warn_renamed("joint.invalidate()", "joint.recompute()")
         self.recompute()
 
     def __repr__(self) -> str:

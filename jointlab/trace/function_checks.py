@@ -24,7 +24,7 @@ from typing import Any
 
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["FunctionChecks", "Handler", "checked_user_code", "trace_handlers"]
+__all__ = ["FunctionChecks", "Handler", "checked_user_code", "merge_handlers", "trace_handlers"]
 
 #: Called with ``(func, args, kwargs)`` before ``func`` runs; raises to refuse the call.
 Handler = Callable[[Any, tuple, dict], None]
@@ -65,11 +65,32 @@ def trace_handlers(handlers: dict[Any, Handler]) -> Iterator[None]:
         _TRACE.remove(handlers)
 
 
-def _trace_wide() -> dict[Any, Handler]:
+def _both(first: Handler, second: Handler) -> Handler:
+    """One handler that runs ``first`` then ``second`` (either may refuse the call)."""
+    def run_both(func: Any, args: tuple, kwargs: dict) -> None:
+        first(func, args, kwargs)
+        second(func, args, kwargs)
+    return run_both
+
+
+def merge_handlers(*tables: dict[Any, Handler] | None) -> dict[Any, Handler]:
+    """Merge handler tables; a function registered in several keeps every handler, in order.
+
+    Args:
+        *tables: Function-to-handler tables (None entries are skipped).
+
+    Returns:
+        One table: each function maps to a handler that runs all of its handlers.
+    """
     merged: dict[Any, Handler] = {}
-    for handlers in _TRACE:
-        merged.update(handlers)
+    for table in tables:
+        for func, handler in (table or {}).items():
+            merged[func] = _both(merged[func], handler) if func in merged else handler
     return merged
+
+
+def _trace_wide() -> dict[Any, Handler]:
+    return merge_handlers(*_TRACE)
 
 
 @contextlib.contextmanager
@@ -82,7 +103,7 @@ def checked_user_code(handlers: dict[Any, Handler] | None = None) -> Iterator[No
     Yields:
         Nothing; no mode is pushed when there is nothing to check.
     """
-    merged = {**_trace_wide(), **(handlers or {})}
+    merged = merge_handlers(*_TRACE, handlers)
     if not merged:
         yield
         return
