@@ -13,6 +13,7 @@ as ``jointlab.trace.tracer`` and friends).
 from __future__ import annotations
 
 from jointlab import errors as errors
+from jointlab import renderers as _renderers  # noqa: F401 (registers the renderers)
 from jointlab._lazy import lazy_getattr
 from jointlab.core import RunResult as RunResult
 from jointlab.torch_compat import unsupported, warn_if_untested
@@ -56,6 +57,7 @@ _LAZY = {
     "track_fsdp_step": "jointlab.analysis.memory.fsdp_check",
     "fsdp_memory_check": "jointlab.analysis.memory.fsdp_check",
     "trace_ranks": "jointlab.tracing",
+    "gather_ranks": "jointlab.graph",
     "RankGraphs": "jointlab.runtime.rank_view",
     "diff": "jointlab.analysis.diff",
     "GraphDiff": "jointlab.analysis.diff",

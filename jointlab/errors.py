@@ -37,6 +37,7 @@ __all__ = [
     "PersistError",
     "PlotArgumentError",
     "RecordError",
+    "RendererMissingError",
     "StaleAnalysisError",
     "StateMismatchError",
     "StepperError",
@@ -238,6 +239,10 @@ class MetaAttentionWarning(UserWarning):
 
 class UnsupportedWrapperError(TraceError):
     """The model is wrapped in a way jointlab cannot trace (e.g. FSDP2 ``fully_shard``)."""
+
+
+class RendererMissingError(JointlabError, LookupError):
+    """No renderer is registered for the kind of view a result asked for."""
 
 
 class ReproError(JointlabError, ValueError):

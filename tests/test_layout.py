@@ -42,6 +42,7 @@ LEVELS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
     (("viz", ("jointlab.viz",)),),
     (("widgets", ("jointlab.widgets",)),),
     (("api", ("jointlab", "jointlab.graph", "jointlab.tracing", "jointlab.reporting",
+              "jointlab.renderers",
               "jointlab.cli", "jointlab.__main__")),),
 )
 #: ``(layer name, level, module names)`` for every layer.
@@ -50,15 +51,10 @@ LAYERS = tuple((name, level, names) for level, layers in enumerate(LEVELS)
 
 #: The only upward imports allowed: one lazy hand-off each, inside the named function.
 #: (importer, imported module, function holding the import)
-HANDOFFS: set[tuple[str, str, str]] = {
-    # Stepper.widget() builds the stepper panel: the one documented widget hand-off
-    ("jointlab.analysis.step.stepper", "jointlab.widgets._stepper", "widget"),
-    # a result's _repr_html_ -> display.rich_html -> its card: the one card hand-off
-    ("jointlab.display", "jointlab.viz.cards", "rich_html"),
-    # HumanFrame._repr_html_: joint.nodes and the summaries shown in human units, unwrapped
-    ("jointlab.analysis.tables", "jointlab.viz.frames", "_repr_html_"),
-}
-MAX_HANDOFFS = 3
+HANDOFFS: set[tuple[str, str, str]] = set()
+#: None: results ask jointlab.display for a rendering by kind; jointlab.renderers (api
+#: layer) registers the renderers, so no data class imports viz/ or widgets/.
+MAX_HANDOFFS = 0
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -173,7 +169,7 @@ def test_the_import_graph_is_read_from_source():
     assert "jointlab.tracing" in edges["jointlab"]  # jl.trace
     assert "jointlab.trace.tracer" in edges["jointlab.tracing"]
     assert "<module>" in edges["jointlab.trace.tracer"]["jointlab.trace.python_state"]
-    assert "rich_html" in edges["jointlab.display"]["jointlab.viz.cards"]  # function-local
+    assert "_card" in edges["jointlab.renderers"]["jointlab.viz.cards"]  # function-local
 
 
 def layer_of(mod: str) -> tuple[str, int]:

@@ -206,7 +206,7 @@ class ModuleTable:
         return len(self.data)
 
     def _repr_html_(self) -> str:
-        from jointlab.display import rich_html  # the one hand-off to the renderer
+        from jointlab.display import rich_html
 
         return rich_html("modules", self.data)
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from jointlab.analysis.distributed import collective_group, comm_bytes, group_dims, is_collective
+from jointlab.display import render
 from jointlab.errors import TableQueryError
 from jointlab.meta import (
     PHASES,
@@ -68,9 +69,7 @@ class HumanFrame(pd.DataFrame):
         return HumanFrame
 
     def _repr_html_(self) -> str | None:
-        from jointlab.viz.frames import frame_html  # the hand-off to the renderer
-
-        return frame_html(self)
+        return render("frame", self)
 
 
 def node_table(joint: TracedGraph) -> pd.DataFrame:

@@ -35,6 +35,7 @@ from jointlab.analysis.step.breakpoints import (
 from jointlab.analysis.step.compiled import CompiledStepper, is_compiled_joint
 from jointlab.analysis.step.runner import NodeRunner, check_call
 from jointlab.core import RunResult, TracedGraph
+from jointlab.display import render
 from jointlab.errors import StepperError, ValueNotAvailableError
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ class Stepper(BreakpointList):
 
     def widget(self, train_fn: Any = None, comparison: Any = None,
                dag: bool | None = None) -> Any:
-        """An ipywidgets panel to drive this stepper (see :mod:`jointlab.widgets._stepper`).
+        """An ipywidgets panel to drive this stepper (the ``"stepper_widget"`` renderer).
 
         Args:
             train_fn: The training step, for the panel's comparison with eager.
@@ -316,9 +317,7 @@ class Stepper(BreakpointList):
         Returns:
             An ``ipywidgets.VBox``.
         """
-        from jointlab.widgets._stepper import stepper_widget
-
-        return stepper_widget(self, train_fn=train_fn, comparison=comparison, dag=dag)
+        return render("stepper_widget", self, train_fn=train_fn, comparison=comparison, dag=dag)
 
     def __repr__(self) -> str:
         """Where the stepper stands, in one line.
