@@ -81,3 +81,5 @@ def test_memory_and_lifetime_hover(traced):
         shown = {str(v) for tr in fig.data if tr.customdata is not None
                  for row in tr.customdata for v in row}
         assert EVIL not in shown and html.escape(EVIL) in shown
+    for view in (jl.plot_memory(profile), jl.plot_lifetimes(profile)):  # the notebook's SVG
+        assert_safe(view._repr_mimebundle_()["text/html"])

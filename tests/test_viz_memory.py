@@ -133,3 +133,72 @@ def test_lifetime_gantt_shows_largest_storages(profile):
     with_state = plot_lifetimes(profile, top=3, include_state=True)
     names = {y for t in with_state.data for y in t.y}
     assert names & set(life.index[life.category == "param"])
+
+
+_FIRST_VIEW = """
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+import jointlab as jl
+from tests.fixtures import zoo
+f = zoo.FIXTURES["tiny_lm"]
+model, inputs = f.make_model(), f.make_inputs(4)
+prof = jl.trace(model, f.train_fn, inputs).memory(model, inputs)
+fmt = InteractiveShell.instance().display_formatter
+for view in (jl.plot_memory(prof), jl.plot_lifetimes(prof)):
+    data, _ = fmt.format(view)
+    assert "<svg" in data["text/html"], list(data)
+print("PLOTLY", sorted(m for m in sys.modules if m.split(".")[0] in
+                       ("plotly", "nbformat", "jsonschema")))
+"""
+
+
+def test_first_view_imports_no_plotly():
+    """The notebook display of both figures is our SVG: plotly's import path is never taken."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", _FIRST_VIEW], capture_output=True, text=True,
+                       timeout=300, cwd=str(root))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "PLOTLY []" in r.stdout
+
+
+def _hover_data(view):
+    import json
+    import re
+
+    text = view._repr_mimebundle_()["text/html"]
+    raw = re.search(r"<script type='application/json'>(.*?)</script>", text, re.S).group(1)
+    return text, json.loads(raw)
+
+
+def test_hover_rows_read_the_timeline(profile):
+    """Each hover row names the step's node and module and its predicted and measured bytes."""
+    text, hover = _hover_data(plot_memory(profile))
+    tl = profile.timeline
+    assert hover["x"] == list(range(len(tl)))  # short timeline: every step
+    scale = 1024.0  # tiny_lm peaks in KiB
+    assert "live KiB" in text
+    for i in (0, int(tl["total"].argmax()), len(tl) - 1):
+        row, lines = tl.iloc[i], hover["rows"][i].splitlines()
+        assert lines[0] == f"step {i}: {row['node']}"
+        assert lines[1] == f"module {row['module'] or '(root)'}"
+        assert f"predicted {row['total'] / scale:.3f} KiB" in lines
+        assert f"measured {row['measured'] / scale:.3f} KiB" in lines
+        for c in CATEGORIES:
+            if tl[c].any():
+                assert f"{c}: {row[c] / scale:.3f} KiB" in lines
+
+
+def test_the_plotly_figure_once_built_is_what_is_shown(profile, tmp_path):
+    """An edit through a plotly attribute is drawn: the view displays through plotly then."""
+    view = plot_memory(profile)
+    assert "text/html" in view._repr_mimebundle_()
+    view.update_layout(title="my title")
+    assert view.figure.layout.title.text == "my title"
+    assert "jl-plot" not in str(view._repr_mimebundle_())  # plotly's own bundle now
+    svg = jl.export_figure(view, tmp_path / "m.svg").read_text()
+    assert "my title" in svg
+    assert not hasattr(view, "no_such_attribute")
