@@ -61,9 +61,11 @@ from jointlab.torch_compat.aot import aot_backward_marks as aot_backward_marks
 from jointlab.torch_compat.aot import aot_descriptors as aot_descriptors
 from jointlab.torch_compat.aot import aot_export_joint as aot_export_joint
 from jointlab.torch_compat.aot import partitioners as partitioners
+from jointlab.torch_compat.distributed import LocalTensorMode as LocalTensorMode
 from jointlab.torch_compat.distributed import aot_grad_subclass_metas as aot_grad_subclass_metas
 from jointlab.torch_compat.distributed import backward_node_name as backward_node_name
 from jointlab.torch_compat.distributed import coordinate_reader as coordinate_reader
+from jointlab.torch_compat.distributed import every_rank_mode as every_rank_mode
 from jointlab.torch_compat.distributed import fsdp_mem_tracker as fsdp_mem_tracker
 from jointlab.torch_compat.distributed import fsdp_module_class as fsdp_module_class
 from jointlab.torch_compat.distributed import loss_parallel_active as loss_parallel_active

@@ -192,7 +192,7 @@ PRIVATE: dict[str, tuple[str, str | None, str]] = {
                              "trace with the parameters as graph inputs"),
     "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore",
                   "simulate a distributed world with the fake process group"),
-    "LocalTensorMode": ("torch.distributed._local_tensor", "LocalTensorMode",
+    "TorchLocalTensorMode": ("torch.distributed._local_tensor", "LocalTensorMode",
                         "run every rank of a simulated world in one process"),
     "LocalTensor": ("torch.distributed._local_tensor", "LocalTensor",
                     "run every rank of a simulated world in one process"),
