@@ -44,7 +44,7 @@ import torch.fx as fx
 from jointlab.analysis.compare.judge import errors as value_errors
 from jointlab.analysis.record import record
 from jointlab.errors import DiffError
-from jointlab.meta import node_info, op_name
+from jointlab.meta import module_label, node_info, op_name
 from jointlab.passes.analyze import graph_fingerprint, require_analyzed, same_version
 from jointlab.torch_compat import is_op_overload, op_schema
 
@@ -105,7 +105,7 @@ class ValueDifference:
         names = self.node_b if self.node_a == self.node_b else f"{self.node_a} -> {self.node_b}"
         kind = (f"{self.dtype_a}{list(self.shape_a or ())} vs {self.dtype_b}"
                 f"{list(self.shape_b or ())}")
-        return (f"{names} (module '{self.module or '(root)'}', {self.phase}, "
+        return (f"{names} (module '{module_label(self.module)}', {self.phase}, "
                 f"{self.source or 'no source'}): {kind}, max abs err {self.max_abs_err:.3g}")
 
 

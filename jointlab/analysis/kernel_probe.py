@@ -49,7 +49,7 @@ from jointlab.analysis.compare.judge import Tolerance, close, errors
 from jointlab.analysis.compare.scale import produced_scale
 from jointlab.analysis.kernels import kernel_map, kernel_table
 from jointlab.analysis.step.runner import ValueRecorder
-from jointlab.meta import graph_draws_random
+from jointlab.meta import ROOT_LABEL, graph_draws_random, module_label
 
 __all__ = ["DecomposedDivergence", "KernelCheck", "KernelDivergence",
            "first_decomposed_divergence", "first_diverging_kernel", "kernel_calls"]
@@ -95,7 +95,7 @@ class KernelDivergence:
         return (f"{self.kernel} ({self.kind}; completes {self.buffer} = {self.node}{also}) "
                 "covering "
                 f"{', '.join(self.nodes) or 'no mapped node'}; modules "
-                f"{', '.join(self.modules) or '(root)'}; source "
+                f"{', '.join(map(module_label, self.modules)) or ROOT_LABEL}; source "
                 f"{', '.join(self.sources) or 'unknown'}: max abs err "
                 f"{self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}")
 

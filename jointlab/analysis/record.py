@@ -42,7 +42,7 @@ import torch.fx as fx
 from jointlab.analysis.tables import HumanFrame
 from jointlab.analysis.value_stats import NAN_ROW, STAT_COLUMNS, ValueObserver, instrument
 from jointlab.errors import RecordError, ValueNotAvailableError
-from jointlab.meta import in_module, node_error, node_info
+from jointlab.meta import in_module, module_label, node_error, node_info
 from jointlab.units import human_bytes
 
 if TYPE_CHECKING:
@@ -253,7 +253,9 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
     def run(*args: Any) -> Any:
         rec.clock = time.perf_counter()
         try:
-            return gm(*args)
+            out = gm(*args)
+            rec.flush()  # before anything outside the graph can write into its values
+            return out
         except Exception as exc:
             failed = _next_compute(rec)
             if failed is None:
@@ -300,7 +302,7 @@ def _gradient_nodes(nodes: list[fx.Node]) -> dict[str, str]:
         elif info.input_grad_of and not info.zero_grad:
             out[node.name] = f"input {info.input_grad_of}"
         elif probes:
-            out[node.name] = "output of " + ", ".join(p or "(root)" for p in probes)
+            out[node.name] = "output of " + ", ".join(map(module_label, probes))
     return out
 
 

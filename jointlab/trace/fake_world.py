@@ -20,6 +20,7 @@ from typing import Any
 from torch import nn
 
 from jointlab.errors import UnsupportedWrapperError
+from jointlab.meta import module_label
 from jointlab.runtime.dtensor import is_dtensor
 from jointlab.torch_compat import fsdp_module_class
 
@@ -52,7 +53,7 @@ def refuse_unsupported_wrappers(model: nn.Module, mode: str = "make_fx",
         for cls, what in kinds:
             if isinstance(mod, cls):
                 raise UnsupportedWrapperError(
-                    f"module '{name or '<root>'}' ({type(mod).__name__}) is wrapped by {what}, "
+                    f"module '{module_label(name)}' ({type(mod).__name__}) is wrapped by {what}, "
                     "which reshards parameters in hooks outside autograd, so its joint graph "
                     "would miss most of the backward. Trace the model before sharding it, or "
                     "shard with DTensor parameters instead (tensor parallelism with "

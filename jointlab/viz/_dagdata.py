@@ -132,7 +132,8 @@ def collapse(data: DagData, depth: int) -> DagData:
     info = []
     for k, (mod, bwd) in enumerate(keys):
         main_phase = "output" if mod == "(output)" else "backward" if bwd else "forward"
-        info.append({"phase": main_phase, "module": mod or "(root)", "count": len(members[k]),
+        info.append({"phase": main_phase, "module": _meta.module_label(mod),
+                     "count": len(members[k]),
                      "flops": int(flops[k]), "bytes": int(nbytes[k]), "group": True,
                      "phases": dict(phases[k]), "top_ops": ops[k].most_common(4),
                      "category": "group", "recompute": int(recomputed[k])})
@@ -142,5 +143,5 @@ def collapse(data: DagData, depth: int) -> DagData:
         np.zeros((0, 2), dtype=np.int64)
     fwd_group = {mod: k for k, (mod, bwd) in enumerate(keys) if not bwd}
     twin = [fwd_group.get(mod, -1) if bwd else -1 for (mod, bwd) in keys]
-    names = [f"{'bwd' if bwd else 'fwd'}:{mod or '(root)'}" for (mod, bwd) in keys]
+    names = [f"{'bwd' if bwd else 'fwd'}:{_meta.module_label(mod)}" for (mod, bwd) in keys]
     return DagData(names, info, pairs[:, 0].copy(), pairs[:, 1].copy(), twin, members)

@@ -18,6 +18,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
+from jointlab.meta import module_label
 from jointlab.units import human_bytes, human_count
 from jointlab.viz import _legend
 from jointlab.viz._page import Page
@@ -56,7 +57,7 @@ def node_lines(info: dict[str, Any], name: str) -> tuple[str, str]:
     first = info.get("fqn") or info.get("input_path") or name
     shape = info.get("shape")
     dims = "×".join(map(str, shape)) if shape is not None else ""
-    second = " · ".join(x for x in (str(info.get("module") or "(root)"), dims) if x)
+    second = " · ".join(x for x in (module_label(str(info.get("module") or "")), dims) if x)
     return short(str(first)), short(second, MAX_LABEL + 8)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jointlab.meta import ROOT_LABEL, module_label
 from jointlab.viz import _legend, _svg
 from jointlab.viz._dagdata import DagData
 from jointlab.viz._style import PALETTE, PHASE_COLORS, module_colors
@@ -46,9 +47,9 @@ def item_colors(data: DagData, color_by: str, modules: list[str],
         parts = mod.split(".") if mod else []
         prefixes += [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
     palette = module_colors(prefixes)
-    keys = ["" if m.get("module") in (None, "(root)") else str(m["module"]) for m in data.info]
-    colors = {k or "(root)": palette.get(k, "#777777") for k in keys}
-    names = [k or "(root)" for k in keys]
+    keys = ["" if m.get("module") in (None, ROOT_LABEL) else str(m["module"]) for m in data.info]
+    colors = {module_label(k): palette.get(k, "#777777") for k in keys}
+    names = [module_label(k) for k in keys]
     return [colors[k] for k in names], _svg.legend_entries(names, colors)
 
 

@@ -37,7 +37,7 @@ def _group_info(name: str, bwd: bool, infos: list[dict[str, Any]], members: list
                 ) -> dict[str, Any]:
     ops = Counter(str(infos[i].get("target", "")) for i in members)
     phases = Counter(str(infos[i].get("phase", "")) for i in members)
-    return {"phase": "backward" if bwd else "forward", "module": name or "(root)",
+    return {"phase": "backward" if bwd else "forward", "module": _meta.module_label(name),
             "count": len(members), "group": True,
             "flops": int(sum(int(infos[i].get("flops", 0) or 0) for i in members)),
             "bytes": int(sum(int(infos[i].get("bytes", 0) or 0) for i in members)),
@@ -92,7 +92,7 @@ def view_items(joint: Any, depth: int | str | None = "auto", budget: int = 60
             twin.append(int(item[t]) if is_bwd[b] and t >= 0 and not is_bwd[t] else -1)
         else:
             gname = tree.names[g]
-            names.append(f"{'bwd' if b else 'fwd'}:{gname or '(root)'}")
+            names.append(f"{'bwd' if b else 'fwd'}:{_meta.module_label(gname)}")
             info.append(_group_info(gname, bool(b), infos, members[it]))
             twin.append(key_of.get((g, 0), -1) if b else -1)
     data = DagData(names, info, np.asarray([p[0] for p in pairs], dtype=np.int64),

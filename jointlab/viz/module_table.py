@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from jointlab.meta import ROOT_LABEL
 from jointlab.units import human_bytes, human_count, human_seconds
 
 __all__ = ["module_summary_html"]
@@ -77,7 +78,7 @@ def _bar(value: float, total: float) -> str:
 
 def _module_cell(name: str, row: pd.Series) -> str:
     depth = len(name.split(".")) if name else 0
-    label = html.escape(name.rsplit(".", 1)[-1] if name else "(model)")
+    label = html.escape(name.rsplit(".", 1)[-1] if name else ROOT_LABEL)
     tied = f" <span class='tied'>tied: {html.escape(row['tied'])}</span>" if row["tied"] else ""
     return (f"<td class='l' style='padding-left:{8 + 14 * depth}px' title='{html.escape(name)}'>"
             f"{label} <span class='ty'>{html.escape(str(row['type']))}</span>{tied}</td>")

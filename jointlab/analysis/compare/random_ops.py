@@ -49,7 +49,7 @@ def downstream_of(sources: Iterable[fx.Node]) -> set[fx.Node]:
 def _label(node: fx.Node) -> str:
     info = _meta.info(node) if _meta.KEY in node.meta else {}
     op = _meta.op_name(node)
-    where = f"in '{info.get('module') or '(root)'}'"
+    where = f"in '{_meta.module_label(info.get('module') or '')}'"
     return f"{node.name} {where}" if node.name == op else f"{node.name} ({op} {where})"
 
 

@@ -18,6 +18,7 @@ import torch
 from jointlab.analysis.compare.capture import EagerCapture
 from jointlab.analysis.compare.judge import Tolerance, bit_exact, close, errors
 from jointlab.display import rich_html
+from jointlab.meta import module_label
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,7 +50,7 @@ class Divergence:
         """One line naming node, the module the value belongs to, and source."""
         what = (f"the loss, computed in {self.module}" if self.what == "loss"
                 else f"gradient of input '{self.input}'" if self.what == "input gradient"
-                else f"{self.what} of module '{self.module or '(root)'}'")
+                else f"{self.what} of module '{module_label(self.module)}'")
         where = "" if self.candidate == "graph" else (
             f"{self.candidate} kernel {self.kernel}, at " if self.kernel
             else f"{self.candidate}: ")

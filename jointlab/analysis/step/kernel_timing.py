@@ -36,7 +36,7 @@ __all__ = ["kernel_timings", "module_timings", "uncompiled_node_times"]
 
 UNMAPPED = "(unmapped)"
 LAYOUT_COPIES = "(layout copies)"
-ROOT = "(root)"
+ROOT = _meta.ROOT_LABEL
 
 
 def kernel_timings(stepper: Any) -> pd.DataFrame:
