@@ -15,6 +15,7 @@ against a single-device step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from torch import nn
 from jointlab import meta as _meta
 from jointlab import torch_compat as compat  # LocalTensor names resolve on first use
 from jointlab.analysis.lockstep import per_rank, run_rank_classes
+from jointlab.analysis.plan_check import PlanCheck, check_plan
 from jointlab.errors import StateMismatchError
 from jointlab.runtime.dtensor import DTensorRuntime, is_dtensor
 from jointlab.runtime.rank_reads import rank_reads
@@ -134,6 +136,9 @@ class AllRanksResult:
             values: a rank whose graph differs from it is None (cannot say), not
             False.
         rank_classes: The ranks that ran each graph (one class per graph run).
+        plan: With ``reference=``, every rank's loss and gathered gradients
+            against one eager step of the unsharded model on one device
+            (:class:`jointlab.analysis.plan_check.PlanCheck`); None without.
     """
 
     ranks: tuple[int, ...]
@@ -142,6 +147,22 @@ class AllRanksResult:
     local_grads: dict[str, dict[int, torch.Tensor]]
     matches_eager: dict[int, bool | None] | None
     rank_classes: tuple[tuple[int, ...], ...] = ()
+    plan: PlanCheck | None = None
+
+    def __repr__(self) -> str:
+        """The ranks, their losses, ``matches_eager`` and the plan check, in a few lines."""
+        losses = ", ".join(f"{r}: {float(v):.6g}" for r, v in self.loss.items())
+        lines = [f"AllRanksResult({len(self.ranks)} ranks in {len(self.rank_classes)} "
+                 f"graph{'' if len(self.rank_classes) == 1 else 's'}",
+                 f"  loss per rank: {losses}",
+                 f"  matches its own eager step per rank: {self.matches_eager}",
+                 f"  {len(self.grads)} gathered gradients (res.grads)"]
+        if self.plan is not None:
+            lines += ["  " + line for line in repr(self.plan).splitlines()]
+        return "\n".join(lines) + ")"
+
+    def _repr_html_(self) -> str | None:
+        return None if self.plan is None else self.plan._repr_html_()
 
 
 def _check_dtensor_graph(joint: TracedGraph) -> None:
@@ -177,8 +198,9 @@ def _graphs_by_class(joint: TracedGraph | RankGraphs, ranks: tuple[int, ...]
     return {tuple(ranks): joint}
 
 
-def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dict[str, Any]
-                  ) -> AllRanksResult:
+def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dict[str, Any],
+                  reference: nn.Module | None = None, *,
+                  train_fn: Callable[..., Any] | None = None) -> AllRanksResult:
     """Run the graph(s) for every simulated rank at once (``LocalTensorMode``).
 
     A single graph runs every rank (it must have been traced for all ranks'
@@ -193,13 +215,20 @@ def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dic
         model: The same model, built and sharded inside ``world.all_ranks()`` so
             its DTensors hold every rank's shard.
         inputs: Keyword inputs (plain tensors are the same on every rank).
+        reference: The unsharded model on one device (as it was before sharding):
+            the plan check (``result.plan``) compares every rank's loss and
+            gathered gradients with one eager step of it on ``inputs``, which
+            finds a plan bug that each rank's own eager step shares.
+        train_fn: The training step the reference runs (default: the traced one;
+            needed for a graph that has none, such as a loaded one).
 
     Returns:
         An :class:`AllRanksResult`.
 
     Raises:
         StateMismatchError: A graph has no DTensor state, the ranks do not all
-            share a single graph's local shapes, or the model is not one of all ranks.
+            share a single graph's local shapes, or the model is not one of all ranks;
+            ``reference`` is not the unsharded model.
         UnsupportedWrapperError: The graphs of several classes issue different
             collectives, or draw random numbers.
     """
@@ -215,8 +244,11 @@ def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dic
     else:
         loss, local, full = run_rank_classes(graphs, model, inputs, ranks, is_collective)
     same = _matches_eager(graphs, model, inputs, loss, local, ranks)
-    gathered = {n: per_rank(g, ranks)[ranks[0]] for n, g in full.items()}
-    return AllRanksResult(ranks, loss, gathered, local, same, tuple(graphs))
+    full_per_rank = {n: per_rank(g, ranks) for n, g in full.items()}
+    gathered = {n: g[ranks[0]] for n, g in full_per_rank.items()}
+    plan = None if reference is None else check_plan(
+        graphs, model, inputs, loss, full_per_rank, reference, train_fn)
+    return AllRanksResult(ranks, loss, gathered, local, same, tuple(graphs), plan)
 
 
 def _eager_runs(graphs: dict[tuple[int, ...], TracedGraph]

@@ -111,7 +111,7 @@ def card_html(kind: str, obj: Any) -> str:
     """Draw ``obj`` as the card ``kind`` names (see :func:`jointlab.display.rich_html`).
 
     Args:
-        kind: ``"graph"``, ``"memory"``, ``"comparison"`` or ``"modules"``.
+        kind: ``"graph"``, ``"memory"``, ``"comparison"``, ``"modules"`` or ``"plan"``.
         obj: The object to read.
 
     Returns:
@@ -130,4 +130,8 @@ def card_html(kind: str, obj: Any) -> str:
         from jointlab.viz.module_table import module_summary_html
 
         return module_summary_html(obj)
+    if kind == "plan":
+        from jointlab.viz.plan_check import plan_check_html
+
+        return plan_check_html(obj)
     raise ValueError(f"no card for {kind!r}")
