@@ -9,11 +9,13 @@ that does the work. This module sits at the top of the package, above every
 reader it hands off to, so those imports point down; nothing inside the
 package imports it, and it imports no tracer: ``jl.load`` is here,
 ``jl.trace`` and ``jl.trace_ranks`` are in :mod:`jointlab.tracing`, and both
-wrap the plain graph with :meth:`JointGraph.of`.
+wrap the plain graph with :meth:`JointGraph.of`. ``jl.gather_ranks`` loads the
+graphs every process of a real job traced, on one rank.
 """
 
 from __future__ import annotations
 
+import io
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -22,14 +24,16 @@ from jointlab.display import rich_html
 from jointlab.errors import TableQueryError
 from jointlab.passes.analyze import mark_analyzed, mark_saved_for_backward, recount_flops
 from jointlab.runtime.graph import RunnableGraph
+from jointlab.runtime.rank_view import RankGraphs
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from jointlab.analysis.modules import ModuleTable
     from jointlab.analysis.record import Record
+    from jointlab.core import GraphParts, TracedGraph
 
-__all__ = ["JointGraph", "load"]
+__all__ = ["JointGraph", "gather_ranks", "load"]
 
 
 class JointGraph(RunnableGraph):
@@ -176,11 +180,59 @@ def load(path: str) -> JointGraph:
         jointlab.errors.PersistError: The file is not a jointlab archive, or
             holds anything outside the allow-lists (rejected before any code could run).
     """
-    from jointlab.io.persist import ARCHIVE_VERSION_KEY, CURRENT_ANALYSIS_SINCE, read
+    from jointlab.io.persist import read
 
-    parts = read(path)
+    return _loaded(read(path))
+
+
+def _loaded(parts: GraphParts) -> JointGraph:
+    """The JointGraph of an archive's parts, its analysis brought up to date."""
+    from jointlab.io.persist import ARCHIVE_VERSION_KEY, CURRENT_ANALYSIS_SINCE
+
     if parts.graph_module.meta.get(ARCHIVE_VERSION_KEY, 0) < CURRENT_ANALYSIS_SINCE:
         mark_saved_for_backward(parts.graph_module)  # saved by the older per-node rule
     recount_flops(parts.graph_module)  # the saving torch may have lacked a formula
     mark_analyzed(parts.graph_module)  # the archive carries the analysis keys of its graph
     return JointGraph.from_parts(parts)
+
+
+def gather_ranks(joint: TracedGraph, dst: int = 0, group: Any = None) -> RankGraphs | None:
+    """Every rank's graph of a real distributed job, on one rank, as ``jl.trace_ranks`` gives.
+
+    Call it in every process of the job (``torchrun``; gloo on CPU, NCCL on GPU)
+    after ``jl.trace``. Each rank's graph travels as the pickle-free archive
+    ``joint.save`` writes. Ranks share a class only where their archives are
+    identical, guards included: a rank whose trace read its own mesh coordinate
+    (``mesh._rank``) is a class of its own even where ``jl.trace_ranks`` groups it
+    with others, so the classes may be finer than the fake world's, never coarser.
+
+    Args:
+        joint: This rank's traced graph.
+        dst: The world rank that receives them (default 0).
+        group: The process group (default: the world).
+
+    Returns:
+        On ``dst``, a :class:`RankGraphs` (each rank's loaded graph, every view
+        works on it; running rank ``r``'s graph needs rank ``r``'s world); None on
+        every other rank.
+
+    Raises:
+        StateMismatchError: No process group is initialised.
+        PersistError: A rank's graph cannot be saved (every rank raises, none hangs).
+    """
+    import hashlib
+    import zipfile
+
+    from jointlab.io.gather import gather_archives
+    from jointlab.io.persist import read
+
+    archives = gather_archives(joint, dst, group)
+    if archives is None:
+        return None
+    classes: dict[str, list[int]] = {}
+    for rank, data in enumerate(archives):  # the content, not the zip's own timestamps
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            key = hashlib.sha256(b"".join(zf.read(n) for n in sorted(zf.namelist()))).hexdigest()
+        classes.setdefault(key, []).append(rank)
+    graphs = {tuple(ranks): _loaded(read(archives[ranks[0]])) for ranks in classes.values()}
+    return RankGraphs(graphs, len(archives))

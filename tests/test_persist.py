@@ -443,7 +443,7 @@ def _first_val(doc):
 
 
 @pytest.mark.parametrize("member,edit,message", [
-    ("format.json", lambda d: d.replace(b'"version": 3', b'"version": 5'), "version"),
+    ("format.json", lambda d: d.replace(b'"version": 3', b'"version": 99'), "version"),
     ("graph.json", _edit_doc(lambda d: _first_shared(d)["shared_meta"].update(
         {"__reduce__": 0})), "unexpected node meta key"),
     ("graph.json", _edit_doc(lambda d: _first_shared(d)["shared_meta"].update(

@@ -25,14 +25,16 @@ import torch.fx as fx
 
 from jointlab.errors import PersistError
 from jointlab.runtime.custom_ops import GET_STATE, MKLDNN_RNN_LAYER, SET_STATE
-from jointlab.torch_compat import int_oo, is_op_overload, op_parts
+from jointlab.torch_compat import FUNCTIONAL_COLLECTIVES, int_oo, is_op_overload, op_parts
 from jointlab.torch_compat import sympy_functions as sym_fns
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: A dotted name of identifiers (``fullmatch`` it: one regex call a name, a load checks thousands).
 DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 DEVICE = re.compile(r"^[a-z_]+(:[0-9]+)?$")
-OP_NAMESPACES = ("aten", "prims")
+#: Op namespaces a saved graph may call: ATen, prims and torch's functional collectives
+#: (a graph of one rank of a distributed job; loaded, it runs only in its world).
+OP_NAMESPACES = ("aten", "prims", FUNCTIONAL_COLLECTIVES)
 
 # Non-ATen call targets a joint graph may hold (multi-output access and the
 # SymInt arithmetic of dynamic shapes), by the name written to the file.

@@ -30,8 +30,12 @@ in ``jl_keys`` (:mod:`jointlab.io.node_records`). Version 4 is version 3 whose
 input leaves may say ``requires_grad`` and which model tensor or earlier input
 they are (``state_alias`` / ``input_alias``): the graph then also returns input
 gradients, an output layout a version-3 reader would misread, so only such a
-graph is written as version 4 and every other as version 3. Versions 1 to 3
-are still read.
+graph is written as version 4 and every other as version 3. Version 5 adds
+``world`` to ``layout.json`` for a graph with functional collectives or DTensor
+state (:class:`jointlab.runtime.saved_world.SavedWorld`: world size, the ranks
+of each process group it names, its DTensor inputs' placements); such a graph
+loads with a :class:`~jointlab.runtime.saved_world.WorldRuntime`, viewable
+anywhere and run only inside a world of that size. Versions 1 to 4 are still read.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import torch.fx as fx
 
 from jointlab.assumptions import KINDS, Assumption, Assumptions
 from jointlab.core import GraphParts, TracedGraph
-from jointlab.errors import PersistError
+from jointlab.errors import PersistError, StateMismatchError
 from jointlab.inputs import InputSpec, LeafSpec, StateSpec
 from jointlab.io.codec import (
     DOTTED,
@@ -76,14 +80,16 @@ from jointlab.io.node_records import (
     encode_node_meta,
 )
 from jointlab.passes.analyze import require_analyzed
+from jointlab.runtime.dtensor import AotDTensorRuntime, DTensorRuntime
 from jointlab.runtime.gc_pause import collector_paused
 from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
+from jointlab.runtime.saved_world import SavedWorld, WorldRuntime
 from jointlab.shape_guards import ShapeGuards
 from jointlab.torch_compat import pytree
 
 FORMAT = "jointlab.joint-graph"
-VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: Graph-module meta key holding the archive version a graph was read from.
 ARCHIVE_VERSION_KEY = "jointlab_archive_version"
 #: Archives older than this carry analysis keys computed by an older rule
@@ -104,19 +110,46 @@ def save(joint: TracedGraph, path: str) -> None:
     folder, which replaces ``path`` only once complete: a failed save leaves no
     partial archive, and an existing ``path`` as it was.
 
+    A graph with collectives (one rank of a distributed job) is saved with its
+    world (:class:`~jointlab.runtime.saved_world.SavedWorld`), so save it inside
+    that world; loaded, it can be viewed anywhere and runs only in a world of
+    that size.
+
     Raises:
-        PersistError: The graph holds a target or value that cannot be stored safely.
+        PersistError: The graph holds a target or value that cannot be stored safely,
+            or has collectives and no process group is initialised.
         StaleAnalysisError: The graph was edited since its analysis (``joint.recompute()``).
     """
+    _write_atomically(os.fspath(path), _members(joint))
+
+
+def archive_bytes(joint: TracedGraph) -> bytes:
+    """The archive :func:`save` writes, as bytes (to send to another rank; :func:`read` reads it).
+
+    Raises:
+        PersistError: As :func:`save`.
+        StaleAnalysisError: As :func:`save`.
+    """
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in _members(joint).items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _members(joint: TracedGraph) -> dict[str, str | bytes]:
+    """Each archive member's content, everything encoded (nothing written yet)."""
     require_analyzed(joint.graph_module)
     graph_doc, constants = _encode_graph(joint.graph_module)
-    version = VERSION if _input_grad_layout(joint) else 3  # what an older reader reads right
+    layout = _encode_layout(joint)
+    # The lowest version whose reader reads it right.
+    version = 5 if "world" in layout else 4 if _input_grad_layout(joint) else 3
     members = {"format.json": json.dumps({"format": FORMAT, "version": version}),
                "graph.json": json.dumps(graph_doc),
-               "layout.json": json.dumps(_encode_layout(joint))}
+               "layout.json": json.dumps(layout)}
     if constants:
         members["constants.pt"] = _constants_bytes(constants)
-    _write_atomically(os.fspath(path), members)
+    return members
 
 
 def _input_grad_layout(joint: TracedGraph) -> bool:
@@ -160,11 +193,11 @@ def _write_atomically(path: str, members: dict[str, str | bytes]) -> None:
         raise
 
 
-def read(path: str) -> GraphParts:
+def read(path: str | bytes) -> GraphParts:
     """Read the parts of a graph written by :func:`save` (:func:`jointlab.load` builds it).
 
     Args:
-        path: The archive.
+        path: The archive, or its bytes (:func:`archive_bytes`).
 
     Returns:
         The graph module (node meta as archived, fake values rebuilt where
@@ -178,7 +211,9 @@ def read(path: str) -> GraphParts:
         return _read(path)
 
 
-def _read(path: str) -> GraphParts:
+def _read(path: str | bytes) -> GraphParts:
+    if isinstance(path, (bytes, bytearray)):
+        path = io.BytesIO(path)  # type: ignore[assignment]
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -349,7 +384,35 @@ def _encode_layout(joint: TracedGraph) -> dict[str, Any]:
                    else None),
         "assumptions": _encode_assumptions(joint.assumptions),
         "runtime": _encode_runtime(joint),
+        **_encode_world(joint),
     }
+
+
+def _encode_world(joint: TracedGraph) -> dict[str, Any]:
+    """``{"world": ...}`` for a graph with collectives or DTensor state, else nothing."""
+    try:
+        world = SavedWorld.of(joint.graph_module, joint.runtime)
+    except StateMismatchError as exc:
+        raise PersistError(f"cannot save this graph: {exc} Nothing was written.") from exc
+    if world is None:
+        return {}
+    return {"world": encode_value(dataclasses.asdict(world), "the graph's world")}
+
+
+def _decode_world(data: Any) -> SavedWorld:
+    d = decode_value(data)
+    names = {f.name for f in dataclasses.fields(SavedWorld)}
+    if not isinstance(d, dict) or set(d) != names or not isinstance(d["world_size"], int):
+        raise PersistError(f"malformed world in the archive: expected fields {sorted(names)}")
+    if not all(isinstance(n, str) and isinstance(r, (list, tuple))
+               for n, r in d["groups"].items()):
+        raise PersistError("malformed process groups in the archive's world")
+    classes = d["rank_classes"]
+    return SavedWorld(
+        d["world_size"], {n: tuple(int(x) for x in r) for n, r in d["groups"].items()},
+        {str(k): str(v) for k, v in d["group_dims"].items()},
+        None if classes is None else tuple(tuple(int(x) for x in c) for c in classes),
+        list(d["state"]), dict(d["grads"]))
 
 
 def _encode_assumptions(a: Assumptions) -> list[list[Any]] | None:
@@ -375,13 +438,22 @@ def _decode_assumptions(rows: Any) -> Assumptions:
     return Assumptions(tuple(facts))
 
 
+def _plain_plan(runtime: Any) -> Any:
+    """The mode's plain-data plan under a DTensor or loaded-world runtime (its world apart)."""
+    if isinstance(runtime, (WorldRuntime, AotDTensorRuntime)):
+        return runtime.plan
+    if type(runtime) is DTensorRuntime:
+        return MakeFxRuntime()
+    return runtime
+
+
 def _encode_runtime(joint: TracedGraph) -> Any:
     """The runtime's plain-data plan: None for make_fx, the field dict for AOT."""
-    if joint.mode == "make_fx" and type(joint.runtime) is MakeFxRuntime:
+    plan = _plain_plan(joint.runtime)
+    if joint.mode == "make_fx" and type(plan) is MakeFxRuntime:
         return None
-    if joint.mode == "aot" and type(joint.runtime) is AotRuntime:
-        fields = {f.name: getattr(joint.runtime, f.name)
-                  for f in dataclasses.fields(AotRuntime)}
+    if joint.mode == "aot" and type(plan) is AotRuntime:
+        fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(AotRuntime)}
         return encode_value(fields, "the AOT runtime")
     raise PersistError(f"cannot save a mode={joint.mode!r} graph with runtime "
                        f"{type(joint.runtime).__name__}")
@@ -451,8 +523,11 @@ def _decode_layout(d: Any, gm: fx.GraphModule) -> GraphParts:
                      str(lf.get("state_alias", "")), str(lf.get("input_alias", "")))
             for lf in d["inputs"]["leaves"])
         treespec = pytree.treespec_loads(str(d["inputs"]["treespec"]))
+        runtime = _decode_runtime(d["mode"], d.get("runtime"))
+        if d.get("world") is not None:
+            runtime = WorldRuntime(_decode_world(d["world"]), runtime or MakeFxRuntime())
         return GraphParts(
-            gm, mode=d["mode"], runtime=_decode_runtime(d["mode"], d.get("runtime")),
+            gm, mode=d["mode"], runtime=runtime,
             state_spec=state, input_spec=InputSpec(treespec, leaves),
             param_names=[str(x) for x in d["param_names"]],
             loss_dict_keys=[str(x) for x in d["loss_dict_keys"]],

@@ -68,6 +68,7 @@ from jointlab.torch_compat.distributed import coordinate_reader as coordinate_re
 from jointlab.torch_compat.distributed import every_rank_mode as every_rank_mode
 from jointlab.torch_compat.distributed import fsdp_mem_tracker as fsdp_mem_tracker
 from jointlab.torch_compat.distributed import fsdp_module_class as fsdp_module_class
+from jointlab.torch_compat.distributed import group_ranks as group_ranks
 from jointlab.torch_compat.distributed import loss_parallel_active as loss_parallel_active
 from jointlab.torch_compat.distributed import loss_parallel_entry as loss_parallel_entry
 from jointlab.torch_compat.distributed import mesh_coordinates as mesh_coordinates

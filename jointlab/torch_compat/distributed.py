@@ -49,6 +49,25 @@ def root_mesh(mesh: Any) -> Any:
     return get_root() if callable(get_root) else None
 
 
+def group_ranks(name: str) -> tuple[int, ...] | None:
+    """The world ranks of the live process group called ``name`` (None: no such group).
+
+    Raises:
+        UnsupportedTorchError: This torch cannot look a process group up by name.
+    """
+    import torch.distributed as dist
+
+    resolve_group = torch_attr("torch.distributed.distributed_c10d", "_resolve_process_group",
+                               "find the process group a saved collective names")
+    if not dist.is_initialized():
+        return None
+    try:
+        group = resolve_group(name)
+    except (ValueError, RuntimeError, KeyError):
+        return None
+    return tuple(dist.get_process_group_ranks(group))
+
+
 def per_rank_values(t: torch.Tensor) -> dict[int, torch.Tensor]:
     """Each simulated rank's tensor inside a ``LocalTensor`` (``LocalTensorMode``).
 

@@ -1,0 +1,166 @@
+"""A real multi-process job against the fake world: each rank's gathered graph is the fake's.
+
+Two gloo processes on the CPU, started by torch's own launcher
+(``torch.distributed.run --standalone``: it picks free ports), each trace the
+models of :mod:`tests.real_job.models` with ``jl.trace`` and call
+``jl.gather_ranks``; rank 0 saves each rank's gathered graph
+(:mod:`tests.real_job.worker`). Here, the reference is ``jl.trace_ranks`` of
+the same models in ``jl.fake_world(2)``: the same rank classes, and for every
+rank the same graph (op sequence, arguments, shapes and dtypes, process groups
+by mesh dimension), the same collectives and the same predicted peak. The job
+runs once per test session, bounded by a hard timeout that kills the whole
+process group, so a hang fails fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+import torch.fx as fx
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+import jointlab as jl
+from jointlab.analysis.distributed import collectives, group_dims
+from jointlab.analysis.memory.profile import memory_profile
+from jointlab.errors import StateMismatchError
+from tests.real_job.models import KINDS, inputs, reference, sharded, step
+from tests.util import NEEDS_DISTRIBUTED_TORCH
+
+pytestmark = NEEDS_DISTRIBUTED_TORCH
+
+WORLD = 2
+JOB_TIMEOUT_S = 150
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> str:
+    """Run the real job once; the folder holding rank 0's archives and figures."""
+    out = str(tmp_path_factory.mktemp("real_job"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={WORLD}", os.path.join(ROOT, "tests", "real_job", "worker.py"), out]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every worker it started
+        log, _ = proc.communicate()
+        pytest.fail(f"the real job hung: killed after {JOB_TIMEOUT_S} s\n{log[-4000:]}")
+    assert proc.returncode == 0, log[-6000:]
+    return out
+
+
+def _signature(joint: Any) -> list[tuple]:
+    """Each node's op, target, arguments (nodes by name, groups by mesh dim), shape, dtype."""
+    dims = group_dims(joint)
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            return ("node", a.name)
+        if isinstance(a, (list, tuple)):
+            return tuple(arg(x) for x in a)
+        if isinstance(a, str) and a in dims:
+            return ("group", dims[a])
+        return a
+
+    out = []
+    for node in joint.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        shapes = tuple((tuple(v.shape), v.dtype) for v in vals if isinstance(v, torch.Tensor))
+        out.append((node.op, str(node.target), arg(node.args), arg(dict(node.kwargs)), shapes))
+    return out
+
+
+def _fake_world_graphs(kind: str) -> jl.RankGraphs:
+    with jl.fake_world(WORLD) as world:
+        with world.all_ranks():
+            every_rank = sharded(kind, world.mesh)
+        return jl.trace_ranks(every_rank, step, inputs())
+
+
+def _loaded(job: str, kind: str) -> dict[int, jl.JointGraph]:
+    return {r: jl.load(os.path.join(job, f"{kind}_rank{r}.jlg")) for r in range(WORLD)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_ranks_gathered_graph_is_the_fake_worlds_graph_of_that_rank(job, kind):
+    with open(os.path.join(job, f"{kind}.json")) as f:
+        report = json.load(f)
+    fake = _fake_world_graphs(kind)
+    assert report["type"] == "RankGraphs" and report["world_size"] == WORLD
+    # The ranks share a graph in the real job exactly where the fake world says they do.
+    assert [tuple(c) for c in report["classes"]] == list(fake.classes)
+    real = _loaded(job, kind)
+    for rank in range(WORLD):
+        want, got = fake[rank], real[rank]
+        assert _signature(got) == _signature(want), (kind, rank)
+        cols = ["op", "phase", "module", "mesh_dim", "bytes"]
+        assert collectives(got)[cols].equals(collectives(want)[cols]), (kind, rank)
+        assert memory_profile(got).peak_bytes == memory_profile(want).peak_bytes
+        # Each process's own run of its graph was its own eager step, bitwise.
+        assert report["ranks"][rank]["run_matches_eager"] is True
+        assert report["ranks"][rank]["collectives"] == len(collectives(want))
+    if kind == "uneven":  # 3 rows over 2 ranks: the two graphs differ, and the diff shows it
+        assert len(jl.diff(real[0], real[1]).table) > 0
+
+
+def test_a_gathered_graph_runs_only_in_a_world_of_its_size(job):
+    graph = _loaded(job, "tp")[0]
+    with pytest.raises(StateMismatchError, match=r"2-rank world.*no process group"):
+        graph.run(reference("tp"), inputs())
+    with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:
+        model = sharded("tp", world.mesh["tp"])
+        with pytest.raises(StateMismatchError, match="this world has 4 ranks"):
+            graph.run(model, inputs())
+    with jl.fake_world(WORLD) as world:
+        model = sharded("tp", world.mesh)
+        want = jl.trace(model, step, inputs()).run(copy.deepcopy(model), inputs())
+        got = graph.run(model, inputs())
+    assert torch.equal(got.loss, want.loss)
+    assert got.grads.keys() == want.grads.keys()
+    for fqn, g in want.grads.items():
+        assert got.grads[fqn].placements == g.placements
+        assert torch.equal(got.grads[fqn].to_local(), g.to_local()), fqn
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_a_saved_dtensor_graph_loads_for_viewing_and_runs_in_its_world(tmp_path, mode):
+    with jl.fake_world(WORLD) as world:
+        model = sharded("tp", world.mesh)
+        joint = jl.trace(model, step, inputs(), mode=mode)
+        joint.save(tmp_path / "g.jlg")
+        loaded = jl.load(tmp_path / "g.jlg")
+        want, got = joint.run(model, inputs()), loaded.run(model, inputs())
+        # Another plan of the same model is refused, not fed the wrong shards.
+        other = parallelize_module(reference("tp"), world.mesh,
+                                   {"0": RowwiseParallel(), "2": ColwiseParallel()})
+    assert torch.equal(got.loss, want.loss)
+    for fqn, g in want.grads.items():
+        assert got.grads[fqn].placements == g.placements
+        assert torch.equal(got.grads[fqn].to_local(), g.to_local()), fqn
+    assert _signature(loaded) == _signature(joint)
+    cols = ["node", "op", "phase", "module", "group", "mesh_dim", "bytes", "wait"]
+    assert collectives(loaded)[cols].equals(collectives(joint)[cols])
+    assert memory_profile(loaded).peak_bytes == memory_profile(joint).peak_bytes
+    with pytest.raises(StateMismatchError, match="no process group"):
+        loaded.run(model, inputs())
+    with jl.fake_world(WORLD):
+        with pytest.raises(StateMismatchError, match=r"'0.weight' cannot feed this loaded graph"
+                           r".*placement is 'S\(1\)' here but was 'S\(0\)'"):
+            loaded.run(other, inputs())
+
+
+def test_gather_ranks_outside_a_distributed_job_says_so():
+    joint = jl.trace(reference("tp"), step, inputs())
+    with pytest.raises(StateMismatchError, match="no process group is initialised"):
+        jl.gather_ranks(joint)
