@@ -286,19 +286,30 @@ def test_binder_requirements_leave_jointlab_to_postbuild():
     assert "|| true" not in post and "set -euo pipefail" in post
 
 
-@pytest.mark.parametrize("listed, ok", [
-    (["jupyterlab-plotly", "@jupyter-widgets/jupyterlab-manager", "anywidget"], True),
-    (["jupyterlab-plotly", "@jupyter-widgets/jupyterlab-manager"], False)])
-def test_postbuild_fails_when_an_extension_is_missing(tmp_path, listed, ok):
+GREEN, RED, PLAIN = "\\033[32m", "\\033[31m", "\\033[0m"  # as jupyter colours the words
+ON = f"{GREEN}enabled{PLAIN} {GREEN}OK{PLAIN}"
+
+
+@pytest.mark.parametrize("listed, ok, why", [
+    ({"jupyterlab-plotly": ON, "@jupyter-widgets/jupyterlab-manager": ON, "anywidget": ON},
+     True, ""),
+    ({"jupyterlab-plotly": ON, "@jupyter-widgets/jupyterlab-manager": ON}, False,
+     "anywidget is not installed"),
+    ({"jupyterlab-plotly": ON, "@jupyter-widgets/jupyterlab-manager": ON,
+      "anywidget": f"{RED}disabled{PLAIN} {GREEN}OK{PLAIN}"}, False,
+     "anywidget is installed but not active"),
+    ({"jupyterlab-plotly": f"{GREEN}enabled{PLAIN} {RED}X{PLAIN}",
+      "@jupyter-widgets/jupyterlab-manager": ON, "anywidget": ON}, False,
+     "jupyterlab-plotly is installed but not active")])
+def test_postbuild_fails_when_an_extension_is_missing_or_disabled(tmp_path, listed, ok, why):
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "python").write_text("#!/bin/sh\nexit 0\n")  # stands in for pip and the import
-    (fake / "jupyter").write_text("#!/bin/sh\n" + "".join(
-        f"echo '        {ext} v1.0.0 enabled OK'\n" for ext in listed))
+    (fake / "jupyter").write_text("#!/bin/bash\n" + "".join(
+        f"echo -e '        {ext} v1.0.0 {state} (python, x)'\n" for ext, state in listed.items()))
     for f in fake.iterdir():
         f.chmod(0o755)
     run = subprocess.run(["bash", str(hostsim.ROOT / "binder" / "postBuild")], cwd=tmp_path,
                          capture_output=True, text=True, env={"PATH": f"{fake}:/usr/bin:/bin"})
     assert (run.returncode == 0) is ok, run.stdout + run.stderr
-    if not ok:
-        assert "anywidget is not installed" in run.stderr
+    assert why in run.stderr
