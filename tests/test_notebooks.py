@@ -70,6 +70,16 @@ CLAIMS = {
          [f"_softmax (root) {SAVED_REF}_1, _softmax_backward_data"]),
         ("`tanh_backward` reads `mm`", [f"tanh_backward tanh_backward tanh mm, {SAVED_REF}_1"]),
     ],
+    "06_distributed": [  # the plan check on the planted plan bug, then on the fixed plan
+        ("(`matches_eager` is True on both)", ["matches_eager: {0: True, 1: True}"]),
+        ("names `layers.1.attn.wkv_a.weight` in module `layers.1.attn.wkv_a`, with\n"
+         "relative error 0.145 on both ranks",
+         ["DIFFERS from one device", "layers.1.attn.wkv_a.weight (module "
+          "'layers.1.attn.wkv_a'): relative error 0.145, max abs 0.00504, on ranks 0, 1"]),
+        ("13 of the 23 gradients differ", ["23 gathered gradients (13 differ)"]),
+        ("The fixed plan matches one device, all 23 gradients and both losses",
+         ["matches one device 23 gathered gradients (0 differ) and 2 ranks' losses"]),
+    ],
 }
 
 

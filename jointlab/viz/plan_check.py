@@ -60,10 +60,12 @@ def plan_check_html(check: Any) -> str:
         An HTML fragment with its style.
     """
     badge = {True: "ok", False: "bad", None: "unknown"}[check.ok]
+    differ = int(check.grads["ok"].eq(False).sum()) if len(check.grads) else 0
     parts = [f"<style>{COMPARISON_STYLE}{_STYLE}</style><div class='jl-cmp'>"
              f"<span class='jl-badge {badge}'>{html.escape(check.verdict)}</span> "
-             f"<span>{len(check.grads)} gathered gradients and {len(check.loss)} ranks' "
-             "losses against one eager step of the unsharded model</span>"]
+             f"<span>{len(check.grads)} gathered gradients ({differ} differ) and "
+             f"{len(check.loss)} ranks' losses against one eager step of the unsharded "
+             "model</span>"]
     if check.first is not None:
         parts.append("<p>first differing gradient (backward order): "
                      f"<code>{html.escape(str(check.first))}</code></p>")
