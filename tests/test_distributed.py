@@ -957,3 +957,32 @@ def test_torch_rank_reads_split_the_ranks_and_every_rank_matches_single_device(c
     loss = _titan_step(ref, **inputs)
     loss.backward()
     _assert_like_single_device(result, every_rank, ref, loss)
+
+
+class _FullWeight(nn.Module):
+    def __init__(self, mesh):
+        super().__init__()
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        torch.manual_seed(0)
+        self.w = nn.Parameter(distribute_tensor(torch.randn(16, 16), mesh, [Shard(0)]))
+
+    def forward(self, x):
+        return x @ self.w.full_tensor().t()  # backward: Replicate -> Shard(0) by coordinate
+
+
+def test_a_second_fake_world_playing_another_rank_is_not_served_the_first_worlds_mesh():
+    def step(m, x):
+        return m(x).pow(2).mean()
+
+    seen = {}
+    for rank in (0, 1):  # one process, two worlds: DTensor's caches must not mix them
+        with jl.fake_world(4, rank=rank) as world:
+            model = _FullWeight(world.mesh)
+            joint = jl.trace(model, step, {"x": torch.randn(4, 16)})
+            coord = [f.value for f in joint.assumptions.rank_facts() if f.attr == "coordinate"]
+            seen[rank] = (model.w.device_mesh.get_coordinate(), coord, world.mesh.get_coordinate())
+    for rank, (dtensor_coord, traced, mesh_coord) in seen.items():
+        assert mesh_coord == (rank,)
+        assert dtensor_coord == mesh_coord  # was (0,) for rank 1: the first world's mesh
+        assert traced and set(traced) == {rank}  # the chunk the backward keeps is this rank's

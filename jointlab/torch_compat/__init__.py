@@ -64,6 +64,7 @@ from jointlab.torch_compat.aot import partitioners as partitioners
 from jointlab.torch_compat.distributed import LocalTensorMode as LocalTensorMode
 from jointlab.torch_compat.distributed import aot_grad_subclass_metas as aot_grad_subclass_metas
 from jointlab.torch_compat.distributed import backward_node_name as backward_node_name
+from jointlab.torch_compat.distributed import clear_dtensor_caches as clear_dtensor_caches
 from jointlab.torch_compat.distributed import coordinate_reader as coordinate_reader
 from jointlab.torch_compat.distributed import every_rank_mode as every_rank_mode
 from jointlab.torch_compat.distributed import fsdp_mem_tracker as fsdp_mem_tracker

@@ -451,3 +451,26 @@ def every_rank_mode(ranks: Any) -> Any:
 #: What jointlab enters for "every rank at once" (``compat.LocalTensorMode(ranks)``): torch's
 #: ``LocalTensorMode`` with exact collectives of plain tensors (:func:`every_rank_mode`).
 LocalTensorMode = every_rank_mode
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's sharding caches (C++ fast path and Python), where this torch has them.
+
+    ``DeviceMesh`` equality ignores which rank the process is, so a sharding cached in
+    one ``jl.fake_world`` handed its mesh (and that world's rank coordinate) to DTensors
+    of the next world playing another rank: a graph traced as rank 1 after a world of
+    rank 0 chose rank 0's chunks. Called when a simulated world opens and closes.
+    """
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if callable(clear):
+        clear()
+    try:
+        from torch.distributed.tensor import DTensor, _redistribute
+    except ImportError:  # no DTensor: nothing cached
+        return
+    prop = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    for cached in (getattr(prop, "propagate_op_sharding", None),
+                   getattr(prop, "_propagate_tensor_meta_cached", None),
+                   getattr(_redistribute, "_gen_transform_infos", None)):
+        if callable(getattr(cached, "cache_clear", None)):
+            cached.cache_clear()

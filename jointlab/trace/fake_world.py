@@ -239,7 +239,7 @@ def fake_world(world_size: int, mesh: dict[str, int] | None = None, rank: int = 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from jointlab.torch_compat import FakeStore, require_distributed_tracing
+    from jointlab.torch_compat import FakeStore, clear_dtensor_caches, require_distributed_tracing
 
     require_distributed_tracing("jl.fake_world")
     world = FakeWorld(world_size, mesh, rank)
@@ -249,6 +249,7 @@ def fake_world(world_size: int, mesh: dict[str, int] | None = None, rank: int = 
         raise UnsupportedWrapperError(
             "jl.fake_world needs to own the default process group, but one is already "
             "initialised; call it outside torch.distributed.init_process_group.")
+    clear_dtensor_caches()  # shardings cached by another world hold its rank's mesh
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         world.mesh = init_device_mesh("cpu", tuple(world.mesh_dims.values()),
@@ -256,3 +257,4 @@ def fake_world(world_size: int, mesh: dict[str, int] | None = None, rank: int = 
         yield world
     finally:
         dist.destroy_process_group()
+        clear_dtensor_caches()
