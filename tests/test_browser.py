@@ -149,7 +149,7 @@ def _assert_no_error_outputs(page) -> None:
 
 
 def _plot_titles(page) -> list[str]:
-    return page.locator("div.js-plotly-plot .gtitle").all_text_contents()
+    return page.locator(".jl-plot svg text.title").all_text_contents()
 
 
 VIEW_STATE = """els => els.map(p => { const v = p.jlView, c = v.canvas;
@@ -175,7 +175,7 @@ def test_quickstart_in_jupyterlab(lab, tmp_path):
     with browser() as b:
         page, errors = _open_and_run_all(lab, b, "01_quickstart")
         _assert_no_error_outputs(page)
-        page.locator("div.js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+        page.locator(".jl-plot svg").first.wait_for(timeout=60_000)  # plot_memory's SVG
         titles = _plot_titles(page)
         assert any(t.startswith("Memory per node step") for t in titles), titles
         dags = _dag_views(page, 2)  # the whole graph, then a budget-collapsed view
@@ -193,8 +193,8 @@ def test_quickstart_in_jupyterlab(lab, tmp_path):
             "el => el.scrollIntoView({block: 'center'})")
         page.wait_for_timeout(1000)  # cells scrolled into view paint lazily
         save_screenshot(page, tmp_path, "01_quickstart_dag")
-        plot = page.locator("div.js-plotly-plot", has=page.locator(
-            ".gtitle", has_text="Memory per node step"))
+        plot = page.locator(".jl-plot", has=page.locator(
+            "text.title", has_text="Memory per node step"))
         plot.first.evaluate("el => el.scrollIntoView({block: 'center'})")
         page.wait_for_timeout(1000)
         save_screenshot(page, tmp_path, "01_quickstart_memory")

@@ -11,6 +11,7 @@ import torch
 
 import jointlab as jl
 from tests.fixtures import zoo
+from tests.test_browser import lab  # noqa: F401 - the JupyterLab server fixture
 
 
 @pytest.fixture()
@@ -205,3 +206,70 @@ def test_record_table_and_stepper_panel_show_the_same_statistics():
     assert fmt(float(row["std"])) == fmt(float(x.std(ddof=0)))
     assert fmt(float(row["norm"])) == detail["norm"]
     assert detail["NaN / Inf"] == f"{row['nan']} / {row['inf']}" == "0 / 0"
+
+
+# -- the panel and the memory plot at projector width, in JupyterLab -----------------------
+FIT_CELLS = [
+    "import sys; sys.path.insert(0, {repo!r})",
+    "import jointlab as jl\nfrom tests.fixtures import zoo\nf = zoo.FIXTURES['tiny_lm']\n"
+    "model, inputs = f.make_model(), f.make_inputs(2)\n"
+    "joint = jl.trace(model, f.train_fn, inputs)",
+    "jl.Stepper(joint, model, inputs, device='cpu', seed=0).widget(train_fn=f.train_fn)",
+    "jl.plot_memory(joint.memory(model=model, inputs=inputs))",
+]
+#: Widgets whose text is cut (ellipsis or hidden overflow): their text is wider than their box.
+CLIPPED = """root => [...root.querySelectorAll(
+    'button, .widget-label, .widget-label-basic, label, select')]
+    .filter(el => el.offsetParent !== null && el.scrollWidth > el.clientWidth + 1)
+    .map(el => [el.tagName, el.textContent.trim(), el.scrollWidth, el.clientWidth])"""
+#: Bounding boxes (screen px) of the memory plot's legend items, peak label and title.
+PLOT_BOXES = """p => { const r = el => { const b = el.getBoundingClientRect();
+    return [b.left, b.top, b.right, b.bottom]; };
+  return {legend: [...p.querySelectorAll('g.legend-item')].map(r),
+          peak: [...p.querySelectorAll('g.peak-label')].map(r),
+          other: [...p.querySelectorAll('text.annotation, text.title')].map(r),
+          svg: r(p.querySelector('svg'))}; }"""
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+@pytest.mark.browser
+def test_panel_buttons_and_memory_plot_fit_1024_and_1280(lab, tmp_path):  # noqa: F811
+    """At 1024 and 1280 wide no button or label of the panel is cut, and the memory plot's
+    peak label overlaps neither its legend nor its titles, after each resize."""
+    import json
+
+    from tests.chromium import browser, save_screenshot
+    from tests.test_browser import REPO, _assert_no_error_outputs, _open_and_run_all
+
+    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
+              "outputs": [], "source": src.format(repo=str(REPO))}
+             for i, src in enumerate(FIT_CELLS)]
+    nb = tmp_path / "fit.ipynb"
+    nb.write_text(json.dumps({"cells": cells, "nbformat": 4, "nbformat_minor": 5, "metadata": {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
+    with browser() as b:
+        page, errors = _open_and_run_all(lab, b, "fit", src=nb, min_cells=4)
+        _assert_no_error_outputs(page)
+        panel = page.locator(".jl-stepper").first
+        panel.wait_for(timeout=60_000)
+        plot = page.locator(".jl-plot").first
+        plot.wait_for(timeout=60_000)
+        for width, height in ((1280, 800), (1024, 768), (1280, 800)):
+            page.set_viewport_size({"width": width, "height": height})
+            page.wait_for_timeout(800)  # JupyterLab lays out again
+            panel.scroll_into_view_if_needed()
+            save_screenshot(page, tmp_path, f"stepper_panel_{width}")
+            assert panel.locator("button", has_text="Step over module").is_visible()
+            assert panel.evaluate(CLIPPED) == [], width
+            plot.evaluate("el => el.scrollIntoView({block: 'center'})")
+            save_screenshot(page, tmp_path, f"memory_plot_{width}")
+            boxes = plot.evaluate(PLOT_BOXES)
+            assert len(boxes["peak"]) == 1 and len(boxes["legend"]) >= 3, boxes
+            peak, svg = boxes["peak"][0], boxes["svg"]
+            assert svg[0] <= peak[0] and peak[2] <= svg[2], (width, boxes)  # not cut
+            for other in boxes["legend"] + boxes["other"]:
+                assert not _overlap(peak, other), (width, peak, other)
+    assert errors.errors == [], errors.errors

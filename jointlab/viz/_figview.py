@@ -62,7 +62,7 @@ _HOVER_JS = r"""
 })();
 """
 
-_STYLE = (".jl-plot{position:relative;max-width:1100px}"
+_STYLE = (".jl-plot{position:relative;max-width:1000px}"
           ".jl-plot svg{width:100%;height:auto;display:block}"
           ".jl-plot .jl-tip{position:absolute;display:none;white-space:pre;pointer-events:none;"
           "background:#fff;border:1px solid #888;padding:4px 6px;font:12px system-ui,sans-serif;"
@@ -128,13 +128,13 @@ class PlotView:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.figure, name)
 
-    def svg(self, width: int = 960) -> str:
+    def svg(self, width: int = 760) -> str:
         """The figure as an SVG document (``jl.export_figure``'s drawing)."""
         return _svgplot.figure_svg(self, width=width)
 
     def html(self) -> str:
         """The figure as an HTML fragment: scaled SVG, bar tooltips, a hover read-out of lines."""
-        svg = self.svg()
+        svg = self.svg()  # 760 wide, scaled to the cell: readable from 600 px up
         hover = _hover_rows(self.figure_dict(), self._hover)
         box = f"jl-plot-{uuid.uuid4().hex[:10]}"
         if hover is None:

@@ -29,8 +29,8 @@ from jointlab.errors import ExportError
 FONT = "DejaVu Sans, Verdana, Arial, sans-serif"
 PAD_L, PAD_R, PAD_T = 80.0, 30.0, 50.0
 _DASH = {"dot": "2 3", "dash": "6 4", "dashdot": "6 3 2 3"}
-#: Width of one character of 11 px text, as an estimate for label boxes and the legend.
-CHAR_W = 6.8
+#: Width of one character of 12 px text, as an estimate for label boxes and the legend.
+CHAR_W = 7.4
 _FIELD = re.compile(r"%\{(customdata\[(\d+)\]|x|y|base)(?::([^}]*))?\}")
 
 
@@ -225,7 +225,7 @@ def _trace_svg(tr: dict[str, Any], k: int, f: Frame, stacks: dict, cats: list[st
         for a, b, t in zip(x, y, texts):
             anchor = "end" if a > f.left + 0.7 * f.w else "start" if a < f.left + 0.3 * f.w \
                 else "middle"
-            out.append(f'<text class="point-label" x="{a:.1f}" y="{b - 9:.1f}" font-size="11" '
+            out.append(f'<text class="point-label" x="{a:.1f}" y="{b - 9:.1f}" font-size="12" '
                        f'text-anchor="{anchor}">{_text(t)}</text>')
     return out
 
@@ -235,7 +235,7 @@ def _axes(f: Frame, cats: list[str], labels: list[str], xtitle: str, ytitle: str
            f'fill="none" stroke="#999" data-x0="{f.x0}" data-x1="{f.x1}"/>']
     for t in _ticks(f.x0, f.x1):
         x = float(f.px(t))
-        out.append(f'<text x="{x:.1f}" y="{f.top + f.h + 16:.1f}" font-size="11" '
+        out.append(f'<text x="{x:.1f}" y="{f.top + f.h + 16:.1f}" font-size="12" '
                    f'text-anchor="middle">{_fmt(t)}</text>')
     ylabels = list(enumerate(labels)) if cats else [(t, _fmt(t)) for t in _ticks(f.y0, f.y1)]
     for t, label in ylabels:
@@ -243,12 +243,12 @@ def _axes(f: Frame, cats: list[str], labels: list[str], xtitle: str, ytitle: str
         out.append(f'<line x1="{f.left}" x2="{f.left + f.w}" y1="{y:.1f}" y2="{y:.1f}" '
                    'stroke="#eee"/>')
         out.append(f'<text class="ytick" x="{f.left - 6:.1f}" y="{y + 3.5:.1f}" '
-                   f'font-size="11" text-anchor="end">{_text(label)}</text>')
-    out.append(f'<text x="{f.left + f.w / 2:.1f}" y="{f.top + f.h + 34:.1f}" font-size="12" '
+                   f'font-size="12" text-anchor="end">{_text(label)}</text>')
+    out.append(f'<text x="{f.left + f.w / 2:.1f}" y="{f.top + f.h + 34:.1f}" font-size="13" '
                f'text-anchor="middle">{_text(xtitle)}</text>')
     if ytitle:
         cy = f.top + f.h / 2
-        out.append(f'<text x="16" y="{cy:.1f}" font-size="12" text-anchor="middle" '
+        out.append(f'<text x="16" y="{cy:.1f}" font-size="13" text-anchor="middle" '
                    f'transform="rotate(-90 16 {cy:.1f})">{_text(ytitle)}</text>')
     return out
 
@@ -272,14 +272,14 @@ def _annotation_svg(a: dict[str, Any], f: Frame) -> str:
     x = float(f.px(a["x"]))
     if a.get("yref") in ("y", None) and a.get("y") is not None:
         return _point_label(a, x, float(f.py(a["y"])), f)
-    return (f'<text class="annotation" x="{x:.1f}" y="{f.top - 6:.1f}" font-size="11" '
+    return (f'<text class="annotation" x="{x:.1f}" y="{f.top - 6:.1f}" font-size="12" '
             f'text-anchor="middle" fill="#555">{_text(a["text"])}</text>')
 
 
 def _point_label(a: dict[str, Any], x: float, y: float, f: Frame) -> str:
     """The label in a white box at (ax, ay) from its point, on its ``xanchor`` side, in the plot."""
     raw = html.unescape(str(a["text"]))
-    w, h = CHAR_W * len(raw) + 8, 18.0
+    w, h = CHAR_W * len(raw) + 8, 20.0
     ax, ay = float(a.get("ax", 0) or 0), float(a.get("ay", -12) or -12)
     side = a.get("xanchor") or "center"
     bx = x + ax - (0 if side == "left" else w if side == "right" else w / 2)
@@ -288,7 +288,7 @@ def _point_label(a: dict[str, Any], x: float, y: float, f: Frame) -> str:
     return (f'<g class="peak-label"><line x1="{x:.1f}" y1="{y:.1f}" x2="{bx + w / 2:.1f}" '
             f'y2="{by + h:.1f}" stroke="#888"/><rect x="{bx:.1f}" y="{by:.1f}" width="{w:.1f}" '
             f'height="{h:.0f}" fill="white" stroke="#888"/><text class="point-label" '
-            f'x="{bx + 4:.1f}" y="{by + 13:.1f}" font-size="11">{escape(raw)}</text></g>')
+            f'x="{bx + 4:.1f}" y="{by + 14.5:.1f}" font-size="12">{escape(raw)}</text></g>')
 
 
 def _legend(traces: list[dict[str, Any]], y: float, width: float) -> list[str]:
@@ -302,9 +302,17 @@ def _legend(traces: list[dict[str, Any]], y: float, width: float) -> list[str]:
             x, y = PAD_L, y + 18
         out.append(f'<g class="legend-item"><rect x="{x:.1f}" y="{y - 9:.1f}" width="14" '
                    f'height="10" fill="{_color(tr)}"/><text class="legend" x="{x + 19:.1f}" '
-                   f'y="{y:.1f}" font-size="11">{escape(name)}</text></g>')
+                   f'y="{y:.1f}" font-size="12">{escape(name)}</text></g>')
         x += step
     return out
+
+
+def _title_lines(head: str, width: float) -> list[str]:
+    """The title on one line, or split after its first clause when too wide for ``width``."""
+    if 8.6 * len(head) <= width - PAD_L - PAD_R or " — " not in head:
+        return [head]
+    first, rest = head.split(" — ", 1)
+    return [first, rest]
 
 
 def figure_svg(fig: Any, *, title: str | None = None, width: int = 960) -> str:
@@ -335,13 +343,16 @@ def figure_svg(fig: Any, *, title: str | None = None, width: int = 960) -> str:
     height = float(layout.get("height") or 460)
     longest = max((len(html.unescape(str(s))) for s in labels), default=0)
     left = PAD_L + (CHAR_W * longest if cats else 0)
-    f = Frame(xr, yr, (left, PAD_T, width - left - PAD_R, height - PAD_T - 110))
     head = title if title is not None else str(get_path(layout, "title", "text", default=""))
+    heads = _title_lines(html.unescape(head), width)
+    top = PAD_T + 18 * (len(heads) - 1)
+    f = Frame(xr, yr, (left, top, width - left - PAD_R, height - top - 110))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height:.0f}" '
              f'viewBox="0 0 {width} {height:.0f}" font-family="{FONT}">',
-             f'<rect width="{width}" height="{height:.0f}" fill="white"/>',
-             f'<text class="title" x="{PAD_L}" y="28" font-size="14" font-weight="bold">'
-             f"{_text(head)}</text>"]
+             f'<rect width="{width}" height="{height:.0f}" fill="white"/>']
+    parts += [f'<text class="title" x="{PAD_L}" y="{26 + 18 * k}" font-size="{15 - k}" '
+              f'font-weight="{"bold" if k == 0 else "normal"}">{escape(line)}</text>'
+              for k, line in enumerate(heads)]
     parts += _axes(f, cats, labels, str(get_path(layout, "xaxis", "title", "text", default="")),
                    str(get_path(layout, "yaxis", "title", "text", default="")))
     for k, tr in enumerate(traces):

@@ -155,6 +155,16 @@ class BreakpointChips:
         self.on_change()
 
 
+def _field() -> W.Layout:
+    """A text box's layout: it fills its row's room, never under 180 px."""
+    return W.Layout(flex="1 1 240px", min_width="180px", width="auto")
+
+
+def _row(children: list[W.Widget]) -> W.HBox:
+    """A row of controls that wraps when the notebook is narrow (no control is cut)."""
+    return W.HBox(children, layout=W.Layout(flex_flow="row wrap", align_items="center"))
+
+
 class StepperPanel:
     """The widgets of the panel and the handlers that drive the stepper from them."""
 
@@ -176,11 +186,12 @@ class StepperPanel:
         self.inspector = W.HTML(**html_box)
         self.compare_box = W.HTML(compare_card(comparison) if comparison is not None else "",
                                   **html_box)
-        self.position = W.Label(self.position_text())
+        self.position = W.Label(self.position_text(), layout=W.Layout(flex="0 0 auto"))
         self.bp_kind = W.Dropdown(options=["node", "module", "op", "non-finite"],
-                                  value="module", description="break on")
-        self.bp_text = W.Text(placeholder="node name / module prefix / op")
-        self.inspect_name = W.Text(placeholder="node name to inspect")
+                                  value="module", description="break on",
+                                  layout=W.Layout(width="220px", flex="0 0 auto"))
+        self.bp_text = W.Text(placeholder="node name / module prefix / op", layout=_field())
+        self.inspect_name = W.Text(placeholder="node name to inspect", layout=_field())
         self.chips = BreakpointChips(stepper, lambda: self.refresh())
         self.buttons = {key: self._button(text, action) for key, text, action in (
             ("step", "Step", self.do_step), ("over", "Step over module", self.do_over),
@@ -191,8 +202,9 @@ class StepperPanel:
             ("compare", "Compare with eager", self.do_compare))}
 
     def _button(self, text: str, action: Callable[[], Any]) -> W.Button:
-        auto = W.Layout(width="auto") if len(text) > 10 else W.Layout()
-        button = W.Button(description=text, layout=auto)
+        # as wide as its text and never shrunk by its row (a row too narrow wraps instead)
+        button = W.Button(description=text, layout=W.Layout(width="auto", flex="0 0 auto",
+                                                            min_width="72px"))
         button.on_click(self.guarded(action))
         return button
 
@@ -200,10 +212,10 @@ class StepperPanel:
         """The panel: controls, the current node, breakpoints, inspector, comparison, DAG."""
         b = self.buttons
         return W.VBox(_dom_classes=("jl-stepper",), children=[
-            W.HBox([b["step"], b["over"], b["continue"], b["reset"], self.position]),
+            _row([b["step"], b["over"], b["continue"], b["reset"], self.position]),
             self.message, self.current,
-            W.HBox([self.bp_kind, self.bp_text, b["add"], b["clear"]]), self.chips.box,
-            W.HBox([self.inspect_name, b["inspect"]]), self.inspector,
+            _row([self.bp_kind, self.bp_text, b["add"], b["clear"]]), self.chips.box,
+            _row([self.inspect_name, b["inspect"]]), self.inspector,
             b["compare"], self.compare_box, self.style,
             *([self.cursor] if self.cursor is not None else []),
         ])
