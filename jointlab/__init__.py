@@ -58,6 +58,7 @@ _LAZY = {
     "fsdp_memory_check": "jointlab.analysis.memory.fsdp_check",
     "trace_ranks": "jointlab.tracing",
     "gather_ranks": "jointlab.graph",
+    "rank_table": "jointlab.analysis.rank_table",
     "RankGraphs": "jointlab.runtime.rank_view",
     "diff": "jointlab.analysis.diff",
     "GraphDiff": "jointlab.analysis.diff",

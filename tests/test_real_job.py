@@ -110,6 +110,13 @@ def test_each_ranks_gathered_graph_is_the_fake_worlds_graph_of_that_rank(job, ki
         # Each process's own run of its graph was its own eager step, bitwise.
         assert report["ranks"][rank]["run_matches_eager"] is True
         assert report["ranks"][rank]["collectives"] == len(collectives(want))
+    # Rank 0's side-by-side table of the gathered graphs says what each rank's own graph
+    # said in its own process, and what the fake world's table says.
+    table, fake_table = report["table"], jl.rank_table(fake)
+    for rank in range(WORLD):
+        mine, row = report["ranks"][rank], table[str(rank)]
+        for col in ("collectives", "comm_bytes", "peak_bytes"):
+            assert row[col] == mine[col] == fake_table.loc[rank, col], (kind, rank, col)
     if kind == "uneven":  # 3 rows over 2 ranks: the two graphs differ, and the diff shows it
         assert len(jl.diff(real[0], real[1]).table) > 0
 

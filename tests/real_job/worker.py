@@ -3,6 +3,7 @@
 Run by torch's launcher (``python -m torch.distributed.run --nproc-per-node N
 tests/real_job/worker.py OUT``). Rank 0 saves each rank's gathered graph as
 ``OUT/<kind>_rank<r>.jlg`` and writes ``OUT/<kind>.json``: the gathered classes,
+``jl.rank_table`` of the gathered graphs,
 what every other rank got back (None), and per rank the trace time, one gloo eager
 step's time, the collectives and the predicted peak of its own graph.
 """
@@ -62,7 +63,9 @@ def main(out: str) -> None:
         with open(os.path.join(out, f"{kind}.json"), "w") as f:
             json.dump({"classes": [list(c) for c in gathered.classes],
                        "world_size": gathered.world_size,
-                       "type": type(gathered).__name__, "ranks": figures}, f)
+                       "type": type(gathered).__name__, "ranks": figures,
+                       "table": jl.rank_table(gathered).drop(columns="shared_with")
+                       .to_dict(orient="index")}, f)
     dist.barrier()
     dist.destroy_process_group()
 
