@@ -174,12 +174,13 @@ def _module_pixels(page, joint) -> dict[str, str]:
     import jointlab as jl
 
     page.evaluate(f"() => {{ const v = {VIEW}; v.hits = new Set(); v.hitList = [];"
-                  " v.current = -1; v.render(); }")  # no rings over the sampled centres
+                  " v.current = -1; v.showLabels = false; v.render(); }")  # nothing on the centres
     out: dict[str, Counter] = {}
     for n in joint.graph.nodes:
         c = _pixel(page, n.name)
         if c:
             out.setdefault(jl.meta.module(n), Counter())[c] += 1
+    page.evaluate(f"() => {{ const v = {VIEW}; v.showLabels = true; v.render(); }}")
     return {m: c.most_common(1)[0][0] for m, c in out.items()
             if c.most_common(1)[0][1] * 2 > sum(c.values())}
 
@@ -257,7 +258,8 @@ def test_opens_labelled_and_a_group_popup_closes_when_the_view_changes(gpt2_join
         on = _on_screen_nodes(page)
         # the view opens at a zoom where nodes are labelled: most nodes on screen carry one
         assert s["visibleNodes"] == len(gpt2_joint.graph.nodes) and on >= 40
-        assert s["k"] * 3 >= 44 and s["labelCount"] >= 0.6 * on, (s["labelCount"], on)
+        # (12 px a row: FIRST_K in static/dag_common.js; labels are placed by room, not zoom)
+        assert s["k"] >= 12 and s["labelCount"] >= 0.6 * on, (s["k"], s["labelCount"], on)
         popup = page.locator(".jl-detail")
 
         def open_popup():

@@ -49,6 +49,7 @@ nodes        per node i, in graph order:
   cat          -> tables.cat: cost category
   src          -> tables.source: user source line
   twin         index of the forward twin of a backward node, else -1
+  tier         label priority (:func:`label_tiers`): 0 key ops first, 3 plumbing last
   flops, bytes int
   saved        indices of the nodes saved for backward (sparse)
   recompute    indices of the nodes recomputed by checkpointing (sparse)
@@ -91,6 +92,47 @@ def node_label(node: Any, m: dict[str, Any], ops: dict[Any, str] | None = None) 
     if key not in ops:
         ops[key] = _meta.op_name(node)
     return ops[key]
+
+
+#: Categories whose ops are what a reader looks for first (labelled before anything else).
+KEY_CATEGORIES = frozenset({"matmul", "conv", "norm", "collective"})
+_KEY_WORDS = ("loss", "softmax", "attention", "embedding")
+
+
+def _is_key_op(label: str, category: str) -> bool:
+    return category in KEY_CATEGORIES or any(w in label for w in _KEY_WORDS)
+
+
+def label_tiers(nodes: list[Any], infos: list[dict[str, Any]], labels: list[str]) -> list[int]:
+    """Per node its label priority: where labels compete for room, lower tiers win.
+
+    0: key ops (:data:`KEY_CATEGORIES`, losses, softmax, attention, embeddings);
+    1: placeholders and the graph's output; 2: other computing ops; 3: plumbing: views,
+    and ops that read no placeholder (constants such as an attention mask built from
+    ``arange``/``full``).
+
+    Args:
+        nodes: The graph's nodes, in order.
+        infos: Their :func:`jointlab.meta.info` dicts.
+        labels: Their labels (:func:`node_label`).
+
+    Returns:
+        One tier per node.
+    """
+    index = {n: i for i, n in enumerate(nodes)}
+    const = [False] * len(nodes)
+    out = []
+    for i, (n, m, lab) in enumerate(zip(nodes, infos, labels)):
+        ins = n.all_input_nodes
+        const[i] = n.op == "call_function" and all(const[index[a]] for a in ins)
+        cat = str(m.get("category", ""))
+        if n.op in ("placeholder", "output"):
+            out.append(1)
+        elif const[i] or cat == "view" or lab in ("detach", "alias"):
+            out.append(3)
+        else:
+            out.append(0 if _is_key_op(lab, cat) else 2)
+    return out
 
 
 def title_text(joint: Any) -> str:
@@ -161,6 +203,7 @@ def _node_arrays(nodes: list[Any], infos: list[dict[str, Any]], t: dict[str, _Ta
         if more:
             extra[str(i)] = more
     cols["extra"], cols["saved"], cols["recompute"] = extra, saved, recompute
+    cols["tier"] = label_tiers(nodes, infos, [t["label"].items[k] for k in cols["label"]])
     return cols
 
 

@@ -3,7 +3,11 @@
 // the order of its JS_PARTS inside one function scope (one inline script, nothing fetched);
 // the payload every part reads is described in one place: PAYLOAD_SCHEMA in dagview.py.
   const XS = 3.0;          // a column is this many rows wide (room for labels)
-  const LABEL_MIN_PX = 44; // a column must be this wide on screen before node labels show
+  const LABEL_MIN_PX = 44; // a column this wide on screen shows node shapes too (with 1.6x)
+  const LABEL_ROW_PX = 10; // rows this tall on screen (px per row) before node labels show
+  const FIRST_K = 12;      // the first view's least zoom (px per row): deeper module levels
+                           // are closed until the graph fits at this zoom, labels drawn
+  const MINI_RESERVE = 66; // px at the canvas' bottom a fitted view leaves to the mini view
   const MAX_LABELS = 2500; // labels drawn per frame at most
   const MAX_PINNED = 400;  // whole labels drawn per frame on hits, the ringed node and twins
   const READ_K = 20;       // the zoom (px per row) a search hit or the stepper's node is shown at:
@@ -21,7 +25,7 @@
 .jl-dag canvas.jl-mini{position:absolute;right:6px;bottom:6px;border:1px solid #bbb;background:rgba(255,255,255,.9);cursor:pointer}
 .jl-dag .jl-detail{position:absolute;right:6px;top:6px;width:330px;max-height:70%;overflow:auto;background:#fff;border:1px solid #bbb;border-radius:4px;padding:6px;display:none;box-shadow:0 2px 6px rgba(0,0,0,.15)}
 .jl-dag .jl-detail table{border-collapse:collapse;width:100%}
-.jl-dag .jl-detail td{padding:1px 4px;vertical-align:top;border-bottom:1px solid #f0f0f0;word-break:break-all}
+.jl-dag .jl-detail td{padding:1px 4px;vertical-align:top;border-bottom:1px solid #f0f0f0;overflow-wrap:break-word}
 .jl-dag .jl-detail td:first-child{color:#666;white-space:nowrap;word-break:normal}
 .jl-dag .jl-link{color:#0645ad;cursor:pointer;text-decoration:underline;margin-right:6px}
 .jl-dag .jl-legend{padding:2px 6px;border-top:1px solid #eee;min-height:18px;flex:none;max-height:25%;overflow-y:auto}
@@ -58,6 +62,22 @@
     let n = Math.floor(s.length * maxw / w);
     while (n >= 3 && textWidth(ctx, cut(n)) > maxw) n--;
     return n >= 3 ? cut(n) : "";
+  }
+  // `s` whole when it fits `maxw` pixels; a dotted name (a module path, a parameter's FQN)
+  // else cut in the middle, its head and its last parts kept whole ("transformer.…h.0.attn",
+  // "fc1.…weight"); anything else (an op name) is never cut: "". Never squeezed.
+  function elide(ctx, s, maxw) {
+    if (textWidth(ctx, s) <= maxw) return s;
+    const parts = s.split(".");
+    if (parts.length < 2) return "";
+    for (let keep = Math.min(2, parts.length - 1); keep >= 1; keep--) {
+      const tail = "…" + parts.slice(parts.length - keep).join(".");
+      for (let n = s.length - tail.length; n >= 2; n--) {
+        const c = s.slice(0, n) + tail;
+        if (c.length < s.length && textWidth(ctx, c) <= maxw) return c;
+      }
+    }
+    return "";
   }
   // Text with a white halo, readable over edges and outlines.
   function haloText(ctx, s, x, y, color) {

@@ -19,6 +19,10 @@
       const [, zy] = this.toScreen(0, 0); ctx.strokeStyle = "rgba(0,0,0,.15)"; ctx.setLineDash([4, 4]);
       ctx.beginPath(); ctx.moveTo(0, zy); ctx.lineTo(W, zy); ctx.stroke(); ctx.setLineDash([]);
       this._occ = new Occupancy();  // text drawn so far this frame
+      // the mini view shows only while part of the graph is out of view; no label goes under it
+      const mini = this.miniShown = !this.allInView(W, H);
+      this.mini.style.display = mini ? "" : "none";
+      if (mini) this._occ.take(W - this.mini.width - 8, H - this.mini.height - 8, W, H);
       ctx.font = FONT;
       const pinned = this._placePinned(ctx, W, H);  // first claim: hits, the ringed node and twins
       const titles = this._drawTitles(ctx, W, H);
@@ -44,20 +48,38 @@
         if (z < 0 || a > W || u < 0 || t > H || z - a < 24) continue;
         const gid = key >> 1;
         ctx.strokeStyle = this.groupColor(gid); ctx.globalAlpha = 0.5; ctx.strokeRect(a, t, z - a, u - t); ctx.globalAlpha = 1;
-        const sfx = (key & 1 ? " (bwd)" : "") + " ▾";
+        const sfx = (key & 1 ? " (bwd)" : "") + " ▾", name = this.groupTitle(gid);
         // the title sits at the outline's top left (kept on screen), one line lower if an
-        // outer group's title is there already
-        const ax = Math.max(a, 0) + 2, cut = fitText(ctx, this.P.groups.name[gid] || "", z - ax - 2 - textWidth(ctx, sfx), true);
-        if (!cut) continue;  // the module name is cut (tail kept), never the suffix
-        const txt = cut + sfx, w = textWidth(ctx, txt);
-        for (const ty of [Math.max(t, 0), Math.max(t, 0) + 13]) {
-          if (ty + 13 > u || !this._occ.place(ax, ty, ax + w, ty + 13)) continue;
-          texts.push([txt, ax, ty + 11]);
-          this.titles.push([gid, ax - 2, ty, ax + w + 2, ty + 13, key & 1]);
-          break;
+        // outer group's title is there already; whole where nothing else is drawn (it may run
+        // past a narrow outline), else cut in the middle to the outline's width
+        const ax = Math.max(a, 0) + 2, whole = name + sfx;
+        const cands = [whole, elide(ctx, name, z - ax - 2 - textWidth(ctx, sfx)) + sfx];
+        let placed = false;
+        for (const txt of cands) {
+          if (placed || txt === sfx) continue;
+          const w = textWidth(ctx, txt);
+          if (ax + w > W) continue;
+          for (const ty of [Math.max(t, 0), Math.max(t, 0) + 13]) {
+            if (ty + 13 > u || !this._occ.place(ax - 2, ty, ax + w + 2, ty + 13)) continue;
+            texts.push([txt, ax, ty + 11]);
+            this.titles.push([gid, ax - 2, ty, ax + w + 2, ty + 13, key & 1, txt]);
+            placed = true;
+            break;
+          }
         }
       }
       return texts;
+    }
+    // A group's name as drawn inside its parent's outline: relative to the parent
+    // ("self_attention" inside "transformer.h.0"; a list index keeps its list: "h.0").
+    groupTitle(gid) {
+      const G = this.P.groups, name = G.name[gid] || "(root)", p = this.parent[gid], pn = p > 0 ? G.name[p] : "";
+      if (!pn || !name.startsWith(pn + ".")) return name;
+      // a list index keeps the names above it up to the first that is not one ("down.0.1.0")
+      const parts = name.split(".");
+      let k = pn.split(".").length;
+      while (k > 0 && /^\d+$/.test(parts[k])) k--;
+      return parts.slice(k).join(".");
     }
     // Pinned nodes: the current hit, the selected (ringed) node and its twins, then the other
     // hits. Each open one on screen gets its whole label, never cut, kept inside the canvas,
@@ -155,7 +177,7 @@
         ctx.strokeStyle = col; ctx.lineWidth = 1.2; ctx.strokeRect(a, t, z - a, u - t);
         if (this.hitBoxes && this.hitBoxes.has(b)) { ctx.strokeStyle = "#111"; ctx.lineWidth = 3; ctx.strokeRect(a - 2, t - 2, z - a + 4, u - t + 4); }
         if (z - a < 34 || u - t < 14) continue;
-        const name = G.name[gid] || "(root)", sfx = band ? "_b" : "_f";
+        const name = this.groupTitle(gid), sfx = band ? "_b" : "_f";
         const lines = [name, `${G["count" + sfx][gid]} nodes ${band ? "bwd" : "fwd"}`,
           `${human(G["flops" + sfx][gid], "FLOP")} · ${humanBytes(G["bytes" + sfx][gid])}`];
         const cx = Math.max(a, 0) + 3, maxw = z - Math.max(a, 0) - 6;
@@ -163,10 +185,10 @@
         ctx.fillStyle = "#111";
         for (const [k, s] of lines.entries()) {
           if (yy > u - 2) break;
-          const txt = fitText(ctx, s, maxw, k === 0);
+          const txt = k === 0 ? elide(ctx, s, maxw) : fitText(ctx, s, maxw);
           if (!txt || !this._occ.place(cx, yy - 11, cx + textWidth(ctx, txt), yy + 2)) break;
           ctx.fillText(txt, cx, yy); yy += 13; ctx.fillStyle = "#444";
-          if (k === 0) this.boxLabels.push(name);
+          if (k === 0) this.boxLabels.push(txt);
         }
       }
     }
@@ -184,9 +206,16 @@
       }
       return this._colorIdx;
     }
+    _labelOrder() {  // node indices by label priority: tier (payload), then FLOPs, then graph order
+      if (!this._prio) {
+        const n = this.P.nodes, tier = n.tier || [], key = this._prio = new Float64Array(this.N);
+        for (let i = 0; i < this.N; i++) key[i] = (tier[i] ?? 2) * 1e30 - (n.flops[i] || 0);
+      }
+      return this._prio;
+    }
     _drawNodes(ctx, W, H, on) {
       const r = this._radius(), n = this.P.nodes, T = this.P.tables, colPx = this.k * XS;
-      const labels = colPx >= LABEL_MIN_PX, shapes = colPx >= LABEL_MIN_PX * 1.6;
+      const rowPx = this.k * this.ay, labels = rowPx >= LABEL_ROW_PX && this.showLabels !== false, shapes = colPx >= LABEL_MIN_PX * 1.6;
       const drawn = [];
       // level of detail: small squares are batched per colour, one per screen pixel
       const tiny = r < 2.5, px = tiny ? new Uint8Array(W * H) : null;
@@ -211,27 +240,51 @@
         for (let k = 0; k < l.length; k += 2) ctx.rect(l[k], l[k + 1], 2 * r, 2 * r);
         ctx.fill();
       }
-      // level of detail: op labels once rows and columns are far enough apart on screen, shapes
-      // once there is room for a second line; a label that would overlap drawn text is skipped
+      // level of detail: op labels once rows are far enough apart on screen, shapes once there
+      // is room for a second line. Labels are placed by priority (key ops first, plumbing
+      // last), each whole where it fits, else cut in the middle, above its node or else below;
+      // one that would overlap drawn text or a node is skipped, so no two ever collide.
       ctx.textAlign = "center"; ctx.font = FONT;
-      const occ = this._occ, rowPx = this.k * this.ay, shown = [];
-      const withShapes = shapes && rowPx >= 28;
-      const pin = new Set(this.pinnedNodes());
-      if (rowPx >= 14) for (const i of drawn) {
+      const occ = this._occ, shown = [], prio = this._labelOrder(), tier = n.tier || [];
+      const withShapes = shapes && rowPx >= 28, pin = new Set(this.pinnedNodes()), at = new Map();
+      // every node's disc is claimed before any label, per tier: a label never covers the
+      // disc of a node of its own tier or a lower one (a key op's, for every label), but a
+      // key op's label may run over a less important node's disc
+      const discs = [0, 1, 2, 3].map(() => new Occupancy()), tierOf = i => Math.min(3, Math.max(0, tier[i] ?? 2));
+      const clear = (t, x0, y0, x1, y1) => { for (let k = 0; k <= t; k++) if (!discs[k].free(x0, y0, x1, y1)) return false; return true; };
+      for (const i of drawn) {
+        const [sx, sy] = this.toScreen(this.x[i], this.y[i]);
+        at.set(i, [sx, sy]);
+        discs[tierOf(i)].take(sx - r, sy - r, sx + r, sy + r);
+      }
+      drawn.sort((a, b) => prio[a] - prio[b] || a - b);
+      const cap = Math.max(4 * colPx, 300), short = Math.max(2 * colPx, 72);
+      for (const i of drawn) {
         if (pin.has(i)) continue;  // labelled by _drawPinned
-        const [sx, sy] = this.toScreen(this.x[i], this.y[i]), full = T.label[n.label[i]];
-        let lab = "";  // the whole label where there is room (up to two columns), else cut to one
-        for (const cand of [fitText(ctx, full, 2 * colPx - 6), fitText(ctx, full, colPx - 6)]) {
+        const [sx, sy] = at.get(i), full = T.label[n.label[i]];
+        let lab = "", rect = null;
+        for (const cand of new Set([elide(ctx, full, cap), elide(ctx, full, short)])) {
+          if (!cand) continue;
           const w = textWidth(ctx, cand) / 2;
-          if (cand && occ.place(sx - w, sy - r - 13, sx + w, sy - r - 1)) { lab = cand; break; }
+          // above, below, right of, left of the node; whole on the canvas, or not at all
+          const up = sy - r - 13, down = sy + r + 1, o = w - r - 2;  // o: shifted to one side, still over the node
+          const right = sx + r + 3 + w, left = sx - r - 3 - w;
+          for (const [cx, top] of [[sx, up], [sx, down], [right, sy - 6], [left, sy - 6], [sx + o, up], [sx - o, up],
+            [sx + o, down], [sx - o, down], [right, sy - 2], [left, sy - 2], [right, sy - 10], [left, sy - 10]]) {
+            if (cx - w < 0 || cx + w > W || top < 0 || top + 12 > H) continue;
+            if (!clear(tierOf(i), cx - w, top, cx + w, top + 12)) continue;
+            if (occ.place(cx - w, top, cx + w, top + 12)) { lab = cand; rect = [cx - w, top, cx + w, top + 12]; break; }
+          }
+          if (lab) break;
         }
         if (!lab) continue;
-        haloText(ctx, lab, sx, sy - r - 3, "#111"); shown.push(i);
-        const sh = withShapes ? fitText(ctx, T.shape[n.shape[i]], colPx - 6) : "", ws = sh ? textWidth(ctx, sh) / 2 : 0;
+        haloText(ctx, lab, (rect[0] + rect[2]) / 2, rect[1] + 10, "#111"); shown.push({i, text: lab, rect});
+        const sh = withShapes && rect[3] < sy ? fitText(ctx, T.shape[n.shape[i]], colPx - 6) : "", ws = sh ? textWidth(ctx, sh) / 2 : 0;
         if (sh && occ.place(sx - ws, sy + r + 1, sx + ws, sy + r + 13)) haloText(ctx, sh, sx, sy + r + 11, "#666");
       }
       ctx.textAlign = "start";
-      this.drawnLabels = shown.map(i => T.label[n.label[i]]);
+      this.drawnLabels = shown.map(l => l.text);
+      this.labelRects = shown.map(l => ({name: n.name[l.i], text: l.text, full: T.label[n.label[l.i]], rect: l.rect}));
       // rings: search hits, the selected node and its twins
       const ring = (i, colr, w) => { const it = this.itemOf[i]; if (it !== i) return; const [sx, sy] = this.toScreen(this.x[i], this.y[i]); if (!on(sx, sy, 20)) return; ctx.strokeStyle = colr; ctx.lineWidth = w; ctx.beginPath(); ctx.arc(sx, sy, r + 4, 0, 6.2832); ctx.stroke(); };
       this.hitBoxes = new Set();
@@ -253,8 +306,12 @@
       }
       ctx.drawImage(off, 0, 0);
     }
+    allInView(W, H) {  // every visible item and outline is on screen
+      const [x0, y0, x1, y1] = this.world, [a, t] = this.toScreen(x0, y1), [z, u] = this.toScreen(x1, y0);
+      return a >= -1 && t >= -1 && z <= W + 1 && u <= H + 1;
+    }
     _drawMiniView() {
-      if (!this.miniImg) return;
+      if (!this.miniImg || !this.miniShown) return;
       const m = this.mini, ctx = m.getContext("2d"), [x0, y0, x1, y1] = this.world;
       ctx.drawImage(this.miniImg, 0, 0);
       const W = this.canvas.clientWidth, H = this.canvas.clientHeight;
@@ -269,6 +326,7 @@
               canvas: [this.canvas.clientWidth, this.canvas.clientHeight], visibleNodes: this.visNodes.length, visibleBoxes: this.visBoxes.length,
               labels: this.drawnLabels.slice(0, 50), labelCount: this.drawnLabels.length,
               boxLabels: (this.boxLabels || []).slice(0, 50), arrows: this.arrowCount,
+              labelRects: this.labelRects || [], miniShown: this.miniShown, titleTexts: (this.titles || []).map(t => ({text: t[6], rect: t.slice(1, 5)})),
               moduleColors: Object.fromEntries([...this.keyColor].map(([g, c]) => [this.P.groups.name[g], c])),
               hits: this.hits.size, frameMs: this.lastFrameMs, toggleMs: this.lastToggleMs,
               searchMs: this.lastSearchMs, layoutMs: this.lastLayoutMs};

@@ -4,6 +4,11 @@
     // -- DOM -----------------------------------------------------------------
     _dom() {
       const r = this.root;
+      // keys typed in the view stay in it: a notebook never sees them (Shift+Enter in the
+      // search box steps back, it does not run the cell). JupyterLab listens on the document
+      // in the bubble phase and skips elements marked data-lm-suppress-shortcuts.
+      r.setAttribute("data-lm-suppress-shortcuts", "true");
+      for (const t of ["keydown", "keypress", "keyup"]) r.addEventListener(t, e => e.stopPropagation());
       if (!document.getElementById("jl-dag-style")) { const s = el("style"); s.id = "jl-dag-style"; s.textContent = CSS; document.head.appendChild(s); }
       const bar = el("div", "jl-bar"); r.appendChild(bar);
       bar.appendChild(el("span", "jl-title", this.P.title));
@@ -67,17 +72,36 @@
       if (this.detailKind === "group" && this.detail.style.display !== "none") { this.detail.style.display = "none"; this.detailKind = ""; }
     }
     // -- view transform --------------------------------------------------------
-    fit(initial) {  // fit everything, or (first paint of a very long graph) its left part at readable size
+    // Fit everything; on the first paint of a long graph, its left part at a zoom where labels
+    // show (FIRST_K), the mini view's corner left free below it.
+    fit(initial) {
       const W = this.canvas.clientWidth || 800, H = this.canvas.clientHeight || 500;
       const [x0, y0, x1, y1] = this.world;  // the visible items' extent (layout())
-      let k = Math.min(W / (x1 - x0 + 4), H / (y1 - y0 + 3));
-      if (initial && k * XS < LABEL_MIN_PX) k = Math.min(H / (y1 - y0 + 3), LABEL_MIN_PX / XS * 1.05);
+      let k = Math.min(W / (x1 - x0 + 4), H / (y1 - y0 + 3)), Hc = H;
+      if (initial && k < FIRST_K) {
+        Hc = Math.max(H - MINI_RESERVE, H / 2);
+        k = Math.max(k, Math.min(Hc / (y1 - y0 + 3), FIRST_K));
+      }
       this.k = k;
       // a long, flat graph is stretched vertically so closed boxes stay tall enough to read
-      this.ay = Math.max(1, H * 0.85 / ((y1 - y0 + 3) * k));
-      this.vx = initial && k * (x1 - x0 + 4) > W ? x0 - 2 : (x0 + x1) / 2 - W / 2 / k;
-      this.vy = (y0 + y1) / 2 + H / 2 / (k * this.ay);
+      this.ay = Math.max(1, Hc * 0.85 / ((y1 - y0 + 3) * k));
+      this.vx = k * (x1 - x0 + 4) > W ? x0 - 2 : (x0 + x1) / 2 - W / 2 / k;
+      this.vy = (y0 + y1) / 2 + Hc / 2 / (k * this.ay);
       this._renderMini(); this.draw();
+    }
+    // The first view: the deepest open module level is closed while the graph is too tall
+    // to show at FIRST_K, so any model opens on labelled nodes and named boxes.
+    _closeToFit() {
+      const H = this.canvas.clientHeight;
+      while (H) {
+        const [, y0, , y1] = this.world;
+        if (H / (y1 - y0 + 3) >= FIRST_K) return;
+        let deep = 0;
+        for (let g = 1; g < this.G; g++) if (this.expanded[g]) deep = Math.max(deep, this.level[g]);
+        if (!deep) return;
+        for (let g = 1; g < this.G; g++) if (this.level[g] === deep) this.expanded[g] = 0;
+        this.update();
+      }
     }
     toScreen(x, y) { return [(x - this.vx) * this.k, (this.vy - y) * this.k * this.ay]; }
     toWorld(px, py) { return [px / this.k + this.vx, this.vy - py / (this.k * this.ay)]; }
@@ -244,6 +268,7 @@
       if (centre) { this.reveal(i); this.update(); const [x, y] = [this.x[i], this.y[i]]; this.zoomTo(x - 6, y - 2, x + 6, y + 2); }
       const P = this.P, n = P.nodes, T = P.tables, D = this.detail;
       D.textContent = ""; D.style.display = "block"; this.detailKind = "node";
+      D.style.left = D.style.top = D.style.right = "";
       const close = el("span", "jl-link", "✕"); close.style.float = "right"; close.onclick = () => { D.style.display = "none"; this.selected = -1; this.draw(); };
       D.appendChild(close);
       D.appendChild(el("b", "jl-detail-name", this.displayName(i)));
@@ -283,6 +308,37 @@
       }
       const b = el("button", "jl-btn", this.expanded[gid] ? "close group" : "open group");
       b.onclick = () => this.toggle(gid, !this.expanded[gid]); D.appendChild(b);
+      this._placeGroupPopup(gid);
+    }
+    // The group's popup never covers the group (its box, or its outlines and new children once
+    // opened): a corner of the canvas clear of it, else the view pans the group left of the
+    // popup; a group filling the canvas gets no popup (its title closes it).
+    _groupScreenRects(gid) {
+      const out = [];
+      for (const b of [0, 1]) {
+        const q = this.groupRect(gid, b);
+        if (!q) continue;
+        const [a, t] = this.toScreen(q[0], q[3]), [z, u] = this.toScreen(q[2], q[1]);
+        out.push([a, t, z, u]);
+      }
+      return out;
+    }
+    _placeGroupPopup(gid) {
+      const D = this.detail, W = this.canvas.clientWidth, H = this.canvas.clientHeight, m = 6;
+      D.style.left = D.style.top = D.style.right = "";
+      const w = D.offsetWidth, h = D.offsetHeight;
+      const spots = [[W - w - m, m], [m, m], [W - w - m, H - h - m], [m, H - h - m]];
+      const clearOf = rects => spots.find(([x, y]) => rects.every(([a, t, z, u]) => x + w <= a || x >= z || y + h <= t || y >= u));
+      let rects = this._groupScreenRects(gid), at = clearOf(rects);
+      if (!at && rects.length) {
+        const left = Math.min(...rects.map(r => r[0])), right = Math.max(...rects.map(r => r[2]));
+        if (right - left <= W - w - 3 * m) {
+          this.vx += (left - m) / this.k; this.draw();
+          rects = this._groupScreenRects(gid); at = clearOf(rects);
+        }
+      }
+      if (!at) { D.style.display = "none"; this.detailKind = ""; return; }
+      D.style.left = at[0] + "px"; D.style.top = at[1] + "px"; D.style.right = "auto";
     }
   }
   mixin(DagView, DagInteract);

@@ -24,7 +24,7 @@
       this.expanded[0] = 1;
       this.colorBy = P.color_by;
       this.hits = new Set(); this.hitList = []; this.hitAt = -1; this.current = -1; this.lastQuery = ""; this.selected = -1; this.selectedBox = -1;
-      this.drawnLabels = [];
+      this.drawnLabels = []; this.showLabels = true;  // false: discs only (tests read fills)
       const M = N + 2 * G;  // item ids: node i, or N + gid * 2 + band for a closed group's box
       this.ix = new Float64Array(M); this.iy = new Float64Array(M); this.slot = new Int32Array(M).fill(-1);
       this.vis = [];
@@ -33,7 +33,7 @@
       this._loc = new Int32Array(K).fill(-1); this._lay = new Int32Array(K);
       for (const a of ["_px", "_py", "_ax", "_ay", "_sw", "_sh"]) this[a] = new Float64Array(K);
       this._firstMembers(); this._subtrees(); this._adjacency(); this._dom();
-      this.update(); this.fit(true);
+      this.update(); this._closeToFit(); this.fit(true);
       if (P.hits && P.hits.length) this.setHits(P.hits);  // e.g. a diff view's changes
     }
     // -- geometry ------------------------------------------------------------

@@ -1,0 +1,270 @@
+"""First views of ``jl.dag_view`` on real models in headless Chromium, read from the page.
+
+Issue 43, items 2-5: the lesson MLP (notebook 05), tiny HF Falcon and GPT-J, a U-Net
+written here (conv/BN/ReLU, max-pool down, transposed-conv up, skip connections) and a
+tensor-parallel graph with collectives (``jl.fake_world``, as notebook 06) open with
+whole labels on their key ops, no two labels overlapping; a group's popup never covers
+what it opened; keys typed in the view never reach the page. Widths: the output area a
+JupyterLab window 1280 and 1024 px wide gives a cell (1150 and 894 px). Key ops are
+chosen here from the graph (category and op name), not from the renderer's priorities.
+Screenshots go to ``$JOINTLAB_DAG_SHOTS`` (default ``/tmp/dag_shots``).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.chromium import browser, chromium_path, open_dag_page
+from tests.util import NEEDS_DISTRIBUTED_TORCH
+
+pytestmark = pytest.mark.browser
+SHOTS = pathlib.Path(os.environ.get("JOINTLAB_DAG_SHOTS", "/tmp/dag_shots"))
+VIEW = "document.querySelector('.jl-dag').jlView"
+OUTPUT_WIDTH = {1280: 1150, 1024: 894}  # a notebook cell's output area at that window width
+KEY_CATEGORIES = {"matmul", "conv", "norm", "collective"}
+
+
+class LessonMLP(nn.Module):
+    """Notebook 05's network: x -> fc1 -> tanh -> fc2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _block(cin: int, cout: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """Two levels down (max-pool, conv/BN/ReLU), two up (transposed conv), skips by concat."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.inc = _block(3, c)
+        self.down = nn.ModuleList([nn.Sequential(nn.MaxPool2d(2), _block(c, 2 * c)),
+                                   nn.Sequential(nn.MaxPool2d(2), _block(2 * c, 4 * c))])
+        self.up = nn.ModuleList([nn.ConvTranspose2d(4 * c, 2 * c, 2, stride=2),
+                                 nn.ConvTranspose2d(2 * c, c, 2, stride=2)])
+        self.dec = nn.ModuleList([_block(4 * c, 2 * c), _block(2 * c, c)])
+        self.out = nn.Conv2d(c, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.inc(x)
+        x2 = self.down[0](x1)
+        y = self.dec[0](torch.cat([x2, self.up[0](self.down[1](x2))], 1))
+        return self.out(self.dec[1](torch.cat([x1, self.up[1](y)], 1)))
+
+
+def lesson_joint():
+    import jointlab as jl
+
+    torch.manual_seed(0)
+    return jl.trace(LessonMLP(), lambda m, x, y: F.mse_loss(m(x), y),
+                    {"x": torch.randn(5, 3), "y": torch.randn(5, 1)})
+
+
+def unet_joint():
+    import jointlab as jl
+
+    torch.manual_seed(0)
+    return jl.trace(UNet(), lambda m, x, y: F.cross_entropy(m(x), y),
+                    {"x": torch.randn(2, 3, 16, 16), "y": torch.randint(0, 2, (2, 16, 16))})
+
+
+def _hf_lm(model):
+    import jointlab as jl
+
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    return jl.trace(model, lambda m, input_ids, labels: m(
+        input_ids=input_ids, labels=labels, use_cache=False).loss,
+        {"input_ids": ids, "labels": ids})
+
+
+def falcon_joint():
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, hidden_dropout=0.0,
+                                    attention_dropout=0.0)
+    return _hf_lm(transformers.FalconForCausalLM(cfg).train())
+
+
+def gptj_joint():
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4,
+                                  n_positions=32, rotary_dim=4, bos_token_id=0,
+                                  eos_token_id=0)
+    return _hf_lm(transformers.GPTJForCausalLM(cfg).train())
+
+
+class _TPBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(32)
+        self.up, self.down = nn.Linear(32, 64, bias=False), nn.Linear(64, 32, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.silu(self.up(self.norm(x))))
+
+
+def collective_view():
+    """A 2-block MLP stack, tensor-parallel on a fake 2-rank world, coloured by collective."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    import jointlab as jl
+    from jointlab.analysis.distributed import collectives
+    from jointlab.viz.dagview import dag_view
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_TPBlock(), _TPBlock())
+    plan = {f"{i}.{n}": s for i in range(2) for n, s in (("up", ColwiseParallel()),
+                                                          ("down", RowwiseParallel()))}
+    with jl.fake_world(2, mesh={"tp": 2}) as world:
+        model = parallelize_module(model, world.mesh["tp"], plan)
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(1))
+        joint = jl.trace(model, lambda m, x: m(x).pow(2).mean(), {"x": x})
+    table = collectives(joint)
+    assert len(table) >= 4
+    labels = {r.node: f"{r.op} · {r.mesh_dim} · {r.phase}" for r in table.itertuples()}
+    return joint, dag_view(joint, layers={"collective": labels}, color_by="collective")
+
+
+def key_ops(joint) -> dict[str, str]:
+    """The ops a reader looks for, by name: matmuls, convolutions, norms, collectives, losses."""
+    import jointlab as jl
+    from jointlab.viz.dagview import node_label
+
+    out = {}
+    for n in joint.graph.nodes:
+        m = jl.meta.info(n)
+        label = node_label(n, m)
+        if n.op == "call_function" and (m.get("category") in KEY_CATEGORIES or "loss" in label):
+            out[n.name] = label
+    return out
+
+
+def full_labels(joint) -> dict[str, str]:
+    import jointlab as jl
+    from jointlab.viz.dagview import node_label
+
+    return {n.name: node_label(n, jl.meta.info(n)) for n in joint.graph.nodes}
+
+
+# What the page drew: every node label, pinned label and group title with its screen rect,
+# each labelled node's disc, and the mini view's rect while it shows.
+DRAWN = f"""() => {{ const v = {VIEW}, s = v.state(), r = v._radius();
+    const disc = {{}};
+    for (const i of v.visNodes) {{ const [x, y] = v.toScreen(v.x[i], v.y[i]);
+        disc[v.P.nodes.name[i]] = [x, y]; }}
+    const m = v.mini, W = v.canvas.clientWidth, H = v.canvas.clientHeight;
+    return {{s, disc, r, W, H, mini: s.miniShown ? [W - m.width - 8, H - m.height - 8, W, H] : null,
+             rects: [...s.labelRects.map(l => [l.text, l.rect]),
+                     ...s.pinned.map(p => [p.text, p.rect]),
+                     ...s.titleTexts.map(t => [t.text, t.rect])]}}; }}"""
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] - 0.5 and b[0] < a[2] - 0.5 and a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5
+
+
+def assert_labels_whole_and_apart(d: dict, labels: dict[str, str], what: str) -> None:
+    """Each node label is its node's whole label (or a dotted name cut in the middle, its last
+    part kept), sits on its node, lies inside the canvas; no two drawn texts overlap."""
+    for lab in d["s"]["labelRects"]:
+        full, text, (x0, y0, x1, y1) = labels[lab["name"]], lab["text"], lab["rect"]
+        assert lab["full"] == full, (what, lab)
+        if text != full:  # elided: a dotted name, head and last part kept
+            last = full.rsplit(".", 1)[-1]
+            assert "." in full and "…" in text and text.endswith(last), (what, text, full)
+            head = text.split("…")[0]
+            assert full.startswith(head) and len(text) < len(full), (what, text, full)
+        sx, sy, r = *d["disc"][lab["name"]], d["r"]
+        inset = min(r, (x1 - x0) / 2) - 0.5
+        above_below = (x0 + inset <= sx <= x1 - inset) and (
+            sy - r - 14 <= y1 <= sy - r + 0.5 or sy + r - 0.5 <= y0 <= sy + r + 2)
+        beside = y0 <= sy <= y1 and (sx + r <= x0 <= sx + r + 4 or sx - r - 4 <= x1 <= sx - r)
+        assert above_below or beside, (what, lab, sx, sy)  # next to its own node
+        assert 0 <= x0 and x1 <= d["W"] and 0 <= y0 and y1 <= d["H"], (what, lab)
+    rects = d["rects"] + ([["mini view", d["mini"]]] if d["mini"] else [])
+    for k, (ta, ra) in enumerate(rects):
+        for tb, rb in rects[k + 1:]:
+            assert not _overlap(ra, rb), (what, ta, ra, tb, rb)
+
+
+def on_screen(d: dict, name: str) -> bool:
+    """The node's disc is inside the canvas with room for a label, and not under the mini view."""
+    if name not in d["disc"]:
+        return False
+    x, y = d["disc"][name]
+    m = d["mini"]
+    if m and m[0] - 2 <= x and m[1] - 14 <= y:
+        return False
+    return 12 <= x <= d["W"] - 12 and 16 <= y <= d["H"] - 16
+
+
+def _open(b, path, width: int, height: int = 600):
+    return open_dag_page(b, path, width=OUTPUT_WIDTH[width] + 16, height=height, timeout=120_000)
+
+
+def _settle(page) -> None:
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
+MODELS = {"lesson_mlp": lesson_joint, "hf_falcon": falcon_joint, "hf_gptj": gptj_joint,
+          "unet": unet_joint, "tp_collectives": None}
+
+
+def _view_page(name: str, root: pathlib.Path):
+    """The model's joint graph and its dag_view page (the collective one as notebook 06's)."""
+    from jointlab.viz.dagview import dag_view
+
+    if name == "tp_collectives":
+        joint, view = collective_view()
+    else:
+        joint = MODELS[name]()
+        view = dag_view(joint)
+    return joint, view.write_html(root / f"{name}.html")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=NEEDS_DISTRIBUTED_TORCH)
+                                  if n == "tp_collectives" else n for n in MODELS])
+def test_first_view_shows_key_ops_whole_and_no_two_labels_overlap(name, tmp_path):
+    """The model's first view, at both widths: the key ops on screen carry their whole label,
+    every drawn label is whole (or a dotted name cut in the middle) and on its node, and no
+    two texts (node labels, pinned labels, group titles, the mini view) overlap."""
+    chromium_path()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    joint, path = _view_page(name, tmp_path)
+    labels, keys = full_labels(joint), key_ops(joint)
+    with browser() as b:
+        for width in OUTPUT_WIDTH:
+            page, errors = _open(b, path, width)
+            _settle(page)
+            page.screenshot(path=str(SHOTS / f"first_view_{name}_{width}.png"))
+            d = page.evaluate(DRAWN)
+            what = f"{name} at {width}"
+            assert_labels_whole_and_apart(d, labels, what)
+            whole = {lab["name"] for lab in d["s"]["labelRects"] if lab["text"] == lab["full"]}
+            shown = [k for k in keys if on_screen(d, k)]
+            assert len(shown) >= 2, (what, len(shown))  # it opens where key ops are drawn
+            missing = [(k, keys[k]) for k in shown if k not in whole]
+            assert not missing, (what, missing, len(shown))
+            assert errors.errors == [], errors.errors
+            page.close()
