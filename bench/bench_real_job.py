@@ -73,7 +73,8 @@ def _print(figures: dict[str, dict]) -> None:
     for kind, f in figures.items():
         real, fake = f["real"], f["fake"]
         print(f"{kind}: real job classes {real['classes']}, fake world classes "
-              f"{fake['classes']}; fake world jl.trace_ranks {fake['trace_ranks_s']:.2f} s")
+              f"{fake['classes']}; jl.gather_ranks on rank 0 {real['gather_s']:.3f} s; "
+              f"fake world jl.trace_ranks {fake['trace_ranks_s']:.2f} s")
         print("  rank  trace s  gloo eager s  trace/eager  collectives  comm B  peak B"
               "  | fake: collectives  comm B  peak B")
         for r, fr in zip(real["ranks"], fake["ranks"]):

@@ -54,7 +54,9 @@ def main(out: str) -> None:
                 "peak_bytes": int(memory_profile(joint).peak_bytes)}
         figures = [None] * size
         dist.all_gather_object(figures, mine)  # small JSON-able dicts of numbers
+        t0 = time.perf_counter()
         gathered = jl.gather_ranks(joint)
+        gather_s = time.perf_counter() - t0
         if rank != 0:
             assert gathered is None, type(gathered)
             continue
@@ -64,6 +66,7 @@ def main(out: str) -> None:
             json.dump({"classes": [list(c) for c in gathered.classes],
                        "world_size": gathered.world_size,
                        "type": type(gathered).__name__, "ranks": figures,
+                       "gather_s": gather_s,
                        "table": jl.rank_table(gathered).drop(columns="shared_with")
                        .to_dict(orient="index")}, f)
     dist.barrier()
