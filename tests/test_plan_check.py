@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
+from jointlab.errors import StateMismatchError
 from jointlab.models import lm_inputs, lm_train_fn, make_tiny_deepseek
 from tests.util import NEEDS_DISTRIBUTED_TORCH, assert_unchanged, deep_state
 
@@ -208,8 +209,6 @@ def test_plan_check_says_not_known_when_the_step_draws_random_numbers():
 
 
 def test_plan_check_refuses_a_reference_that_is_not_the_unsharded_model():
-    from jointlab.errors import StateMismatchError
-
     torch.manual_seed(0)
     reference = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16))
     gen = torch.Generator().manual_seed(1)
@@ -221,3 +220,25 @@ def test_plan_check_refuses_a_reference_that_is_not_the_unsharded_model():
         with pytest.raises(StateMismatchError, match=r"no parameter \['0.bias'"):
             jl.run_all_ranks(graphs, every_rank, inputs,
                              reference=nn.Sequential(nn.Linear(16, 32, bias=False)))
+
+
+def test_plan_check_runs_on_saved_graphs_as_gathered_from_a_real_job(tmp_path):
+    """jl.gather_ranks hands rank 0 loaded graphs (no train_fn): the same check, train_fn=."""
+    reference, inputs = make_tiny_deepseek(n_layer=1), lm_inputs(2, 64, 8)
+    with jl.fake_world(2) as world:
+        with world.all_ranks():
+            every_rank = _tp(mla_plan(fixed=False))(copy.deepcopy(reference), world.mesh)
+        graphs = jl.trace_ranks(every_rank, lm_train_fn, inputs)
+        live = jl.run_all_ranks(graphs, every_rank, inputs, reference=reference)
+        loaded = {}
+        for cls, graph in graphs.graphs.items():
+            graph.save(tmp_path / f"{cls[0]}.jlg")
+            loaded[cls] = jl.load(tmp_path / f"{cls[0]}.jlg")
+        gathered = jl.RankGraphs(loaded, graphs.world_size)
+        with pytest.raises(StateMismatchError, match="pass train_fn="):
+            jl.run_all_ranks(gathered, every_rank, inputs, reference=reference)
+        result = jl.run_all_ranks(gathered, every_rank, inputs, reference=reference,
+                                  train_fn=lm_train_fn)
+    assert result.matches_eager == {0: True, 1: True}
+    assert result.plan.first == live.plan.first
+    assert result.plan.first.param == "layers.0.attn.wkv_a.weight"

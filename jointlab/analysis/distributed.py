@@ -32,6 +32,7 @@ from jointlab.errors import StateMismatchError
 from jointlab.runtime.dtensor import DTensorRuntime, is_dtensor
 from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.rank_view import RankGraphs, model_ranks
+from jointlab.runtime.saved_world import WorldRuntime
 from jointlab.runtime.train_fn import split_loss
 
 if TYPE_CHECKING:
@@ -128,8 +129,8 @@ class AllRanksResult:
             traced rank that this rank computes differently, so it does not
             share the graph. Through a collective such a difference can reach
             other ranks too (a reduce-scatter averages every rank's gradient).
-            None when that cannot be checked (no ``train_fn``, as for a loaded
-            graph, or the graph draws random numbers). Where the user's code
+            None when that cannot be checked (no ``train_fn``: a loaded graph
+            run without ``train_fn=``; or the graph draws random numbers). Where the user's code
             reads the rank, each rank class's eager step has every rank read it
             as that class (Python takes one branch for all), which is that
             class's own step only where no collective brings it another class's
@@ -165,8 +166,15 @@ class AllRanksResult:
         return None if self.plan is None else self.plan._repr_html_()
 
 
+def _has_dtensor_state(runtime: Any) -> bool:
+    """True for a DTensor trace's runtime, or a loaded (gathered) one's that had DTensor state."""
+    if isinstance(runtime, DTensorRuntime):
+        return True
+    return isinstance(runtime, WorldRuntime) and any(f is not None for f in runtime.world.state)
+
+
 def _check_dtensor_graph(joint: TracedGraph) -> None:
-    if not isinstance(joint.runtime, DTensorRuntime):
+    if not _has_dtensor_state(joint.runtime):
         raise StateMismatchError(
             "jl.run_all_ranks runs a graph traced from DTensor state (either mode); this "
             "graph has none. Use joint.run(model, inputs).")
@@ -219,8 +227,8 @@ def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dic
             the plan check (``result.plan``) compares every rank's loss and
             gathered gradients with one eager step of it on ``inputs``, which
             finds a plan bug that each rank's own eager step shares.
-        train_fn: The training step the reference runs (default: the traced one;
-            needed for a graph that has none, such as a loaded one).
+        train_fn: The training step the eager checks run (default: the traced one;
+            pass it for graphs that have none: loaded ones, ``jl.gather_ranks``').
 
     Returns:
         An :class:`AllRanksResult`.
@@ -243,7 +251,7 @@ def run_all_ranks(joint: TracedGraph | RankGraphs, model: nn.Module, inputs: dic
         local = {n: per_rank(g, ranks) for n, g in res.grads.items()}
     else:
         loss, local, full = run_rank_classes(graphs, model, inputs, ranks, is_collective)
-    same = _matches_eager(graphs, model, inputs, loss, local, ranks)
+    same = _matches_eager(graphs, model, inputs, loss, local, ranks, train_fn)
     full_per_rank = {n: per_rank(g, ranks) for n, g in full.items()}
     gathered = {n: g[ranks[0]] for n, g in full_per_rank.items()}
     plan = None if reference is None else check_plan(
@@ -265,12 +273,12 @@ def _eager_runs(graphs: dict[tuple[int, ...], TracedGraph]
 
 
 def _eager_step(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any],
-                ranks: tuple[int, ...], answer_as: int | None
+                ranks: tuple[int, ...], answer_as: int | None, train_fn: Callable[..., Any]
                 ) -> tuple[dict[int, torch.Tensor], dict[str, dict[int, torch.Tensor]]]:
     """Every rank's eager step (the user's rank reads answered as ``answer_as``)."""
     params = dict(model.named_parameters())
     with compat.LocalTensorMode(frozenset(ranks)), rank_reads(answer_as):
-        eager_loss, _ = split_loss(joint.train_fn(model, **inputs))
+        eager_loss, _ = split_loss(train_fn(model, **inputs))
         eager = torch.autograd.grad(eager_loss, [params[n] for n in joint.param_names],
                                     allow_unused=True)
         loss = per_rank(eager_loss.detach(), ranks)
@@ -281,7 +289,8 @@ def _eager_step(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any],
 
 def _matches_eager(graphs: dict[tuple[int, ...], TracedGraph], model: nn.Module,
                    inputs: dict[str, Any], loss: dict[int, torch.Tensor],
-                   grads: dict[str, dict[int, torch.Tensor]], ranks: tuple[int, ...]
+                   grads: dict[str, dict[int, torch.Tensor]], ranks: tuple[int, ...],
+                   train_fn: Callable[..., Any] | None = None
                    ) -> dict[int, bool | None] | None:
     """Each rank's eager step (autograd.grad, buffers put back) against the graph's.
 
@@ -291,14 +300,15 @@ def _matches_eager(graphs: dict[tuple[int, ...], TracedGraph], model: nn.Module,
     branch. So there a rank that differs is None (cannot say), never False or True.
     """
     joint = next(iter(graphs.values()))
-    if joint.train_fn is None or any(_meta.graph_draws_random(g.graph)
+    train_fn = train_fn or joint.train_fn
+    if train_fn is None or any(_meta.graph_draws_random(g.graph)
                                      for g in graphs.values()):
         return None
     before = {n: b.detach().clone() for n, b in model.named_buffers()}
     out: dict[int, bool | None] = {}
     runs = _eager_runs(graphs)
     for answer_as, checked in runs:
-        eager_loss, eager_grads = _eager_step(joint, model, inputs, ranks, answer_as)
+        eager_loss, eager_grads = _eager_step(joint, model, inputs, ranks, answer_as, train_fn)
         with torch.no_grad():
             for n, b in model.named_buffers():
                 b.copy_(before[n])
