@@ -42,6 +42,7 @@ from jointlab.errors import CompiledGraphError, JointlabError, NodeExecutionErro
 from jointlab.runtime.constants import is_kv_cache_placeholder
 from jointlab.runtime.torch_errors import wrap_exception
 from jointlab.torch_compat import inductor_provenance
+from jointlab.torch_compat.inductor import import_cpp_extension_quietly
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -115,6 +116,7 @@ class InductorGraph:
         """Compile for these inputs on the first call, then run the compiled code."""
         if self.fn is None:
             self.state = torch_compat.inductor_state()  # what jl.bisect recompiles under
+            import_cpp_extension_quietly()  # no "No CUDA runtime" note on a CPU host
             with torch.no_grad(), torch_compat.complete_inductor_provenance() as record, \
                     compile_errors(self.gm):
                 fn = torch_compat.inductor_compile(self.gm, list(args),

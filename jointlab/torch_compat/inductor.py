@@ -3,19 +3,50 @@
 What Inductor records about which FX nodes each kernel came from, the
 globals of its generated wrapper, and one codegen hook that completes that
 provenance around pattern replacements (the only place jointlab writes meta
-on nodes it did not create: Inductor's own post-grad nodes).
+on nodes it did not create: Inductor's own post-grad nodes). And the one quiet
+import of ``torch.utils.cpp_extension`` Inductor's CPU backend needs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
+import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from jointlab.torch_compat._base import required, torch_attr, unsupported
+
+#: What ``torch.utils.cpp_extension`` logs on import under a CUDA build without a GPU.
+NO_CUDA_RUNTIME = "No CUDA runtime is found"
+
+
+def _not_the_cuda_home_note(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(NO_CUDA_RUNTIME)
+
+
+def import_cpp_extension_quietly() -> None:
+    """Import ``torch.utils.cpp_extension`` once, without its CUDA_HOME note on a CPU host.
+
+    Inductor's CPU backend imports it to build C++. A CUDA build of torch on a
+    machine without a GPU (Colab's CPU runtime) logs "No CUDA runtime is found,
+    using CUDA_HOME=..." to stderr at that import: true, and beside the point of a
+    CPU compile, yet a student reads it as an error. Only that one record is
+    dropped, only during this import, and only when no CUDA device is usable.
+    """
+    name = "torch.utils.cpp_extension"
+    if name in sys.modules or torch.cuda.is_available():
+        return
+    logger = logging.getLogger(name)
+    logger.addFilter(_not_the_cuda_home_note)
+    try:
+        importlib.import_module(name)
+    finally:
+        logger.removeFilter(_not_the_cuda_home_note)
 
 
 def inductor_provenance(compiled: Callable[..., Any]) -> tuple[dict[str, Any], str]:

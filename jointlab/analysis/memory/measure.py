@@ -118,8 +118,11 @@ class ProfilerSampler:
 
     def __init__(self) -> None:
         """Create the profiler (entered by :meth:`running`)."""
+        # acc_events=True: one cycle either way, and torch before 2.13 warns "Profiler clears
+        # events at the end of each cycle" without it (a UserWarning in the notebook).
         self.prof = torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+            acc_events=True)
 
     def start_step(self, step: int) -> None:
         """Step boundaries come from ``record_function`` scopes."""
