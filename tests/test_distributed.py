@@ -986,3 +986,16 @@ def test_a_second_fake_world_playing_another_rank_is_not_served_the_first_worlds
         assert mesh_coord == (rank,)
         assert dtensor_coord == mesh_coord  # was (0,) for rank 1: the first world's mesh
         assert traced and set(traced) == {rank}  # the chunk the backward keeps is this rank's
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_ddp_is_refused_by_name_like_fsdp(mode):
+    from torch.nn.parallel import DistributedDataParallel
+
+    with jl.fake_world(2):
+        model = DistributedDataParallel(nn.Linear(4, 4))
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with pytest.raises(UnsupportedWrapperError, match="DistributedDataParallel.*ddp.module"):
+            jl.trace(model, lambda m, x: m(x).sum(), {"x": torch.randn(2, 4)}, mode=mode)
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, before[k])

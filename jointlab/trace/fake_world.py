@@ -33,9 +33,27 @@ def _fsdp1_class() -> Any:
     return FullyShardedDataParallel
 
 
+def _ddp_class() -> Any:
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return None
+    return DistributedDataParallel
+
+
+_DDP = (
+    "module '{name}' is wrapped by DistributedDataParallel, whose gradient all-reduce "
+    "runs in hooks its C++ reducer puts on the parameters' gradients, not as autograd "
+    "ops, so a joint graph of it would miss the all-reduce. Trace the "
+    "wrapped model, ddp.module (its graph is one rank's step before the all-reduce), or "
+    "make data parallelism part of the graph: Replicate DTensor parameters "
+    "(torch.distributed.tensor.distribute_tensor on a mesh of jl.fake_world(...)), whose "
+    "gradient all-reduce both modes trace as ops.")
+
+
 def refuse_unsupported_wrappers(model: nn.Module, mode: str = "make_fx",
                                 dynamic: bool = False) -> None:
-    """Raise :class:`UnsupportedWrapperError` for FSDP-wrapped modules in ``model``.
+    """Raise :class:`UnsupportedWrapperError` for FSDP- or DDP-wrapped modules in ``model``.
 
     Args:
         model: The model about to be traced (not changed).
@@ -43,13 +61,16 @@ def refuse_unsupported_wrappers(model: nn.Module, mode: str = "make_fx",
         dynamic: Whether some input dims are symbolic.
 
     Raises:
-        UnsupportedWrapperError: A module is ``fully_shard``-ed (FSDP2) or FSDP1-wrapped,
+        UnsupportedWrapperError: A module is ``fully_shard``-ed (FSDP2), FSDP1- or DDP-wrapped,
             or it has DTensor state :func:`refuse_dtensor_state` refuses.
     """
     kinds = [(c, what) for c, what in ((fsdp_module_class(), "FSDP2 fully_shard"),
                                        (_fsdp1_class(), "FSDP1 FullyShardedDataParallel"))
              if c is not None]
+    ddp = _ddp_class()
     for name, mod in model.named_modules():
+        if ddp is not None and isinstance(mod, ddp):
+            raise UnsupportedWrapperError(_DDP.format(name=name or "<root>"))
         for cls, what in kinds:
             if isinstance(mod, cls):
                 raise UnsupportedWrapperError(
