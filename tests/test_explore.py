@@ -12,6 +12,7 @@ import jointlab as jl
 import jointlab.widgets._explore as explore_mod
 from jointlab.widgets._dagcursor import ALL, FIT, DagWidget
 from tests.fixtures import zoo
+from tests.test_browser import lab  # noqa: F401 - the JupyterLab server fixture
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +140,85 @@ def test_opened_groups_follow_the_payload_at_fit(lm):
     assert explore_mod.opened_groups(p, FIT) == set(p["expanded"]) | {0}
     lvl = p["groups"]["level"]
     assert explore_mod.opened_groups(p, 2) == {g for g, v in enumerate(lvl) if v < 2}
+
+
+def test_search_moves_the_view_and_toggles_show_their_state(lm):
+    """A search bumps ``focus`` after ``selected`` (the browser then moves to the hits); a
+    phase toggle that is off is drawn plain, one that is on coloured with a check mark."""
+    app = explore_mod.explore(lm).explorer
+    assert app.view.focus == 0
+    sent = []
+    app.view.observe(lambda ch: sent.append((ch["name"], list(app.view.selected))),
+                     names=["selected", "focus"])
+    app.search.value = "nll_loss_backward"
+    hits = [n.name for n in lm.graph.nodes if "nll_loss_backward" in str(_meta(n)["target"])]
+    assert hits and sent == [("selected", hits), ("focus", hits)]
+    on = app.phases["backward"]
+    assert (on.value, on.button_style, on.icon) == (True, "info", "check")
+    on.value = False
+    assert (on.button_style, on.icon) == ("", "")
+    assert "hidden" in on.tooltip and app.view.hidden == ["backward"]
+    on.value = True
+    assert (on.button_style, on.icon) == ("info", "check")
+
+
+EXPLORE_CELLS = [
+    "import sys; sys.path.insert(0, {repo!r})",
+    "import jointlab as jl\nfrom tests.fixtures import zoo\nf = zoo.FIXTURES['tiny_lm']\n"
+    "joint = jl.trace(f.make_model(), f.train_fn, f.make_inputs(2))",
+    "jl.explore(joint, height=420)",
+]
+VIEW = "document.querySelector('.jl-explore-dag').jlView"
+#: Screen positions of the view's hits inside its canvas ([x, y, w, h] each).
+HITS_ON_SCREEN = f"""() => {{ const v = {VIEW}, W = v.canvas.clientWidth,
+    H = v.canvas.clientHeight;
+  return [...v.hits].map(i => {{ const it = v.itemOf[i] >= 0 ? v.itemOf[i] : i;
+    const [x, y] = v.toScreen(...v.itemXY(it)); return [x, y, W, H]; }}); }}"""
+TOGGLE_LOOK = """b => { const s = getComputedStyle(b);
+  return {bg: s.backgroundColor, fg: s.color, icon: !!b.querySelector('i.fa-check, i.fa')}; }"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width", [1280, 1024])
+def test_search_brings_hits_into_view_in_jupyterlab(lab, tmp_path, width):  # noqa: F811
+    """In JupyterLab: a search for the loss's backward (off-screen at first) moves the view
+    onto it; the toggle of a hidden phase does not look like the shown ones."""
+    import json
+
+    from tests.chromium import browser, save_screenshot
+    from tests.test_browser import REPO, _assert_no_error_outputs, _open_and_run_all
+
+    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
+              "outputs": [], "source": src.format(repo=str(REPO))}
+             for i, src in enumerate(EXPLORE_CELLS)]
+    nb = tmp_path / "explore.ipynb"
+    nb.write_text(json.dumps({"cells": cells, "nbformat": 4, "nbformat_minor": 5, "metadata": {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
+    with browser() as b:
+        page, errors = _open_and_run_all(lab, b, "explore", src=nb, min_cells=3)
+        _assert_no_error_outputs(page)
+        page.set_viewport_size({"width": width, "height": 800})
+        page.wait_for_function(f"() => {VIEW} && document.querySelector("
+                               "'.jl-explore-dag').dataset.ready", timeout=60_000)
+        page.locator(".jl-explore-dag").evaluate("el => el.scrollIntoView({block: 'center'})")
+        page.wait_for_timeout(500)
+        search = page.locator(".widget-text input").first
+        search.fill("nll_loss_backward")
+        search.press("Enter")
+        page.wait_for_function(f"() => {VIEW}.hits.size > 0", timeout=30_000)
+        page.wait_for_timeout(300)  # the focus message follows the selection
+        spots = page.evaluate(HITS_ON_SCREEN)
+        save_screenshot(page, tmp_path, f"explore_search_{width}")
+        assert spots and all(0 <= x <= w and 0 <= y <= h for x, y, w, h in spots), spots
+        backward = page.locator("button", has_text=re.compile(r"^\s*backward$")).first
+        backward.click()
+        page.wait_for_function(f"() => {VIEW}.hiddenPhases.has('backward')", timeout=30_000)
+        page.mouse.click(5, 5)  # focus elsewhere: the look is the state, not the focus ring
+        page.wait_for_timeout(300)
+        off = backward.evaluate(TOGGLE_LOOK)
+        shown = page.locator("button", has_text=re.compile(r"^\s*forward$")).first
+        on = shown.evaluate(TOGGLE_LOOK)
+        save_screenshot(page, tmp_path, f"explore_toggle_off_{width}")
+        assert on["icon"] and not off["icon"], (on, off)
+        assert on["bg"] != off["bg"], (on, off)
+    assert errors.errors == [], errors.errors

@@ -24,7 +24,9 @@ Traits, Python to browser: ``current`` (ringed node, the stepper's cursor),
 ``selected`` (highlighted nodes; a closed group holding one is outlined),
 ``hidden`` (phases whose nodes, edges and box counts are left out),
 ``depth`` (module level shown closed; -1 every node, -2 the budget's fit) and
-``values`` (per node, value statistics rows for the detail panel). Browser to
+``values`` (per node, value statistics rows for the detail panel) and ``focus``
+(a counter: each change brings the ``selected`` nodes into view, explore's
+search). Browser to
 Python: ``click`` (the node last clicked on the canvas, with a counter).
 """
 
@@ -108,6 +110,31 @@ function highlight(view, model) {
   view.hits = hits;
 }
 
+const READ = 20;  // px per layer row: the renderer's readable zoom (its search goes there)
+
+// explore's search: every hit in view when they fit at a readable zoom, else the first one
+function showHits(view, names) {
+  const W = view.canvas.clientWidth, H = view.canvas.clientHeight, its = [];
+  for (const name of names) {
+    const i = view.index.get(name);
+    if (i === undefined || view.isHidden(i)) continue;
+    its.push(view.itemOf[i] >= 0 ? view.itemOf[i] : i);
+  }
+  if (!its.length || !W || !H) return;
+  const M = 60, k = Math.max(READ, Math.min(view.k, 4 * READ));
+  let [x0, y0] = view.itemXY(its[0]), x1 = x0, y1 = y0;
+  for (const it of its) {
+    const [x, y] = view.itemXY(it);
+    x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+  }
+  if ((x1 - x0) * k > W - 2 * M || (y1 - y0) * k > H - 2 * M) {  // too spread: the first
+    [x0, y0] = view.itemXY(its[0]); [x1, y1] = [x0, y0];
+  }
+  view.k = k; view.ay = 1;
+  view.vx = (x0 + x1) / 2 - W / 2 / k; view.vy = (y0 + y1) / 2 + H / 2 / k;
+  view.viewChanged();
+}
+
 function valueRows(view, model) {  // detail-panel rows: the value statistics Python sent
   view.detailRows = i => Object.entries(model.get("values")[view.P.nodes.name[i]] || {});
 }
@@ -131,6 +158,7 @@ function wire(view, model, el) {
     if (what.has("depth")) view.fit(true);  // readable: the left part of a long graph
     if (what.has("current") || what.has("depth")) ring(view, model);  // the cursor in view
     highlight(view, model);
+    if (what.has("focus")) showHits(view, model.get("selected"));  // a search: go to its hits
     const open = view.detailNode >= 0 && view.detail.style.display === "block";
     if (what.has("values") && open) {  // the open panel shows the new stats; the ring stays
       const ringed = view.selected;
@@ -156,7 +184,7 @@ export default {
     data.textContent = JSON.stringify(model.get("payload"));
     el.appendChild(root); el.appendChild(data);
     let refresh = null, gone = false, view = null;
-    const handlers = ["current", "selected", "hidden", "depth", "values"].map(k => {
+    const handlers = ["current", "selected", "hidden", "depth", "values", "focus"].map(k => {
       const f = () => { if (refresh) refresh(new Set([k])); };
       model.on("change:" + k, f);
       return [k, f];
@@ -193,6 +221,8 @@ class DagWidget(anywidget.AnyWidget):
         depth: Module level drawn closed: :data:`ALL`, :data:`FIT` or ``k >= 1``.
         values: Per node name, ``{row: text}`` value statistics for the detail panel.
         click: ``{"name": node, "n": count}`` of the last node clicked in the browser.
+        focus: Bumped to bring :attr:`selected` into view (all of it when it fits at a
+            readable zoom, else its first node).
         own_search: Show the renderer's own search box.
         height: Canvas height in pixels.
     """
@@ -205,6 +235,7 @@ class DagWidget(anywidget.AnyWidget):
     depth = traitlets.Int(FIT).tag(sync=True)
     values = traitlets.Dict().tag(sync=True)
     click = traitlets.Dict().tag(sync=True)
+    focus = traitlets.Int(0).tag(sync=True)
     own_search = traitlets.Bool(True).tag(sync=True)
     css_class = traitlets.Unicode("jl-dag-widget").tag(sync=True)
     height = traitlets.Int(520).tag(sync=True)

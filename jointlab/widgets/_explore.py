@@ -111,8 +111,9 @@ class Explorer:
         self.search = W.Text(placeholder="search op or module, e.g. aten.mm or h.3.attn",
                              description="search", continuous_update=False,
                              layout=W.Layout(width="360px"))
-        self.phases = {p: W.ToggleButton(value=True, description=p, tooltip=f"show {p} nodes",
-                                         layout=W.Layout(width="90px")) for p in PHASE_COLORS}
+        self.phases = {p: W.ToggleButton(**phase_look(True, p), value=True, description=p,
+                                         layout=W.Layout(width="auto", min_width="90px"))
+                       for p in PHASE_COLORS}
         depths = [("all nodes", ALL), ("fit budget", FIT),
                   *[(f"depth {k}", k) for k in range(1, 5)]]
         # every first state goes in at construction, inside the widget's opening message:
@@ -145,6 +146,8 @@ class Explorer:
         self._draw_selection()
 
     def _on_phase(self) -> None:
+        for p, b in self.phases.items():
+            b.set_state(phase_look(b.value, p))  # one message: the look follows the value
         self.view.hidden = [p for p, b in self.phases.items() if not b.value]
 
     # -- selection ------------------------------------------------------------------
@@ -164,6 +167,7 @@ class Explorer:
             return
         self.chosen = [n for n, m in self.infos.items() if matches(q, n, m)]
         self._draw_selection()
+        self.view.focus += 1  # after ``selected``: the view moves to the hits it now holds
 
     def select(self, names: list[str], twins: bool = True) -> None:
         """Select the nodes ``names`` (and, with ``twins``, their twins) and show their rows.
@@ -193,6 +197,22 @@ class Explorer:
                              + (" …" if len(self.selected) > 8 else ""))
         rows = node_rows(self.joint, names[:TABLE_ROWS]) if names else None
         self.table.value = "" if rows is None else frame_html(rows)
+
+
+def phase_look(shown: bool, phase: str) -> dict[str, str]:
+    """A phase toggle's look: shown is coloured with a check mark, hidden is plain.
+
+    Args:
+        shown: Whether the phase's nodes are drawn.
+        phase: The phase.
+
+    Returns:
+        ``button_style``, ``icon`` and ``tooltip`` for the ToggleButton.
+    """
+    if shown:
+        return {"button_style": "info", "icon": "check",
+                "tooltip": f"{phase} nodes shown: click to hide them"}
+    return {"button_style": "", "icon": "", "tooltip": f"{phase} nodes hidden: click to show them"}
 
 
 def matches(q: str, name: str, m: dict[str, Any]) -> bool:
