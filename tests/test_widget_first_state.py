@@ -101,3 +101,73 @@ def test_stepper_panel_opens_every_widget_with_its_first_state(traced, with_brea
     assert "jl-chips" in chips._dom_classes
     assert [c.description.split()[0] for c in chips.children] == (["op"] if with_breakpoint
                                                                    else [])
+
+
+def _opened_during(build):
+    """Run ``build``; the widgets it opened and the synced traits changed after opening."""
+    opened = []
+    real_open = W.Widget.open
+
+    def open_(self):
+        real_open(self)
+        opened.append(self)
+
+    W.Widget.open = open_
+    try:
+        with first_state_changes() as changed:
+            root = build()
+    finally:
+        W.Widget.open = real_open
+    return root, opened, changed
+
+
+def _reachable(root) -> set[int]:
+    """Ids of the widgets the front end reaches from ``root`` (children, layouts, styles)."""
+    seen, todo = set(), [root]
+    while todo:
+        w = todo.pop()
+        if id(w) in seen:
+            continue
+        seen.add(id(w))
+        for key in w.keys:
+            v = getattr(w, key, None)
+            todo += [x for x in (v if isinstance(v, (list, tuple)) else [v])
+                     if isinstance(x, W.Widget)]
+    return seen
+
+
+BUILDS = {
+    "explore depth 2": lambda t: jl.explore(t[0], depth=2, height=300),
+    "explore fit": lambda t: jl.explore(t[0], depth=FIT, height=300),
+    "panel, no DAG": lambda t: jl.Stepper(t[0], t[1], t[2], device="cpu").widget(dag=False),
+    "panel with a comparison": lambda t: jl.Stepper(t[0], t[1], t[2], device="cpu").widget(
+        train_fn=t[3].train_fn, comparison=jl.compare(t[0], t[1], t[2], seed=0)),
+    "panel, two breakpoints": lambda t: _with_breakpoints(
+        jl.Stepper(t[0], t[1], t[2], device="cpu")).widget(),
+}
+
+
+def _with_breakpoints(s):
+    s.add_breakpoint(module="fc2")
+    s.add_breakpoint(when="non-finite")
+    return s
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_every_widget_we_build_opens_with_its_whole_state(traced, name):
+    """Each build opens its widgets once with their state and never updates them after; every
+    widget it opens is part of what is displayed (none left to a later message)."""
+    root, opened, changed = _opened_during(lambda: BUILDS[name](traced))
+    assert changed == [], name
+    assert opened and {id(w) for w in opened} <= _reachable(root), name
+    if name.startswith("panel"):
+        assert root.position_label.value.startswith("position 0 /")
+        assert root.current.value  # the card is in the opening message, not sent after
+    if name == "panel with a comparison":
+        assert "compared with eager" in root.compare_box.value
+    if name == "panel, two breakpoints":
+        assert len(root.chips.box.children) == 2
+    if name.startswith("explore"):
+        app = root.explorer
+        assert all(b.icon == "check" and b.button_style == "info"
+                   for b in app.phases.values())  # the toggles' look, not set after
