@@ -171,3 +171,28 @@ def test_gather_ranks_outside_a_distributed_job_says_so():
     joint = jl.trace(reference("tp"), step, inputs())
     with pytest.raises(StateMismatchError, match="no process group is initialised"):
         jl.gather_ranks(joint)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda w: w["v"]["state"].__getitem__(0)["v"].pop("placement"), "DTensor input"),
+    (lambda w: w["v"].pop("world_size"), "expected"),
+    (lambda w: w["v"]["groups"].__setitem__("v", {"0": "x"}), "process groups"),
+])
+def test_a_tampered_world_is_refused_on_load(tmp_path, edit, message):
+    import zipfile
+
+    from jointlab.errors import PersistError
+
+    with jl.fake_world(WORLD) as world:
+        jl.trace(sharded("tp", world.mesh), step, inputs()).save(tmp_path / "g.jlg")
+    with zipfile.ZipFile(tmp_path / "g.jlg") as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    layout = json.loads(members["layout.json"])
+    edit(layout["world"])
+    members["layout.json"] = json.dumps(layout).encode()
+    with zipfile.ZipFile(tmp_path / "bad.jlg", "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    jl.load(tmp_path / "g.jlg")  # the untouched archive loads
+    with pytest.raises(PersistError, match=message):
+        jl.load(tmp_path / "bad.jlg")

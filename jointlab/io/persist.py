@@ -54,7 +54,7 @@ import torch.fx as fx
 
 from jointlab.assumptions import KINDS, Assumption, Assumptions
 from jointlab.core import GraphParts, TracedGraph
-from jointlab.errors import PersistError, StateMismatchError
+from jointlab.errors import PersistError
 from jointlab.inputs import InputSpec, LeafSpec, StateSpec
 from jointlab.io.codec import (
     DOTTED,
@@ -79,11 +79,12 @@ from jointlab.io.node_records import (
     encode_args,
     encode_node_meta,
 )
+from jointlab.io.world_record import decode_world, encode_world
 from jointlab.passes.analyze import require_analyzed
 from jointlab.runtime.dtensor import AotDTensorRuntime, DTensorRuntime
 from jointlab.runtime.gc_pause import collector_paused
 from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
-from jointlab.runtime.saved_world import SavedWorld, WorldRuntime
+from jointlab.runtime.saved_world import WorldRuntime
 from jointlab.shape_guards import ShapeGuards
 from jointlab.torch_compat import pytree
 
@@ -384,35 +385,8 @@ def _encode_layout(joint: TracedGraph) -> dict[str, Any]:
                    else None),
         "assumptions": _encode_assumptions(joint.assumptions),
         "runtime": _encode_runtime(joint),
-        **_encode_world(joint),
+        **encode_world(joint),
     }
-
-
-def _encode_world(joint: TracedGraph) -> dict[str, Any]:
-    """``{"world": ...}`` for a graph with collectives or DTensor state, else nothing."""
-    try:
-        world = SavedWorld.of(joint.graph_module, joint.runtime)
-    except StateMismatchError as exc:
-        raise PersistError(f"cannot save this graph: {exc} Nothing was written.") from exc
-    if world is None:
-        return {}
-    return {"world": encode_value(dataclasses.asdict(world), "the graph's world")}
-
-
-def _decode_world(data: Any) -> SavedWorld:
-    d = decode_value(data)
-    names = {f.name for f in dataclasses.fields(SavedWorld)}
-    if not isinstance(d, dict) or set(d) != names or not isinstance(d["world_size"], int):
-        raise PersistError(f"malformed world in the archive: expected fields {sorted(names)}")
-    if not all(isinstance(n, str) and isinstance(r, (list, tuple))
-               for n, r in d["groups"].items()):
-        raise PersistError("malformed process groups in the archive's world")
-    classes = d["rank_classes"]
-    return SavedWorld(
-        d["world_size"], {n: tuple(int(x) for x in r) for n, r in d["groups"].items()},
-        {str(k): str(v) for k, v in d["group_dims"].items()},
-        None if classes is None else tuple(tuple(int(x) for x in c) for c in classes),
-        list(d["state"]), dict(d["grads"]))
 
 
 def _encode_assumptions(a: Assumptions) -> list[list[Any]] | None:
@@ -525,7 +499,7 @@ def _decode_layout(d: Any, gm: fx.GraphModule) -> GraphParts:
         treespec = pytree.treespec_loads(str(d["inputs"]["treespec"]))
         runtime = _decode_runtime(d["mode"], d.get("runtime"))
         if d.get("world") is not None:
-            runtime = WorldRuntime(_decode_world(d["world"]), runtime or MakeFxRuntime())
+            runtime = WorldRuntime(decode_world(d["world"]), runtime or MakeFxRuntime())
         return GraphParts(
             gm, mode=d["mode"], runtime=runtime,
             state_spec=state, input_spec=InputSpec(treespec, leaves),

@@ -29,10 +29,10 @@ from jointlab.errors import StateMismatchError
 from jointlab.runtime.dtensor import AotDTensorRuntime, DTensorRuntime, ShardSpec, is_dtensor
 from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
 
-__all__ = ["SavedWorld", "WorldRuntime", "collective_groups"]
+__all__ = ["SHARD_KEYS", "SavedWorld", "WorldRuntime", "collective_groups"]
 
 #: ``ShardSpec.describe`` keys a live DTensor must match to feed a loaded graph.
-_SHARD_KEYS = ("local_shape", "global_shape", "placement", "mesh_dim")
+SHARD_KEYS = ("local_shape", "global_shape", "placement", "mesh_dim")
 
 
 def collective_groups(gm: torch.fx.GraphModule) -> list[str]:
@@ -50,7 +50,7 @@ def _shard_facts(spec: ShardSpec | None) -> dict[str, Any] | None:
     if spec is None:
         return None
     facts = spec.describe()
-    return {k: facts[k] for k in _SHARD_KEYS}
+    return {k: facts[k] for k in SHARD_KEYS}
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def _live_spec(fqn: str, facts: dict[str, Any], t: Any) -> ShardSpec:
     spec = ShardSpec.of(fqn, t)
     live = _shard_facts(spec)
     if live != facts:
-        diff = {k: (live[k], facts[k]) for k in _SHARD_KEYS if live[k] != facts[k]}
+        diff = {k: (live[k], facts[k]) for k in SHARD_KEYS if live[k] != facts[k]}
         raise StateMismatchError(
             f"'{fqn}' cannot feed this loaded graph: " + "; ".join(
                 f"its {k} is {a!r} here but was {b!r} when traced" for k, (a, b) in diff.items())
@@ -203,7 +203,7 @@ class WorldRuntime:
         return DTensorRuntime(specs, grads)
 
     def _state_facts(self) -> list[dict[str, Any] | None]:
-        return [None if f is None else {"fqn": f["fqn"], "facts": {k: f[k] for k in _SHARD_KEYS}}
+        return [None if f is None else {"fqn": f["fqn"], "facts": {k: f[k] for k in SHARD_KEYS}}
                 for f in self.world.state]
 
     def check_feed(self, flat: list[torch.Tensor]) -> None:
