@@ -302,3 +302,28 @@ def test_aot_meta_dtensor_model_traces_like_the_cpu_one_and_run_refuses():
         with pytest.raises(MetaDeviceError, match="'fc1.weight' is on the meta device"):
             meta.run(model, inputs)
         assert_unchanged(before, model)
+
+
+@pytest.mark.parametrize("case", ["sequence_parallel", "vocab_parallel_embedding"])
+def test_aot_names_the_module_of_each_plan_collective_as_make_fx_does(case):
+    """PrepareModuleInput's and ColwiseParallel's input hooks run inside their module:
+    make_fx's own module stack (torch's tracer around Module.__call__) is the reference."""
+    import copy
+
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from tests.test_distributed import _TinyTitan, _titan_plan, _titan_step
+
+    torch.manual_seed(0)
+    ref, gen = _TinyTitan(), torch.Generator().manual_seed(1)
+    inputs = {"tok": torch.randint(0, 32, (2, 8), generator=gen),
+              "y": torch.randint(0, 32, (2, 8), generator=gen)}
+    tables = {}
+    with jl.fake_world(4) as world:
+        for mode in ("make_fx", "aot"):
+            model = parallelize_module(copy.deepcopy(ref), world.mesh, _titan_plan(case))
+            tables[mode] = collectives(jl.trace(model, _titan_step, inputs, mode=mode))
+    cols = ["op", "phase", "module", "bytes"]
+    want, got = tables["make_fx"][cols], tables["aot"][cols]
+    assert len(want) >= 6 and "ffn" in set(want.module)  # PrepareModuleInput's all-gather
+    assert got.to_dict("records") == want.to_dict("records")

@@ -194,7 +194,9 @@ def module_stack_hooks(model: nn.Module) -> Iterator[None]:
     handles = []
     try:
         for name, mod in model.named_modules():
-            handles.append(mod.register_forward_pre_hook(pre(name)))
+            # first of the pre-hooks: a plan's own (PrepareModuleInput, ColwiseParallel's
+            # input redistribute) runs inside the module, as make_fx's module stack says
+            handles.append(mod.register_forward_pre_hook(pre(name), prepend=True))
             handles.append(mod.register_forward_hook(post, always_call=True))
         yield
     finally:
