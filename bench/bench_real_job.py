@@ -2,7 +2,7 @@
 
 Each process of ``tests/real_job/worker.py`` traces the models of
 ``tests/real_job/models.py`` (``tp``: Colwise/Rowwise tensor parallel; ``uneven``:
-SimpleFSDP-style, 3 rows over the ranks) and times ``jl.trace`` against one gloo
+SimpleFSDP-style, 3 rows over the ranks; each in both modes) and times ``jl.trace`` against one gloo
 eager step of its own; ``jl.gather_ranks`` brings every rank's graph to rank 0.
 Beside them, ``jl.trace_ranks`` in ``jl.fake_world`` of the same size: its time
 (all rank classes), and per rank its graph's collectives, bytes and predicted peak,
@@ -31,16 +31,17 @@ def _real_job(nproc: int, out: str) -> dict[str, dict]:
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise RuntimeError(done.stdout[-3000:] + done.stderr[-3000:])
-    return {k: json.loads(pathlib.Path(out, f"{k}.json").read_text()) for k in _kinds()}
+    return {f"{k}_{m}": json.loads(pathlib.Path(out, f"{k}_{m}.json").read_text())
+            for k, m in _cases()}
 
 
-def _kinds() -> tuple[str, ...]:
-    from tests.real_job.models import KINDS
+def _cases() -> tuple[tuple[str, str], ...]:
+    from tests.real_job.models import CASES
 
-    return KINDS
+    return CASES
 
 
-def _fake_world(kind: str, nproc: int) -> dict:
+def _fake_world(kind: str, mode: str, nproc: int) -> dict:
     import jointlab as jl
     from jointlab.analysis.distributed import collectives
     from jointlab.analysis.memory.profile import memory_profile
@@ -50,7 +51,7 @@ def _fake_world(kind: str, nproc: int) -> dict:
         with world.all_ranks():
             every_rank = sharded(kind, world.mesh)
         t0 = time.perf_counter()
-        graphs = jl.trace_ranks(every_rank, step, inputs())
+        graphs = jl.trace_ranks(every_rank, step, inputs(), mode=mode)
         seconds = time.perf_counter() - t0
     ranks = []
     for r in range(nproc):
@@ -66,7 +67,8 @@ def measure(nproc: int = 4) -> dict[str, dict]:
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as out:
         real = _real_job(nproc, out)
-    return {k: {"real": real[k], "fake": _fake_world(k, nproc)} for k in _kinds()}
+    return {f"{k}_{m}": {"real": real[f"{k}_{m}"], "fake": _fake_world(k, m, nproc)}
+            for k, m in _cases()}
 
 
 def _print(figures: dict[str, dict]) -> None:

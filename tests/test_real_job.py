@@ -31,7 +31,7 @@ import jointlab as jl
 from jointlab.analysis.distributed import collectives, group_dims
 from jointlab.analysis.memory.profile import memory_profile
 from jointlab.errors import StateMismatchError
-from tests.real_job.models import KINDS, inputs, reference, sharded, step
+from tests.real_job.models import CASES, inputs, reference, sharded, step
 from tests.util import NEEDS_DISTRIBUTED_TORCH
 
 pytestmark = NEEDS_DISTRIBUTED_TORCH
@@ -81,26 +81,26 @@ def _signature(joint: Any) -> list[tuple]:
     return out
 
 
-def _fake_world_graphs(kind: str) -> jl.RankGraphs:
+def _fake_world_graphs(kind: str, mode: str) -> jl.RankGraphs:
     with jl.fake_world(WORLD) as world:
         with world.all_ranks():
             every_rank = sharded(kind, world.mesh)
-        return jl.trace_ranks(every_rank, step, inputs())
+        return jl.trace_ranks(every_rank, step, inputs(), mode=mode)
 
 
-def _loaded(job: str, kind: str) -> dict[int, jl.JointGraph]:
-    return {r: jl.load(os.path.join(job, f"{kind}_rank{r}.jlg")) for r in range(WORLD)}
+def _loaded(job: str, name: str) -> dict[int, jl.JointGraph]:
+    return {r: jl.load(os.path.join(job, f"{name}_rank{r}.jlg")) for r in range(WORLD)}
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_each_ranks_gathered_graph_is_the_fake_worlds_graph_of_that_rank(job, kind):
-    with open(os.path.join(job, f"{kind}.json")) as f:
+@pytest.mark.parametrize(("kind", "mode"), CASES)
+def test_each_ranks_gathered_graph_is_the_fake_worlds_graph_of_that_rank(job, kind, mode):
+    with open(os.path.join(job, f"{kind}_{mode}.json")) as f:
         report = json.load(f)
-    fake = _fake_world_graphs(kind)
+    fake = _fake_world_graphs(kind, mode)
+    real = _loaded(job, f"{kind}_{mode}")
     assert report["type"] == "RankGraphs" and report["world_size"] == WORLD
     # The ranks share a graph in the real job exactly where the fake world says they do.
     assert [tuple(c) for c in report["classes"]] == list(fake.classes)
-    real = _loaded(job, kind)
     for rank in range(WORLD):
         want, got = fake[rank], real[rank]
         assert _signature(got) == _signature(want), (kind, rank)
@@ -122,7 +122,7 @@ def test_each_ranks_gathered_graph_is_the_fake_worlds_graph_of_that_rank(job, ki
 
 
 def test_a_gathered_graph_runs_only_in_a_world_of_its_size(job):
-    graph = _loaded(job, "tp")[0]
+    graph = _loaded(job, "tp_make_fx")[0]
     with pytest.raises(StateMismatchError, match=r"2-rank world.*no process group"):
         graph.run(reference("tp"), inputs())
     with jl.fake_world(4, mesh={"dp": 2, "tp": 2}) as world:

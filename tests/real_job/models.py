@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 KINDS = ("tp", "uneven")
+#: (kind, tracing mode) pairs a real job traces.
+CASES = tuple((kind, mode) for kind in KINDS for mode in ("make_fx", "aot"))
 
 
 def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""One process of a real job: trace each kind, gather every rank's graph on rank 0.
+"""One process of a real job: trace each kind in each mode, gather every rank's graph on rank 0.
 
 Run by torch's launcher (``python -m torch.distributed.run --nproc-per-node N
 tests/real_job/worker.py OUT``). Rank 0 saves each rank's gathered graph as
-``OUT/<kind>_rank<r>.jlg`` and writes ``OUT/<kind>.json``: the gathered classes,
+``OUT/<kind>_<mode>_rank<r>.jlg`` and writes ``OUT/<kind>_<mode>.json``: the gathered classes,
 ``jl.rank_table`` of the gathered graphs,
 what every other rank got back (None), and per rank the trace time, one gloo eager
 step's time, the collectives and the predicted peak of its own graph.
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import jointlab as jl  # noqa: E402
 from jointlab.analysis.distributed import collectives  # noqa: E402
 from jointlab.analysis.memory.profile import memory_profile  # noqa: E402
-from tests.real_job.models import KINDS, inputs, sharded, step  # noqa: E402
+from tests.real_job.models import CASES, inputs, sharded, step  # noqa: E402
 
 
 def _eager_seconds(model, data) -> float:
@@ -40,10 +40,10 @@ def main(out: str) -> None:
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (size,), mesh_dim_names=("world",))
-    for kind in KINDS:
-        model, data = sharded(kind, mesh), inputs()
+    for kind, mode in CASES:
+        model, data, name = sharded(kind, mesh), inputs(), f"{kind}_{mode}"
         t0 = time.perf_counter()
-        joint = jl.trace(model, step, data)
+        joint = jl.trace(model, step, data, mode=mode)
         trace_s = time.perf_counter() - t0
         result = joint.run(model, data)
         eager = step(model, **data)
@@ -61,8 +61,8 @@ def main(out: str) -> None:
             assert gathered is None, type(gathered)
             continue
         for r in range(size):
-            gathered[r].save(os.path.join(out, f"{kind}_rank{r}.jlg"))
-        with open(os.path.join(out, f"{kind}.json"), "w") as f:
+            gathered[r].save(os.path.join(out, f"{name}_rank{r}.jlg"))
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
             json.dump({"classes": [list(c) for c in gathered.classes],
                        "world_size": gathered.world_size,
                        "type": type(gathered).__name__, "ranks": figures,
