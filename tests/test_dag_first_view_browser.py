@@ -268,3 +268,140 @@ def test_first_view_shows_key_ops_whole_and_no_two_labels_overlap(name, tmp_path
             assert not missing, (what, missing, len(shown))
             assert errors.errors == [], errors.errors
             page.close()
+
+
+def test_lesson_mlp_opens_whole_with_every_name_the_lesson_teaches(tmp_path):
+    """Notebook 05's view (height 440): every node and both loss-side titles on screen, each
+    label whole (fc1.bias, fc2.bias, tanh_backward, mse_loss_backward, <train_fn>), no mini
+    view over the backward band, at both widths."""
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    joint = lesson_joint()
+    labels = full_labels(joint)
+    path = dag_view(joint, height=440).write_html(tmp_path / "lesson.html")
+    with browser() as b:
+        for width in OUTPUT_WIDTH:
+            page, errors = _open(b, path, width)
+            _settle(page)
+            page.screenshot(path=str(SHOTS / f"lesson_mlp_{width}.png"))
+            d = page.evaluate(DRAWN)
+            what = f"lesson at {width}"
+            assert_labels_whole_and_apart(d, labels, what)
+            assert set(d["disc"]) == set(labels) and all(on_screen(d, k) for k in labels), what
+            drawn = {lab["name"]: lab["text"] for lab in d["s"]["labelRects"]}
+            assert drawn == labels, (what, {k: v for k, v in labels.items() if drawn.get(k) != v})
+            titles = {t["text"] for t in d["s"]["titleTexts"]}
+            assert {"<train_fn> ▾", "<train_fn> (bwd) ▾", "fc1 ▾", "fc2 (bwd) ▾"} <= titles, titles
+            assert d["mini"] is None, what  # everything is in view: no mini view over it
+            assert errors.errors == [], errors.errors
+            page.close()
+
+
+# Screen rects (page pixels) of the popup and of everything drawn for group `name` (its
+# nodes' discs, its closed subgroups' boxes, its outlines), both bands.
+GROUP_AND_POPUP = f"""name => {{ const v = {VIEW}, c = v.canvas.getBoundingClientRect();
+    const g = v.P.groups.name.indexOf(name), inside = h => {{ for (; h >= 0; h = v.parent[h])
+        if (h === g) return true; return false; }}, r = v._radius(), out = [];
+    const add = (a, t, z, u) => out.push([c.left + a, c.top + t, c.left + z, c.top + u]);
+    for (const i of v.visNodes) if (inside(v.g[i])) {{ const [x, y] = v.toScreen(v.x[i], v.y[i]);
+        add(x - r, y - r, x + r, y + r); }}
+    for (const b of v.visBoxes) if (inside(b >> 1)) {{ const q = v.boxRect(b);
+        const [a, t] = v.toScreen(q[0], q[3]), [z, u] = v.toScreen(q[2], q[1]); add(a, t, z, u); }}
+    for (const b of [0, 1]) {{ const q = v.outlineRect(g * 2 + b); if (!q) continue;
+        const [a, t] = v.toScreen(q[0], q[3]), [z, u] = v.toScreen(q[2], q[1]); add(a, t, z, u); }}
+    const p = v.detail.getBoundingClientRect(), shown = v.detail.style.display !== 'none';
+    return {{items: out, popup: shown ? [p.left, p.top, p.right, p.bottom] : null,
+             canvas: [c.left, c.top, c.right, c.bottom]}}; }}"""
+
+# Per word of the popup's text, how many line boxes it is drawn on (2: broken mid-word).
+WORD_LINES = """() => { const out = [], w = document.createTreeWalker(
+        document.querySelector('.jl-detail'), NodeFilter.SHOW_TEXT);
+    for (let t = w.nextNode(); t; t = w.nextNode()) {
+        const re = /\\S+/g; let m;
+        while ((m = re.exec(t.data))) { const r = document.createRange();
+            r.setStart(t, m.index); r.setEnd(t, m.index + m[0].length);
+            const tops = new Set([...r.getClientRects()].map(q => Math.round(q.top)));
+            out.push([m[0], tops.size]); } }
+    return out; }"""
+
+
+def _box_centre(page, name: str, band: int = 0) -> list[float]:
+    return page.evaluate(f"""() => {{ const v = {VIEW}, c = v.canvas.getBoundingClientRect();
+        const q = v.boxRect(v.P.groups.name.indexOf({name!r}) * 2 + {band});
+        const [x, y] = v.toScreen((q[0] + q[2]) / 2, (q[1] + q[3]) / 2);
+        return [c.left + x, c.top + y]; }}""")
+
+
+def test_a_group_popup_never_covers_what_it_opened_nor_breaks_words(tmp_path):
+    """Falcon, everything closed, at both widths: click the ``transformer`` box; the popup
+    lies clear of every disc, box and outline of the opened group, no word in it is broken
+    across lines, and a click on a new child box opens that child (not the popup)."""
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    joint = falcon_joint()
+    path = dag_view(joint).write_html(tmp_path / "falcon.html")
+    with browser() as b:
+        for width in OUTPUT_WIDTH:
+            page, errors = _open(b, path, width)
+            page.get_by_role("button", name="collapse all").click()
+            page.mouse.click(*_box_centre(page, "transformer"))
+            _settle(page)
+            got = page.evaluate(GROUP_AND_POPUP, "transformer")
+            page.screenshot(path=str(SHOTS / f"popup_falcon_{width}.png"))
+            assert got["popup"] is not None and len(got["items"]) > 5, got
+            for it in got["items"]:
+                assert not _overlap(got["popup"], it), (width, got["popup"], it)
+            words = page.evaluate(WORD_LINES)
+            assert len(words) > 8 and all(n == 1 for _, n in words), words
+            # a node's popup too (its source line and module wrap): words of up to 30
+            # characters are never broken (a longer one, a path, may be where it overflows)
+            page.evaluate(f"() => {VIEW}.select({VIEW}.P.nodes.name.indexOf('native_layer_norm'))")
+            words = page.evaluate(WORD_LINES)
+            broken = [w for w, n in words if n > 1 and len(w) <= 30]
+            assert len(words) > 30 and not broken, broken
+            page.evaluate(f"() => {VIEW}.toggle({VIEW}.P.groups.name.indexOf('transformer'), "
+                          "true, 0)")  # its group popup again
+            # the next click goes to a new child drawn on the canvas
+            child = page.evaluate(f"""() => {{ const v = {VIEW};
+                const b = v.visBoxes.find(b => v.P.groups.name[b >> 1] === 'transformer.h');
+                return b === undefined ? null : v.P.groups.name[b >> 1]; }}""")
+            assert child == "transformer.h"
+            page.mouse.click(*_box_centre(page, child))
+            _settle(page)
+            assert page.evaluate(f"() => {VIEW}.expanded[{VIEW}.P.groups.name"
+                                 ".indexOf('transformer.h')]") == 1
+            assert errors.errors == [], errors.errors
+            page.close()
+
+
+# Key events the document hears (JupyterLab listens there, in the bubble phase).
+DOC_KEYS = """window.__docKeys = [];
+for (const t of ['keydown', 'keypress', 'keyup'])
+    document.addEventListener(t, e => window.__docKeys.push(t + ':' + e.key));"""
+
+
+def test_keys_typed_in_the_view_never_reach_the_document(tmp_path):
+    """Enter / Shift+Enter in the search box step through the hits and the document hears
+    none of them (a key pressed outside the view still reaches it)."""
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    joint = lesson_joint()
+    path = dag_view(joint).write_html(tmp_path / "lesson.html")
+    with browser() as b:
+        page, errors = open_dag_page(b, path, init=DOC_KEYS, width=910, height=600)
+        assert page.get_attribute(".jl-dag", "data-lm-suppress-shortcuts") == "true"
+        page.fill(".jl-search", "mm")
+        page.press(".jl-search", "Enter")
+        page.press(".jl-search", "Enter")
+        assert page.locator(".jl-count").text_content().startswith("2 of ")
+        page.press(".jl-search", "Shift+Enter")
+        assert page.locator(".jl-count").text_content().startswith("1 of ")
+        page.keyboard.type("x")
+        assert page.evaluate("() => window.__docKeys") == []
+        page.evaluate("() => document.activeElement.blur()")
+        page.keyboard.press("Shift+Enter")  # outside the view: heard
+        assert "keydown:Enter" in page.evaluate("() => window.__docKeys")
+        assert errors.errors == [], errors.errors
