@@ -108,6 +108,63 @@ def _unmet_claims(nb, name: str) -> list[str]:
     return bad
 
 
+#: A warning class name as Python prints it (``UserWarning``, ``SideEffectWarning``).
+WARNING = re.compile(r"\b[A-Z]\w*Warning\b")
+
+
+def _said_before(nb, index: int) -> str:
+    """The cell's own source and the markdown cells just above it (what explains its output)."""
+    said = [nb.cells[index].source]
+    for cell in reversed(nb.cells[:index]):
+        if cell.cell_type != "markdown":
+            break
+        said.append(cell.source)
+    return "\n".join(said)
+
+
+def _unexplained_warnings(nb) -> list[str]:
+    """Warnings and stderr text a student would see that neither the cell nor its markdown
+    explains: a warning is explained where its class is named (a comment, the prose above),
+    other stderr text where its first line is quoted."""
+    bad = []
+    for i, cell in enumerate(nb.cells):
+        for o in cell.get("outputs", []):
+            text = "".join(o.get("text") or "") if o.get("output_type") == "stream" else ""
+            if not text or (o.get("name") != "stderr" and not WARNING.search(text)):
+                continue
+            said = _said_before(nb, i)
+            names = set(WARNING.findall(text))
+            first = text.strip().splitlines()[0]
+            if not (names and all(n in said for n in names)) and first not in said:
+                bad.append(f"cell {i}: {text.strip()[:200]}")
+    return bad
+
+
+def test_unexplained_warnings_are_found_and_explained_ones_allowed():
+    stream = nbformat.v4.new_output
+    warned = stream("stream", name="stderr", text="/x.py:3: UserWarning: Profiler clears events\n")
+    noted = stream("stream", name="stderr", text="No CUDA runtime is found, using CUDA_HOME=/x\n")
+    printed = stream("stream", name="stdout", text="jointlab.SideEffectWarning: self.calls\n")
+    quiet = stream("stream", name="stdout", text="peak 1.52 MiB\n")
+
+    def nb(*cells):
+        return nbformat.v4.new_notebook(cells=list(cells))
+
+    code = nbformat.v4.new_code_cell
+    md = nbformat.v4.new_markdown_cell
+    assert _unexplained_warnings(nb(code("f()", outputs=[quiet]))) == []
+    for out in (warned, noted, printed):
+        assert len(_unexplained_warnings(nb(code("f()", outputs=[out])))) == 1
+    shown = code("f()  # shows a UserWarning: ...", outputs=[warned])
+    assert _unexplained_warnings(nb(shown)) == []
+    assert _unexplained_warnings(nb(md("Tracing warns `SideEffectWarning` here."),
+                                    code("f()", outputs=[printed]))) == []
+    assert _unexplained_warnings(nb(md("It prints `No CUDA runtime is found, using CUDA_HOME=/x`"),
+                                    code("f()", outputs=[noted]))) == []
+    assert len(_unexplained_warnings(nb(md("about SideEffectWarning"), code("g()"),
+                                        code("f()", outputs=[printed])))) == 1  # not just above
+
+
 def _errors(nb) -> list[str]:
     out = []
     for cell in nb.cells:
@@ -140,6 +197,7 @@ def test_notebook_runs_without_errors(path, tmp_path, capsys):
         print(f"\n[notebook] {path.name}: {elapsed:.1f} s")
     assert _errors(nb) == []
     assert _unmet_claims(nb, path.stem) == []
+    assert _unexplained_warnings(nb) == []
     probe = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     exe, prefix = json.loads(probe.split("JL-PROBE ", 1)[1])
     assert pathlib.Path(prefix).resolve() == pathlib.Path(sys.prefix).resolve(), (exe, prefix)
