@@ -999,3 +999,25 @@ def test_ddp_is_refused_by_name_like_fsdp(mode):
             jl.trace(model, lambda m, x: m(x).sum(), {"x": torch.randn(2, 4)}, mode=mode)
         for k, v in model.state_dict().items():
             assert torch.equal(v, before[k])
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_a_pipeline_schedule_inside_train_fn_is_refused_by_name(mode):
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    with jl.fake_world(1):
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+        stage = PipelineStage(model, 0, 1, torch.device("cpu"))
+        schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=F.mse_loss)
+
+        def step(model, x, y):
+            losses = []
+            schedule.step(x, target=y, losses=losses)  # the line the error names
+            return sum(losses)
+
+        with pytest.raises(UnsupportedWrapperError,
+                           match=r"ScheduleGPipe.step\(\) at .*schedule.step\(x.*not traceable"
+                                 r".*stage.submod") as info:
+            jl.trace(model, step, {"x": torch.randn(4, 4), "y": torch.randn(4, 4)}, mode=mode)
+    assert ".item()" not in str(info.value)
+    assert ScheduleGPipe.step is not None and "refuse" not in ScheduleGPipe.step.__name__

@@ -169,6 +169,42 @@ def loss_parallel_refusals(mode: str) -> Iterator[None]:
         yield
 
 
+def _schedule_classes() -> list[Any]:
+    try:
+        from torch.distributed.pipelining import schedules
+    except ImportError:  # a torch without pipelining: nothing to refuse
+        return []
+    return [c for c in (getattr(schedules, "PipelineScheduleSingle", None),
+                        getattr(schedules, "PipelineScheduleMulti", None)) if c is not None]
+
+
+@contextlib.contextmanager
+def pipeline_schedule_refusals() -> Iterator[None]:
+    """Refuse a pipeline schedule's ``step`` called by ``train_fn`` (its line named).
+
+    Yields:
+        Nothing; torch's methods are back on exit.
+    """
+    from jointlab.runtime.torch_errors import caller_line
+    from jointlab.torch_compat import patched_attrs
+
+    def refusal(cls: Any) -> Any:
+        def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+            raise UnsupportedWrapperError(
+                f"train_fn calls {type(self).__name__}.step(){caller_line()}. A pipeline "
+                "schedule is not traceable: it runs each stage's forward and backward "
+                "itself (its own backward calls, send/recv between stages, microbatches), "
+                "so there is no one loss to take the joint graph of. Trace one stage "
+                "instead: jl.trace(stage.submod, train_fn, inputs) with a train_fn that "
+                "runs that submodule on one microbatch and returns a scalar (for a middle "
+                "stage, e.g. the sum of its output times a fixed random tensor), or trace "
+                "the whole model before it is split into stages.")
+        return refuse
+
+    with patched_attrs([(c, "step", refusal(c)) for c in _schedule_classes()]):
+        yield
+
+
 def shards_one_dim_twice(placements: Any) -> bool:
     """True when two mesh dimensions shard the same tensor dimension (nested sharding)."""
     dims = [getattr(p, "dim", None) for p in placements if p.is_shard()]

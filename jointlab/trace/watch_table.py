@@ -33,7 +33,7 @@ from torch import nn
 from jointlab import errors
 from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.torch_errors import torch_errors
-from jointlab.trace.fake_world import loss_parallel_refusals
+from jointlab.trace.fake_world import loss_parallel_refusals, pipeline_schedule_refusals
 from jointlab.trace.fast_paths import fast_path_refusals
 from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
 from jointlab.trace.inplace_collectives import inplace_collective_refusals
@@ -130,6 +130,9 @@ WATCHES: tuple[Watch, ...] = (
     Watch("loss parallel", "loss_parallel() entered inside train_fn", "refuse",
           errors.UnsupportedWrapperError, "entered around jl.trace it is supported",
           lambda c: loss_parallel_refusals(c.mode)),
+    Watch("pipeline schedules", "a pipeline schedule's step() inside train_fn", "refuse",
+          errors.UnsupportedWrapperError, "one stage's submodule is traceable",
+          lambda c: pipeline_schedule_refusals()),
     Watch("python state", "attributes, config fields, items, globals and closure "
           "variables the step reads; attributes it writes", "guard", errors.SideEffectWarning,
           "reads guarded, writes put back and warned", lambda c: watching_python_state(
