@@ -87,6 +87,19 @@ def test_depth_1_draws_the_root_nodes_and_one_box_per_top_module_and_band(lm, tm
     assert len(edges) == len(pairs)
 
 
+def test_subtitle_counts_the_phases_as_the_card_does(lm, tmp_path):
+    """The header said forward 13 / backward 19 where the card said 7 / 18 (it counted
+    drawn items, params and the output included): it counts the card's ops now."""
+    _, _, joint = lm
+    root = ET.parse(jl.export_figure(joint, tmp_path / "dag.svg", depth=1)).getroot()
+    sub = "".join(root.find(".//s:text[@class='subtitle']", NS).itertext())
+    phases = joint.nodes["phase"].value_counts()
+    assert f"forward ({phases['forward']} ops)" in sub, sub
+    assert f"backward ({phases['backward']} ops)" in sub, sub
+    assert f"forward={phases['forward']}" in repr(joint) and f"backward={phases['backward']}" \
+        in repr(joint)
+
+
 def test_auto_depth_opens_the_levels_dag_view_opens_for_the_same_budget(lm):
     _, _, joint = lm
     for budget in (20, 60, 400):

@@ -123,12 +123,13 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
                               arrange=arrange, top=_svg.TITLE_PX,
                               bottom_for=lambda pw: _svg.legend_height(len(legend), pw))
     sizes = (w * col_px - _svg.COL_GAP, np.where(box, _svg.BOX_H, _svg.NODE_H))
-    nb, nbox = sum(data.is_bwd), int(box.sum())
+    nbox = int(box.sum())
     if title is None:
         title = f"Joint graph: {len(modules)} nodes" + (
             f", drawn as {n - nbox} nodes and {nbox} module boxes" if nbox else "")
     rows = len(page.strips)
-    sub = (f"forward ({n - nb}) left→right, backward ({nb}) right←left "
+    c = jl_meta.phase_counts(joint.graph.nodes)  # the card's counts: nodes, not drawn items
+    sub = (f"forward ({c['forward']} ops) left→right, backward ({c['backward']} ops) right←left "
            f"{'below' if arrange == 'stacked' else 'beside'} it"
            + (f"; wrapped into {rows} rows" if rows > 1 else ""))
     return _svg.dag_svg(data, page, sizes, colors, legend, title, sub)
