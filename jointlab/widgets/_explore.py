@@ -14,17 +14,18 @@ drawing, with their edges and their share of every group's counts.
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
-import pandas as pd
 
 from jointlab import meta as _meta
 from jointlab._deprecation import renamed_kwarg
 from jointlab.errors import PlotArgumentError
 from jointlab.viz.dagview import PHASE_COLORS
-from jointlab.viz.frames import frame_html
 from jointlab.widgets._dagcursor import ALL, FIT, DagWidget
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TABLE_ROWS = 50
 PLACEHOLDER_PHASES = ("param", "buffer", "input")
@@ -44,6 +45,8 @@ def node_rows(joint: Any, names: list[str]) -> pd.DataFrame:
         table = joint.nodes
     except ImportError:  # jointlab.analysis.tables not present in this checkout
         by_name = {n.name: _meta.info(n) for n in joint.graph.nodes}
+        import pandas as pd
+
         return pd.DataFrame([by_name[n] for n in names], index=pd.Index(names, name="node"))
     return table.loc[[n for n in names if n in table.index]]
 
@@ -195,8 +198,12 @@ class Explorer:
         self.status.value = (f"<b>{len(names)}</b> node(s) selected{where}: "
                              + html.escape(", ".join(self.selected[:8]))
                              + (" …" if len(self.selected) > 8 else ""))
-        rows = node_rows(self.joint, names[:TABLE_ROWS]) if names else None
-        self.table.value = "" if rows is None else frame_html(rows)
+        if not names:
+            self.table.value = ""
+            return
+        from jointlab.viz.frames import frame_html  # pandas: first needed by a selection
+
+        self.table.value = frame_html(node_rows(self.joint, names[:TABLE_ROWS]))
 
 
 def phase_look(shown: bool, phase: str) -> dict[str, str]:
