@@ -202,3 +202,13 @@ def test_the_plotly_figure_once_built_is_what_is_shown(profile, tmp_path):
     svg = jl.export_figure(view, tmp_path / "m.svg").read_text()
     assert "my title" in svg
     assert not hasattr(view, "no_such_attribute")
+
+
+@pytest.mark.parametrize("peak", [900, 1536, 1.52 * 2**20, 3 * 2**30])
+def test_the_plot_reads_in_the_unit_the_cards_use(peak):
+    """1.52 MiB is '1.52 MiB' in the plot as on the memory card, not '1556.48 KiB'."""
+    from jointlab.units import human_bytes
+    from jointlab.viz.memory import _unit
+
+    scale, unit = _unit(peak)
+    assert human_bytes(peak) == f"{peak / scale:.3g} {unit}"

@@ -37,8 +37,9 @@ def _escaped(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _unit(peak: float) -> tuple[float, str]:
+    """The binary unit the peak reads in: the one human_bytes (the cards) uses."""
     for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if peak >= 2 * scale:
+        if peak >= scale:
             return float(scale), name
     return 1.0, "B"
 
