@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from jointlab.errors import RendererMissingError
 
-Kind = Literal["graph", "memory", "comparison", "modules"]
+Kind = Literal["graph", "memory", "comparison", "modules", "plan"]
 
 #: kind -> the function that draws it (``fn(obj, **options)``).
 _RENDERERS: dict[str, Callable[..., Any]] = {}
@@ -56,9 +56,10 @@ def rich_html(kind: Kind, obj: Any) -> str:
     """The notebook HTML of ``obj`` drawn as the card ``kind``.
 
     Args:
-        kind: ``"graph"`` (summary card), ``"memory"`` (memory card) or
-            ``"comparison"`` (styled comparison summary) or ``"modules"`` (the
-            module summary table of a ``module_summary`` DataFrame).
+        kind: ``"graph"`` (summary card), ``"memory"`` (memory card),
+            ``"comparison"`` (styled comparison summary), ``"plan"`` (a plan
+            check) or ``"modules"`` (the module summary table of a
+            ``module_summary`` DataFrame).
         obj: The JointGraph, MemoryProfile or Comparison to draw.
 
     Returns:
