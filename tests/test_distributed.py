@@ -1021,3 +1021,45 @@ def test_a_pipeline_schedule_inside_train_fn_is_refused_by_name(mode):
             jl.trace(model, step, {"x": torch.randn(4, 4), "y": torch.randn(4, 4)}, mode=mode)
     assert ".item()" not in str(info.value)
     assert ScheduleGPipe.step is not None and "refuse" not in ScheduleGPipe.step.__name__
+
+
+class _PartialOut(nn.Module):
+    """x @ w with w sharded on the contraction dim: the output is a Partial DTensor."""
+
+    def __init__(self, mesh):
+        super().__init__()
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        torch.manual_seed(0)
+        self.w = nn.Parameter(distribute_tensor(torch.randn(16, 8), mesh, [Shard(0)]))
+
+    def forward(self, x):
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        xs = DTensor.from_local(x, self.w.device_mesh, [Replicate()])
+        return xs.redistribute(placements=[Shard(1)]) @ self.w
+
+
+def test_a_loss_from_a_partial_dtensor_gets_the_partial_hint_and_its_advice_works():
+    from torch.distributed.tensor import Partial
+
+    inputs = {"x": torch.randn(4, 16, generator=torch.Generator().manual_seed(1))}
+    with jl.fake_world(4) as world:
+        assert _PartialOut(world.mesh)(**inputs).placements == (Partial(),)
+        with pytest.raises(jl.errors.GradientLostError) as info:
+            jl.trace(_PartialOut(world.mesh), lambda m, x: m(x).pow(2).mean(), inputs)
+        with world.all_ranks():
+            every_rank = _PartialOut(world.mesh)
+        advised = jl.trace_ranks(every_rank,  # what the message advises
+                                 lambda m, x: m(x).full_tensor().pow(2).mean(), inputs)
+        result = jl.run_all_ranks(advised, every_rank, inputs)
+    text = str(info.value)
+    assert "all_reduce" in text and "Partial" in text and "full_tensor()" in text
+    assert "meta" not in text and "cross_entropy" not in text  # the hint for another cause
+    torch.manual_seed(0)
+    w = torch.randn(16, 8).requires_grad_()
+    loss = (inputs["x"] @ w).pow(2).mean()  # one device
+    loss.backward()
+    for rank in range(4):
+        torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(result.grads["w"], w.grad, rtol=1e-5, atol=1e-6)

@@ -154,13 +154,41 @@ def refuse_lost_backward(joint: TracedGraph, no_kernel_ops: list[str]) -> None:
     cause = (f"torch warned that {', '.join(no_kernel_ops)} has no autograd kernel here"
              if no_kernel_ops else "an op on the loss path has no derivative in this trace")
     shown = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+    reduce = _all_reduce_on_loss_path(loss) if loss is not None and not no_kernel_ops else None
     raise GradientLostError(
         f"the traced backward lost the gradients of {len(lost)} of {len(lost) + len(kept)} "
         f"parameters that the loss depends on ({shown}): in the {joint.mode} graph they do "
         f"not depend on the loss, so jointlab would report zeros. {cause} (the loss is "
-        f"computed by {loss_op}{' at ' + where if where else ''}). This happens with "
-        "mode='aot' on the meta device and F.cross_entropy/nll_loss: use mode='make_fx', "
-        "an mse_loss or a hand-written loss ((logits.logsumexp(-1) - logits.gather(-1, "
-        "labels[..., None]).squeeze(-1)).mean()), or trace on CPU fakes instead of meta "
-        "(jointlab.runtime.fakes). For your own op, register its autograd formula."
-    )
+        f"computed by {loss_op}{' at ' + where if where else ''}). "
+        + (_PARTIAL_HINT.format(op=_meta.op_name(reduce),
+                                where=_meta.info(reduce).get("source", "") or "?")
+           if reduce is not None else _META_HINT))
+
+
+_META_HINT = (
+    "This happens with mode='aot' on the meta device and F.cross_entropy/nll_loss: use "
+    "mode='make_fx', an mse_loss or a hand-written loss ((logits.logsumexp(-1) - "
+    "logits.gather(-1, labels[..., None]).squeeze(-1)).mean()), or trace on CPU fakes "
+    "instead of meta (jointlab.runtime.fakes). For your own op, register its autograd "
+    "formula.")
+_PARTIAL_HINT = (
+    "The loss is computed from a Partial DTensor (a sum still pending over the ranks) that "
+    "DTensor all-reduces on the way (a functional {op} at {where}), and this trace does "
+    "not carry the gradient back through that Partial -> Replicate step (an explicit "
+    ".redistribute(placements=[Replicate()]) loses it too). Compute the loss from "
+    "out.full_tensor(), which traces with its gradient, and check the gradients with "
+    "jl.run_all_ranks.")
+
+
+def _all_reduce_on_loss_path(loss: fx.Node) -> fx.Node | None:
+    """The last forward ``all_reduce`` the loss is computed from, or None."""
+    seen, todo = {loss}, [loss]
+    while todo:
+        node = todo.pop(0)
+        if _meta.op_name(node).startswith("all_reduce") and _meta.phase(node) == "forward":
+            return node
+        for src in node.all_input_nodes:
+            if src not in seen:
+                seen.add(src)
+                todo.append(src)
+    return None
