@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.chromium import browser, chromium_path, open_dag_page
+from tests.test_browser import lab  # noqa: F401 - the JupyterLab server fixture
 from tests.util import NEEDS_DISTRIBUTED_TORCH
 
 pytestmark = pytest.mark.browser
@@ -187,21 +188,21 @@ def _overlap(a, b) -> bool:
 def assert_labels_whole_and_apart(d: dict, labels: dict[str, str], what: str) -> None:
     """Each node label is its node's whole label (or a dotted name cut in the middle, its last
     part kept), sits on its node, lies inside the canvas; no two drawn texts overlap."""
-    for lab in d["s"]["labelRects"]:
-        full, text, (x0, y0, x1, y1) = labels[lab["name"]], lab["text"], lab["rect"]
-        assert lab["full"] == full, (what, lab)
+    for lr in d["s"]["labelRects"]:
+        full, text, (x0, y0, x1, y1) = labels[lr["name"]], lr["text"], lr["rect"]
+        assert lr["full"] == full, (what, lr)
         if text != full:  # elided: a dotted name, head and last part kept
             last = full.rsplit(".", 1)[-1]
             assert "." in full and "…" in text and text.endswith(last), (what, text, full)
             head = text.split("…")[0]
             assert full.startswith(head) and len(text) < len(full), (what, text, full)
-        sx, sy, r = *d["disc"][lab["name"]], d["r"]
+        sx, sy, r = *d["disc"][lr["name"]], d["r"]
         inset = min(r, (x1 - x0) / 2) - 0.5
         above_below = (x0 + inset <= sx <= x1 - inset) and (
             sy - r - 14 <= y1 <= sy - r + 0.5 or sy + r - 0.5 <= y0 <= sy + r + 2)
         beside = y0 <= sy <= y1 and (sx + r <= x0 <= sx + r + 4 or sx - r - 4 <= x1 <= sx - r)
-        assert above_below or beside, (what, lab, sx, sy)  # next to its own node
-        assert 0 <= x0 and x1 <= d["W"] and 0 <= y0 and y1 <= d["H"], (what, lab)
+        assert above_below or beside, (what, lr, sx, sy)  # next to its own node
+        assert 0 <= x0 and x1 <= d["W"] and 0 <= y0 and y1 <= d["H"], (what, lr)
     rects = d["rects"] + ([["mini view", d["mini"]]] if d["mini"] else [])
     for k, (ta, ra) in enumerate(rects):
         for tb, rb in rects[k + 1:]:
@@ -281,8 +282,12 @@ def test_lesson_mlp_opens_whole_with_every_name_the_lesson_teaches(tmp_path):
     labels = full_labels(joint)
     path = dag_view(joint, height=440).write_html(tmp_path / "lesson.html")
     with browser() as b:
-        for width in OUTPUT_WIDTH:
-            page, errors = _open(b, path, width)
+        # 570 px: JupyterLab at 1024 with its file browser open; the last page opens wide and
+        # is narrowed (the view is fitted again while the user has not moved it)
+        for width, first in ((1280, 1280), (1024, 1024), (570, 1280)):
+            page, errors = open_dag_page(b, path, width=OUTPUT_WIDTH.get(first, first) + 16,
+                                         height=600, timeout=120_000)
+            page.set_viewport_size({"width": OUTPUT_WIDTH.get(width, width) + 16, "height": 600})
             _settle(page)
             page.screenshot(path=str(SHOTS / f"lesson_mlp_{width}.png"))
             d = page.evaluate(DRAWN)
@@ -404,4 +409,62 @@ def test_keys_typed_in_the_view_never_reach_the_document(tmp_path):
         page.evaluate("() => document.activeElement.blur()")
         page.keyboard.press("Shift+Enter")  # outside the view: heard
         assert "keydown:Enter" in page.evaluate("() => window.__docKeys")
+        assert errors.errors == [], errors.errors
+
+
+LESSON_CELL = '''import torch, torch.nn as nn, torch.nn.functional as F
+import jointlab as jl
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+torch.manual_seed(0)
+joint = jl.trace(MLP(), lambda m, x, y: F.mse_loss(m(x), y),
+                 {"x": torch.randn(5, 3), "y": torch.randn(5, 1)})
+jl.dag_view(joint, height=440)'''
+
+
+def test_shift_enter_in_the_search_box_does_not_run_the_cell_in_jupyterlab(lab, tmp_path):  # noqa: F811
+    """JupyterLab at 1024x768: Enter, Enter, Shift+Enter in the view's search box step
+    through the hits; the cell is not run again (its prompt stays [1], no cell is added)
+    and the view is the same element, its search kept."""
+    import json
+
+    from tests.test_browser import _open_and_run_all
+
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": "lesson",
+                     "metadata": {}, "outputs": [], "source": LESSON_CELL}],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                      "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    src = tmp_path / "keys.ipynb"
+    src.write_text(json.dumps(nb))
+    with browser() as b:
+        page, errors = _open_and_run_all(lab, b, "keys", src=src, min_cells=1)
+        page.set_viewport_size({"width": 1024, "height": 768})
+        page.wait_for_function("() => { const d = document.querySelector('.jl-dag');"
+                               " return d && d.jlView && d.jlView.lastFrameMs >= 0 }")
+        page.evaluate("() => { document.querySelector('.jl-dag').dataset.tag = 'first'; }")
+        search = page.locator(".jl-dag .jl-search")
+        search.click()
+        search.type("mm")
+        search.press("Enter")
+        search.press("Enter")
+        count = page.locator(".jl-dag .jl-count")
+        assert count.text_content().startswith("2 of ")
+        search.press("Shift+Enter")
+        page.wait_for_timeout(1500)  # time for a run the key might have started
+        page.screenshot(path=str(SHOTS / "jupyterlab_shift_enter_1024.png"))
+        prompts = page.eval_on_selector_all(".jp-CodeCell .jp-InputPrompt",
+                                            "ps => ps.map(p => p.textContent.trim())")
+        assert prompts == ["[1]:"], prompts
+        assert page.locator(".jl-dag[data-tag='first']").count() == 1  # not rebuilt
+        assert count.text_content().startswith("1 of ") and search.input_value() == "mm"
         assert errors.errors == [], errors.errors

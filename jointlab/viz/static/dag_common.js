@@ -5,8 +5,9 @@
   const XS = 3.0;          // a column is this many rows wide (room for labels)
   const LABEL_MIN_PX = 44; // a column this wide on screen shows node shapes too (with 1.6x)
   const LABEL_ROW_PX = 10; // rows this tall on screen (px per row) before node labels show
-  const FIRST_K = 12;      // the first view's least zoom (px per row): deeper module levels
-                           // are closed until the graph fits at this zoom, labels drawn
+  const FIRST_K = 12;      // the first view's zoom (px per row) when the whole graph would be
+                           // under LABEL_ROW_PX: deeper module levels are closed until the
+                           // graph's height fits at this zoom, and its left part is shown
   const MINI_RESERVE = 66; // px at the canvas' bottom a fitted view leaves to the mini view
   const MAX_LABELS = 2500; // labels drawn per frame at most
   const MAX_PINNED = 400;  // whole labels drawn per frame on hits, the ringed node and twins
@@ -30,6 +31,7 @@
 .jl-dag .jl-link{color:#0645ad;cursor:pointer;text-decoration:underline;margin-right:6px}
 .jl-dag .jl-legend{padding:2px 6px;border-top:1px solid #eee;min-height:18px;flex:none;max-height:25%;overflow-y:auto}
 .jl-dag .jl-legend span{display:inline-block;margin-right:10px;white-space:nowrap}
+.jl-dag .jl-legend span.jl-status{white-space:normal}
 .jl-dag .jl-legend i{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:-1px}
 .jl-dag .jl-status{color:#555}
 .jl-dag .jl-searchbox{display:inline-flex;gap:2px;align-items:center}

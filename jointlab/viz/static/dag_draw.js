@@ -57,12 +57,12 @@
         let placed = false;
         for (const txt of cands) {
           if (placed || txt === sfx) continue;
-          const w = textWidth(ctx, txt);
-          if (ax + w > W) continue;
+          const w = textWidth(ctx, txt), bx = Math.min(ax, W - w - 3);  // kept inside the canvas
+          if (bx < 2) continue;
           for (const ty of [Math.max(t, 0), Math.max(t, 0) + 13]) {
-            if (ty + 13 > u || !this._occ.place(ax - 2, ty, ax + w + 2, ty + 13)) continue;
-            texts.push([txt, ax, ty + 11]);
-            this.titles.push([gid, ax - 2, ty, ax + w + 2, ty + 13, key & 1, txt]);
+            if (ty + 13 > u || !this._occ.place(bx - 2, ty, bx + w + 2, ty + 13)) continue;
+            texts.push([txt, bx, ty + 11]);
+            this.titles.push([gid, bx - 2, ty, bx + w + 2, ty + 13, key & 1, txt]);
             placed = true;
             break;
           }

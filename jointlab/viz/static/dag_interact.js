@@ -69,6 +69,7 @@
       return out.concat([["(mixed)", "#999"], ["(none)", "#ddd"]]);
     }
     viewChanged() {  // a group's popup belongs to the view it was opened in: close it
+      this._fitted = "";
       if (this.detailKind === "group" && this.detail.style.display !== "none") { this.detail.style.display = "none"; this.detailKind = ""; }
     }
     // -- view transform --------------------------------------------------------
@@ -78,7 +79,7 @@
       const W = this.canvas.clientWidth || 800, H = this.canvas.clientHeight || 500;
       const [x0, y0, x1, y1] = this.world;  // the visible items' extent (layout())
       let k = Math.min(W / (x1 - x0 + 4), H / (y1 - y0 + 3)), Hc = H;
-      if (initial && k < FIRST_K) {
+      if (initial && k < LABEL_ROW_PX) {  // too small for labels: the left part, at FIRST_K
         Hc = Math.max(H - MINI_RESERVE, H / 2);
         k = Math.max(k, Math.min(Hc / (y1 - y0 + 3), FIRST_K));
       }
@@ -87,8 +88,10 @@
       this.ay = Math.max(1, Hc * 0.85 / ((y1 - y0 + 3) * k));
       this.vx = k * (x1 - x0 + 4) > W ? x0 - 2 : (x0 + x1) / 2 - W / 2 / k;
       this.vy = (y0 + y1) / 2 + Hc / 2 / (k * this.ay);
+      this._fitted = initial ? "first" : "all";  // until the user moves the view: fitted again on a resize
       this._renderMini(); this.draw();
     }
+    resized() { if (this._fitted) this.fit(this._fitted === "first"); else this.draw(); }
     // The first view: the deepest open module level is closed while the graph is too tall
     // to show at FIRST_K, so any model opens on labelled nodes and named boxes.
     _closeToFit() {
@@ -145,6 +148,7 @@
         const r = this.mini.getBoundingClientRect(), [x0, y0, x1, y1] = this.world;
         const wx = x0 + (e.clientX - r.left) / this.mini.width * (x1 - x0);
         const wy = y1 - (e.clientY - r.top) / this.mini.height * (y1 - y0);
+        this._fitted = "";
         this.vx = wx - this.canvas.clientWidth / 2 / this.k; this.vy = wy + this.canvas.clientHeight / 2 / (this.k * this.ay); this.draw();
       });
     }
@@ -179,6 +183,7 @@
       const t0 = performance.now();
       band = band || 0;
       if (!this.groupRect(gid, band)) band = 1 - band;
+      this._fitted = "";
       const before = this.groupRect(gid, band), anchor = before && this.toScreen(before[0], (before[1] + before[3]) / 2);
       if (open) this.expanded[gid] = 1;
       else { for (let k = this.glo[gid]; k < this.ghi[gid]; k++) this.expanded[this.groupOrder[k]] = 0; }
@@ -357,7 +362,7 @@
     _acquire() {  // hold the page's resources (again, if the view came back into the document)
       if (LIVE.has(this)) return;
       this.released = false; LIVE.add(this);
-      this._ro = new ResizeObserver(() => this.draw()); this._ro.observe(this._main);
+      this._ro = new ResizeObserver(() => this.resized()); this._ro.observe(this._main);
       if (!watcher) { watcher = new MutationObserver(sweep); watcher.observe(document.documentElement, {childList: true, subtree: true}); }
     }
     release() {  // let go of everything outside the view's elements; a later draw() takes it back
