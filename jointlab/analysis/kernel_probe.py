@@ -49,6 +49,7 @@ from jointlab.analysis.compare.judge import Tolerance, close, errors
 from jointlab.analysis.compare.scale import produced_scale
 from jointlab.analysis.kernels import kernel_map, kernel_table
 from jointlab.analysis.step.runner import ValueRecorder
+from jointlab.analysis.value_stats import _SAME_VALUES as SAME_VALUES
 from jointlab.meta import ROOT_LABEL, graph_draws_random, module_label
 
 __all__ = ["DecomposedDivergence", "KernelCheck", "KernelDivergence",
@@ -339,19 +340,34 @@ def _kernel_check(compiled: Any, gm: fx.GraphModule, buffers: dict[str, str],
     return KernelCheck(None, checked, tuple(unchecked))
 
 
+def _aliases_another(node: fx.Node, pres: list[str]) -> bool:
+    """True when ``node`` only passes on another node of ``pres``'s values (rearranged).
+
+    make_fx's ``detach`` of a value saved for the backward, a ``view`` Inductor
+    folds into the kernel: a post-grad node derived from one and its argument
+    holds the argument's result.
+    """
+    return (_meta.op_name(node) in SAME_VALUES and bool(node.args)
+            and getattr(node.args[0], "name", None) in pres)
+
+
 def _group_outputs(compiled: Any, gm: fx.GraphModule) -> dict[str, list[str]]:
     """``{traced node: post-grad nodes holding its results}`` from Inductor's provenance.
 
     A post-grad node belongs to the last traced node (in graph order) it derives
-    from; it holds a result of that node when a node of another group (or the
-    graph's output) reads it.
+    from, never to a ``detach`` or view of another of them (a log-softmax's
+    result is derived from the ``_log_softmax`` and its ``detach`` nodes: it is
+    the ``_log_softmax``'s); it holds a result of that node when a node of another
+    group (or the graph's output) reads it.
     """
     post_to_pre = (compiled.compiled.provenance or {}).get("postToPre", {})
-    order = {n.name: i for i, n in enumerate(compiled.source.graph.nodes)}
+    traced = {n.name: n for n in compiled.source.graph.nodes}
+    order = {name: i for i, name in enumerate(traced)}
     group: dict[fx.Node, str] = {}
     for post in (n for n in gm.graph.nodes if n.op == "call_function"):
         if pres := [p for p in post_to_pre.get(post.name, []) if p in order]:
-            group[post] = max(pres, key=order.__getitem__)
+            owners = [p for p in pres if not _aliases_another(traced[p], pres)] or pres
+            group[post] = max(owners, key=order.__getitem__)
     out: dict[str, list[str]] = {}
     for post, owner in group.items():
         if any(group.get(u) != owner for u in post.users):
