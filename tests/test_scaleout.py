@@ -227,3 +227,32 @@ def test_aot_subclass_input_descriptor_is_named_not_blamed_on_aliasing():
     # Both modes trace DTensor state, not DTensor inputs: the message must say so.
     assert "trace in both modes (mode='make_fx', the default, or mode='aot')" in msg
     assert "Pass inputs as plain (local) tensors" in msg
+
+
+class _Float8Matmul(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        one = torch.ones(())
+        h = self.fc(x).to(torch.float8_e4m3fn)
+        w = self.fc.weight.to(torch.float8_e4m3fn).t()
+        return torch._scaled_mm(h, w, scale_a=one, scale_b=one, out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "aot"])
+def test_a_backward_without_a_derivative_is_named_by_its_op(mode):
+    model, x = _Float8Matmul(), torch.randn(16, 16)
+    try:  # the reference: eager's own backward, and the op its error names
+        model(x).sum().backward()
+    except RuntimeError as exc:
+        eager = str(exc)
+    else:
+        pytest.skip("this torch has a derivative for _scaled_mm")
+    assert "aten::_scaled_mm" in eager
+    with pytest.raises(jl.errors.TraceError, match=r"failed in the backward .*no derivative "
+                       r"for aten::_scaled_mm.*autograd.Function") as info:
+        jl.trace(model, lambda m, x: m(x).sum(), {"x": x}, mode=mode)
+    assert "no specific check" not in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)

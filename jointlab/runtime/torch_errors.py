@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import sys
 import traceback
 from collections.abc import Iterator
@@ -131,8 +132,23 @@ def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = Trac
     if torch_compat.is_real_tensor_in_fake_trace_error(exc):
         return error(f"{where} failed inside torch{line}: {_UNLIFTED_TENSOR} torch's error is "
                      "chained as __cause__.")
+    no_derivative = _NO_DERIVATIVE.search(str(exc))
+    if no_derivative:  # the backward failed: the op, not only the call of the entry point
+        return error(f"{where} failed in the backward (called{line}): torch has no derivative for "
+                     f"{no_derivative.group(1)}, which the forward calls, so there is no "
+                     f"joint graph (eager's loss.backward() fails the same way). "
+                     + _NO_DERIVATIVE_HINT + " torch's error is chained as __cause__.")
     return error(f"{where} failed inside torch{line}{_graph_line(exc)}: "
                  f"{type(exc).__name__}: {exc}\n{hint}; torch's error is chained as __cause__.")
+
+
+#: torch's error when the backward reaches an op whose derivative it does not implement.
+_NO_DERIVATIVE = re.compile(r"derivative for (\S+) is not implemented")
+_NO_DERIVATIVE_HINT = (
+    "Find where the forward calls it (a float8 matmul: torch._scaled_mm), and give it a "
+    "backward: wrap the call in a torch.autograd.Function whose backward computes the "
+    "gradient (as torchao's Float8Linear does), or detach its inputs where no gradient "
+    "should flow through it.")
 
 
 #: What jointlab says for torch's refusal of a real tensor in AOT's fake trace.
