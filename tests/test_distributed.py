@@ -1063,3 +1063,17 @@ def test_a_loss_from_a_partial_dtensor_gets_the_partial_hint_and_its_advice_work
     for rank in range(4):
         torch.testing.assert_close(result.loss[rank], loss.detach(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(result.grads["w"], w.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_symbolic_rank_read_outside_all_ranks_does_not_say_to_leave_all_ranks():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from jointlab.runtime.rank_reads import _plain
+
+    sym = ShapeEnv().create_unbacked_symint()  # what a compile-on-one-rank read gives
+    with pytest.raises(UnsupportedWrapperError, match="symbolic int") as info:
+        _plain(sym)
+    assert "outside world.all_ranks()" not in str(info.value)  # the user is already outside
+    with jl.fake_world(2) as world, world.all_ranks():
+        with pytest.raises(UnsupportedWrapperError, match=r"trace outside world.all_ranks\(\)"):
+            _plain(sym)

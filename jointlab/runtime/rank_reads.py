@@ -53,9 +53,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_plain(v) for v in value)
     if isinstance(value, torch.SymInt) or (value is not None and not isinstance(value, int)):
+        if compat.every_rank_mode_active():
+            raise UnsupportedWrapperError(
+                f"the user's code read the rank as {value!r}, not a plain int, while jl.trace "
+                "ran (inside a LocalTensorMode, every rank at once); trace outside "
+                "world.all_ranks().")
         raise UnsupportedWrapperError(
-            f"the user's code read the rank as {value!r}, not a plain int, while jl.trace ran "
-            "(inside a LocalTensorMode, every rank at once); trace outside world.all_ranks().")
+            f"a rank or mesh coordinate was read as {value!r}, a symbolic int, not the plain "
+            "int of the rank being traced (torch answers so when it compiles for one rank "
+            "with symbolic coordinates), so jointlab cannot tell which ranks the graph is "
+            "right for. Trace with mode='make_fx', or without "
+            "torch.distributed.config.compile_on_one_rank.")
     return value
 
 

@@ -67,6 +67,7 @@ from jointlab.torch_compat.distributed import backward_node_name as backward_nod
 from jointlab.torch_compat.distributed import clear_dtensor_caches as clear_dtensor_caches
 from jointlab.torch_compat.distributed import coordinate_reader as coordinate_reader
 from jointlab.torch_compat.distributed import every_rank_mode as every_rank_mode
+from jointlab.torch_compat.distributed import every_rank_mode_active as every_rank_mode_active
 from jointlab.torch_compat.distributed import fsdp_mem_tracker as fsdp_mem_tracker
 from jointlab.torch_compat.distributed import fsdp_module_class as fsdp_module_class
 from jointlab.torch_compat.distributed import group_ranks as group_ranks

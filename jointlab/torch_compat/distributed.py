@@ -474,3 +474,15 @@ def clear_dtensor_caches() -> None:
                    getattr(_redistribute, "_gen_transform_infos", None)):
         if callable(getattr(cached, "cache_clear", None)):
             cached.cache_clear()
+
+
+def every_rank_mode_active() -> bool:
+    """True while a ``LocalTensorMode`` (``world.all_ranks()``, every rank at once) is entered.
+
+    False on a torch without ``LocalTensorMode``.
+    """
+    try:
+        from torch.distributed._local_tensor import local_tensor_mode
+    except ImportError:
+        return False
+    return local_tensor_mode() is not None
