@@ -219,6 +219,9 @@ def test_notebook_runs_without_errors(path, tmp_path, capsys):
     with capsys.disabled():
         print(f"\n[notebook] {path.name}: {elapsed:.1f} s")
     assert _errors(nb) == []
+    # the kernel ran in tmp_path as Jupyter runs it in notebooks/: nothing may land there
+    # (05 wrote backprop_mlp.svg beside itself; exports go to a temporary folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "the notebook wrote into its folder"
     assert _unmet_claims(nb, path.stem) == []
     assert _unexplained_warnings(nb) == []
     probe = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
