@@ -1077,3 +1077,42 @@ def test_a_symbolic_rank_read_outside_all_ranks_does_not_say_to_leave_all_ranks(
     with jl.fake_world(2) as world, world.all_ranks():
         with pytest.raises(UnsupportedWrapperError, match=r"trace outside world.all_ranks\(\)"):
             _plain(sym)
+
+
+class _OddRanksScale(nn.Module):
+    """Replicated weights, same shapes on every rank; odd ranks scale: other graphs."""
+
+    def __init__(self, mesh):
+        super().__init__()
+        from torch.distributed.tensor import Replicate, distribute_tensor
+
+        torch.manual_seed(0)
+        self.w = nn.Parameter(distribute_tensor(torch.randn(16, 16), mesh, [Replicate()]))
+
+    def forward(self, x):
+        h = x @ self.w.to_local()
+        return h * 3 if dist.get_rank() % 2 else h
+
+
+def test_collectives_rank_classes_split_ranks_whose_graphs_differ_with_the_same_shapes():
+    def step(m, x):
+        return funcol.all_reduce(m(x), "sum", dist.group.WORLD).pow(2).mean()
+
+    inputs = {"x": torch.randn(4, 16)}
+    with jl.fake_world(4) as world:
+        joint = jl.trace(_OddRanksScale(world.mesh), step, inputs)
+        with world.all_ranks():
+            every_rank = _OddRanksScale(world.mesh)
+        graphs = jl.trace_ranks(every_rank, step, inputs)
+    assert joint.runtime.rank_classes == ((0, 1, 2, 3),)  # the shapes alone
+    ops = {r: [_op(n) for n in graphs[r].graph.nodes] for r in (0, 1)}
+    assert ops[0] != ops[1]  # the reference: rank 1's graph has the scaling, rank 0's not
+    classes = collectives(joint).attrs["rank_classes"]
+    assert sorted(r for cls in classes for r in cls) == [0, 1, 2, 3]
+    assert not any({0, 1} <= set(cls) for cls in classes)  # was ((0, 1, 2, 3),)
+    for cls in classes:  # never coarser than the graphs trace_ranks traced per class
+        assert any(set(cls) <= set(traced) for traced in graphs.classes)
+
+
+def _op(node):
+    return str(node.target) if node.op == "call_function" else node.op

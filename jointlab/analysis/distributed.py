@@ -29,7 +29,7 @@ from jointlab import torch_compat as compat  # LocalTensor names resolve on firs
 from jointlab.analysis.lockstep import per_rank, run_rank_classes
 from jointlab.analysis.plan_check import PlanCheck, check_plan
 from jointlab.errors import StateMismatchError
-from jointlab.runtime.dtensor import DTensorRuntime, is_dtensor
+from jointlab.runtime.dtensor import DTensorRuntime, classes_sharing, is_dtensor
 from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.rank_view import RankGraphs, model_ranks
 from jointlab.runtime.saved_world import WorldRuntime
@@ -94,8 +94,10 @@ def collectives(joint: TracedGraph, mesh: Any = None) -> pd.DataFrame:
 
     Returns:
         A DataFrame with :data:`COLUMNS`, in graph order (empty if none). Its
-        ``attrs["rank_classes"]`` is :attr:`DTensorRuntime.rank_classes` for
-        a DTensor trace (the ranks whose inputs have this graph's shapes), None otherwise.
+        ``attrs["rank_classes"]``, for a DTensor trace, groups the ranks whose inputs
+        have this graph's shapes and that read what it read wherever the trace read
+        the rank (:func:`~jointlab.runtime.dtensor.classes_sharing`; every other rank
+        alone); None otherwise.
     """
     dims = group_dims(joint, mesh)
     rows = []
@@ -108,7 +110,11 @@ def collectives(joint: TracedGraph, mesh: Any = None) -> pd.DataFrame:
                      info.get("module", ""), group, dims.get(group, ""), _bytes(node),
                      _wait_of(node), info.get("source", "")])
     table = pd.DataFrame(rows, columns=COLUMNS)
-    table.attrs["rank_classes"] = getattr(joint.runtime, "rank_classes", None)
+    classes = getattr(joint.runtime, "rank_classes", None)
+    if classes is not None:
+        everyone = tuple(r for cls in classes for r in cls)
+        classes = classes_sharing(classes, joint.assumptions.ranks_allowed(everyone))
+    table.attrs["rank_classes"] = classes
     return table
 
 

@@ -32,8 +32,8 @@ from jointlab.inputs import model_state
 from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
 from jointlab.torch_compat import root_mesh
 
-__all__ = ["DTensorLayout", "DTensorRuntime", "ShardSpec", "dtensor_class", "group_dims",
-           "is_dtensor", "rank_classes"]
+__all__ = ["DTensorLayout", "DTensorRuntime", "ShardSpec", "classes_sharing", "dtensor_class",
+           "group_dims", "is_dtensor", "rank_classes"]
 
 
 def dtensor_class() -> Any:
@@ -268,6 +268,33 @@ def rank_classes(specs: list[ShardSpec]) -> tuple[tuple[int, ...], ...] | None:
     return tuple(tuple(sorted(r)) for r in classes.values())
 
 
+def classes_sharing(classes: tuple[tuple[int, ...], ...] | None, allowed: tuple[int, ...]
+                    ) -> tuple[tuple[int, ...], ...] | None:
+    """Shape classes cut by the trace's rank reads: which ranks may share one traced graph.
+
+    Same local shapes are necessary for ranks to share a graph, not enough: where the
+    trace read the rank (the user's ``dist.get_rank()``, torch's mesh-coordinate reads),
+    ranks that read another value have another graph. Ranks in ``allowed`` (those that
+    read what the trace read) keep their shape class; every other rank is a class of
+    its own, since one trace cannot say which of them share a graph.
+
+    Args:
+        classes: :attr:`DTensorRuntime.rank_classes` (None: not modelled).
+        allowed: ``joint.assumptions.ranks_allowed(ranks)`` of the traced graph.
+
+    Returns:
+        The classes, or None when ``classes`` is None.
+    """
+    if classes is None:
+        return None
+    kept = set(allowed)
+    out: list[tuple[int, ...]] = []
+    for cls in classes:
+        same = tuple(r for r in cls if r in kept)
+        out += ([same] if same else []) + [(r,) for r in cls if r not in kept]
+    return tuple(out)
+
+
 def group_dims(meshes: list[Any]) -> dict[str, str]:
     """Process-group name to mesh dimension name, over ``meshes`` and their root meshes."""
     out: dict[str, str] = {}
@@ -288,7 +315,8 @@ class DTensorRuntime(MakeFxRuntime):
         rank_classes: Ranks grouped by the local shape of every DTensor input;
             ranks of one class feed this graph inputs of the same shapes. This
             is necessary for sharing the graph, not proof of it: the graph may
-            also hold rank-dependent constants. ``jl.run_all_ranks`` runs it
+            also hold rank-dependent constants (:func:`classes_sharing` cuts
+            them by the trace's rank reads). ``jl.run_all_ranks`` runs it
             for every rank and checks each rank against eager; ``jl.trace_ranks``
             traces one graph per class. None when the
             placements are not modelled (e.g. ``_StridedShard``, several meshes).
