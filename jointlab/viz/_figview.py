@@ -62,7 +62,7 @@ _HOVER_JS = r"""
 })();
 """
 
-_STYLE = (".jl-plot{position:relative;max-width:1000px}"
+_STYLE = (".jl-plot{position:relative;max-width:880px}"
           ".jl-plot svg{width:100%;height:auto;display:block}"
           ".jl-plot .jl-tip{position:absolute;display:none;white-space:pre;pointer-events:none;"
           "background:#fff;border:1px solid #888;padding:4px 6px;font:12px system-ui,sans-serif;"
@@ -100,9 +100,15 @@ class PlotView:
         spec: The figure as plotly's figure dict.
     """
 
-    def __init__(self, spec: dict[str, Any], hover: list[list[str]] | None = None) -> None:
-        """Hold ``spec``; ``hover`` is per point of the lines: node, module, op, shape."""
-        self.spec = spec
+    def __init__(self, spec: dict[str, Any], hover: list[list[str]] | None = None,
+                 width: int = 640) -> None:
+        """Hold ``spec``; ``hover`` is per point of the lines: node, module, op, shape.
+
+        ``width`` is the drawing's own width: the notebook scales it to the cell, so
+        text keeps about its size in a cell of that width (a 1024 px window with
+        JupyterLab's file browser open leaves about 590 px).
+        """
+        self.spec, self.width = spec, width
         self._hover = hover
         self._figure: Any = None
 
@@ -128,13 +134,13 @@ class PlotView:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.figure, name)
 
-    def svg(self, width: int = 760) -> str:
-        """The figure as an SVG document (``jl.export_figure``'s drawing)."""
-        return _svgplot.figure_svg(self, width=width)
+    def svg(self, width: int | None = None) -> str:
+        """The figure as an SVG document (``jl.export_figure``'s drawing), ``width`` px wide."""
+        return _svgplot.figure_svg(self, width=width or self.width)
 
     def html(self) -> str:
         """The figure as an HTML fragment: scaled SVG, bar tooltips, a hover read-out of lines."""
-        svg = self.svg()  # 760 wide, scaled to the cell: readable from 600 px up
+        svg = self.svg()
         hover = _hover_rows(self.figure_dict(), self._hover)
         box = f"jl-plot-{uuid.uuid4().hex[:10]}"
         if hover is None:

@@ -280,4 +280,4 @@ def plot_lifetimes(profile: Any, top: int = 50, *, include_state: bool = False) 
     Returns:
         The figure (``.figure`` is the ``plotly.graph_objects.Figure``).
     """
-    return PlotView(lifetimes_spec(profile, top, include_state=include_state))
+    return PlotView(lifetimes_spec(profile, top, include_state=include_state), width=820)
