@@ -20,6 +20,10 @@ what is bisected, and a cached clean region cannot hide one. Where the present
 state differs, the result's ``notes`` say what differs. Patches outside those
 tables (to Inductor's passes or code generators) are not recorded.
 
+Each region's compiled code is kept with ``compiled`` (keyed by the region's
+graph, its input layouts and the compile options): ``compiled.repro`` and a
+second ``bisect`` run what was compiled here instead of compiling it again.
+
 Compiling regions apart changes what Inductor may fuse: a bug that only shows
 when two regions' ops fuse together is not found here, and the result says
 which region, not which kernel, is wrong.
@@ -31,6 +35,7 @@ import contextlib
 import copy
 import math
 import operator
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +55,13 @@ __all__ = ["Bisection", "Region", "RegionCheck", "bisect", "compile_region", "sp
 
 _EXACT_RANDOM = {"fallback_random": True}
 _NO_CACHES = {"force_disable_caches": True, "fx_graph_cache": False}
+# the generated code of a region compiled by Inductor stays readable (compiled.repro writes it)
+_PROVENANCE = {"trace.provenance_tracking_level": 1}
+# per compiled joint: {region key: compiled region}, and the last bisect's split/options
+_REGIONS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Callable[..., Any]]] = \
+    weakref.WeakKeyDictionary()
+_LAST_SPLIT: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, Any]]] = \
+    weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -207,6 +219,44 @@ def compile_region(backend: str, gm: fx.GraphModule, args: list[Any],
     return torch.compile(gm, backend=backend)
 
 
+def _layout(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.stride(), value.dtype, str(value.device))
+    return repr(value)
+
+
+def region_compiled(compiled: Any, gm: fx.GraphModule, region: Region, values: dict[str, Any],
+                    state: Any, options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """``region`` of ``gm`` compiled under ``state``, once per compiled joint.
+
+    The compiled callable is kept with ``compiled``, keyed by the region's graph
+    (its code, which names every node), the layouts of its inputs and the options,
+    so ``compiled.repro`` and a second ``bisect`` reuse what was compiled here.
+
+    Args:
+        compiled: The :class:`jointlab.CompiledJoint` the region comes from.
+        gm: Its joint graph module.
+        region: The region.
+        values: The uncompiled graph's values (the region's example inputs).
+        state: The Inductor state to compile under (:func:`_built_state`).
+        options: Extra Inductor options.
+
+    Returns:
+        A callable taking the region's inputs positionally.
+    """
+    mod = region_module(gm, region)
+    args = [values[n] for n in region.inputs]
+    backend = getattr(compiled, "backend", "inductor")
+    extra = {**(_PROVENANCE if backend == "inductor" else {}), **(options or {})}
+    key = (backend, mod.code, region.inputs, region.outputs,
+           tuple(_layout(a) for a in args), tuple(sorted((k, repr(v)) for k, v in extra.items())))
+    cache = _REGIONS.setdefault(compiled, {})
+    if key not in cache:
+        with _applied(state) as opts:
+            cache[key] = compile_region(backend, mod, args, {**opts, **extra})
+    return cache[key]
+
+
 def uncompiled_values(source: Any, model: nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
     """Every node's value from one run of the uncompiled graph (FX interpreter)."""
     recorder = ValueRecorder(source.graph_module)
@@ -293,16 +343,42 @@ def bisect(compiled: Any, model: nn.Module, inputs: dict[str, Any], *, regions: 
     parts = _with_kernels(compiled, split_regions(gm, regions))
     checks: list[RegionCheck] = []
     first = None
+    _LAST_SPLIT[compiled] = (regions, dict(options or {}))
     for region in parts:
-        mod = region_module(gm, region)
-        args = [values[n] for n in region.inputs]
-        with _applied(state) as opts:
-            fn = compile_region(compiled.backend, mod, args, {**opts, **(options or {})})
+        fn = region_compiled(compiled, gm, region, values, state, options)
         found = _check(region, fn, values, tol, gm)
         checks.extend(found)
         if first is None and not all(c.ok for c in found):
             first = region
     return Bisection(tuple(parts), tuple(checks), first, notes=tuple(notes))
+
+
+def first_region(compiled: Any, values: dict[str, Any], tol: Tolerance, state: Any
+                 ) -> tuple[Region | None, Callable[..., Any] | None, list[str]]:
+    """The first diverging region, split and compiled as the last :func:`bisect` of ``compiled``.
+
+    Regions that bisect (or an earlier call) compiled are not compiled again, and
+    the walk stops at the first region that diverges.
+
+    Args:
+        compiled: A :class:`jointlab.CompiledJoint`.
+        values: The uncompiled graph's values.
+        tol: How values are judged.
+        state: The Inductor state ``compiled`` was built with.
+
+    Returns:
+        ``(region, its compiled callable, its diverging outputs)``; ``(None, None, [])``
+        when no region diverges.
+    """
+    gm = compiled.source.graph_module
+    _refuse_random(gm)
+    k, options = _LAST_SPLIT.get(compiled, (6, {}))
+    for region in _with_kernels(compiled, split_regions(gm, k)):
+        fn = region_compiled(compiled, gm, region, values, state, options)
+        bad = [c.node for c in _check(region, fn, values, tol, gm) if not c.ok]
+        if bad:
+            return region, fn, bad
+    return None, None, []
 
 
 def _built_state(compiled: Any, model: nn.Module, inputs: dict[str, Any]
