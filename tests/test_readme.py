@@ -4,8 +4,8 @@ Each ```python block is executed as written. The "Around the graph" block builds
 GPT itself; for the HF run, the lines that build the model are swapped for a GPT-2 built
 from a config (``use_cache=False``, as the block's comment says) and the demo GPT's module
 names get HF's ``transformer.`` prefix. Blocks that need a world of processes or a mesh
-plan (the distributed sections) are listed in :data:`NOT_RUN` by their first line, so a
-new block is never left out silently.
+plan (the fake-world sections) run with the reader's names supplied for the demo GPT; the
+torchrun script is named in :data:`NOT_RUN`, so a new block is never left out silently.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 
 README = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
 BLOCKS = re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M)
-#: First lines of blocks that cannot run in one process without a mesh plan of the
-#: reader's own model (``plan``, ``build_and_shard``) or torchrun.
+#: First lines of blocks not run as stand-alone scripts: the two fake-world blocks name the
+#: reader's own ``plan`` and ``build_and_shard`` (run below with a TP plan of the demo GPT),
+#: and the torchrun script needs processes (tests/test_real_job.py runs that path).
 NOT_RUN = {
     "with jl.fake_world(4, mesh={\"dp\": 2, \"tp\": 2}) as world:",
     "graphs = jl.trace_ranks(twin, train_fn, inputs)",
@@ -88,3 +89,45 @@ def test_around_the_graph_block_runs(which, tmp_path, monkeypatch):
     assert (tmp_path / "report.html").stat().st_size > 0 and (tmp_path / "g.svg").exists()
     assert ns["c"].compare(ns["model"], ns["inputs"]).ok
     assert ns["big"].memory().peak_bytes > 0
+
+
+def _distributed_blocks() -> str:
+    """The two fake-world blocks, the second continuing inside the first's ``with``."""
+    first = next(b for b in BLOCKS if b.strip().startswith("with jl.fake_world(4"))
+    second = next(b for b in BLOCKS if b.strip().startswith("graphs = jl.trace_ranks("))
+    assert second.startswith("    "), "the second block continues inside the first's with"
+    return first + second
+
+
+@pytest.mark.slow  # traces and runs a tensor-parallel world of 4 ranks
+def test_fake_world_blocks_run_on_the_demo_gpt_with_the_readers_names(tmp_path, monkeypatch):
+    """The blocks name what the reader brings: ``plan`` (a TP plan of their model),
+    ``build_and_shard`` (a fresh sharded copy) and ``collectives``; here a TP plan of the demo
+    GPT's MLPs. Everything else in the blocks runs as written."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from jointlab.analysis.distributed import collectives
+    from jointlab.models import lm_inputs, lm_train_fn, make_gpt2
+
+    def build():
+        return make_gpt2(n_layer=2, d=64, n_head=2, vocab=128, seq=16, dropout=0.0)
+
+    plan = {f"h.{i}.mlp.{k}": style for i in range(2)
+            for k, style in ((0, ColwiseParallel()), (2, RowwiseParallel()))}
+    import jointlab as jl
+
+    names = {"jl": jl, "model": build(), "train_fn": lm_train_fn, "plan": plan,
+             "inputs": lm_inputs(batch_size=2, vocab=128, seq=16),
+             "parallelize_module": parallelize_module, "collectives": collectives}
+    names["build_and_shard"] = lambda: parallelize_module(
+        build(), names["world"].mesh["tp"], plan)
+    monkeypatch.chdir(tmp_path)
+    source = _distributed_blocks()
+    exec(compile(source, "README.md", "exec"), names)  # noqa: S102 - the README's code
+    assert names["res"].matches_eager == {0: True, 1: True, 2: True, 3: True}  # every rank
+    assert len(names["graphs"].classes) >= 1 and names["joint"].runtime.rank_classes
+    assert len(collectives(names["joint"])) > 0
