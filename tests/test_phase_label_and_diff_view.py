@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
@@ -62,3 +63,41 @@ def test_diff_view_is_exported_lazily():
     from jointlab import diff_view as again
 
     assert again is diff_view
+
+
+def test_a_diff_exports_as_svg_png_and_html(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from jointlab.viz.diff import DIFF_COLORS
+    from jointlab.viz.export import find_chromium
+    from tests.test_diff import _forward, _trace, bf16_roundtrip, drop_detach
+
+    model, inputs, a = _trace()
+    _, _, b = _trace()
+    drop_detach(b)
+    bf16_roundtrip(b, _forward(b, torch.ops.aten.addmm.default, "fc1"))
+    d = jl.diff(a, b)
+    view = jl.diff_view(a, b, d)
+    svg = view.export(tmp_path / "diff.svg", depth=None)  # every node drawn
+    stroke = {}
+    for g in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}g"):
+        rect = g.find("{http://www.w3.org/2000/svg}rect")
+        if g.get("class") == "group" and rect is not None:
+            stroke[g.get("data-name")] = rect.get("stroke")
+    # independent reference: the diff's own tables, not the view's layer
+    added, changed = set(d.added["node_b"]), set(d.changed["node_b"])
+    assert added and changed and set(stroke) == {n.name for n in b.graph.nodes}
+    assert {n for n, c in stroke.items() if c == DIFF_COLORS["added"]} == added
+    assert {n for n, c in stroke.items() if c == DIFF_COLORS["changed"]} == changed
+    assert all(c == "#dddddd" for n, c in stroke.items() if n not in added | changed)
+    text = svg.read_text()
+    assert f"+{len(added)} added" in text and ">same</text>" in text
+    page = view.export(tmp_path / "diff.html")
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "jointlabDag" in html
+    assert f"+{len(added)} added" in html
+    assert find_chromium() is not None, "the PNG export needs the system Chromium"
+    png = view.export(tmp_path / "diff.png")  # depth="auto": module boxes take the change
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    with pytest.raises(jl.errors.ExportError, match=r"\.svg, \.png or \.html"):
+        view.export(tmp_path / "diff.pdf")

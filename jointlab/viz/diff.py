@@ -9,14 +9,23 @@ the rest grey. The detail panel of a marked node says what changed, with each
 changed argument's old and new value (``approximate: none -> tanh``), and the
 view opens on the first change: the search bar's next/previous buttons step
 through them ("1 of N"), each drawn with its whole label.
+
+The view it returns, a :class:`DiffView`, exports like the other views:
+``view.export("diff.svg")`` (or ``.png``) draws the same DAG statically with
+:func:`jointlab.export_figure`'s engine and page, items coloured by change in
+the view's colours (a module box takes the change its changed nodes share), and
+``view.export("diff.html")`` writes the interactive view as one standalone page.
 """
 
 from __future__ import annotations
 
+import pathlib
+import re
 from typing import TYPE_CHECKING, Any
 
-from jointlab.errors import PlotArgumentError
+from jointlab.errors import ExportError, PlotArgumentError
 from jointlab.meta import op_name
+from jointlab.viz import _svg
 from jointlab.viz.dagview import DagView, build_payload
 
 if TYPE_CHECKING:
@@ -25,7 +34,7 @@ if TYPE_CHECKING:
     from jointlab.analysis.diff import GraphDiff
     from jointlab.core import TracedGraph
 
-__all__ = ["DIFF_COLORS", "diff_view", "plot_diff"]
+__all__ = ["DIFF_COLORS", "DiffView", "diff_view", "plot_diff"]
 
 #: Colours of the ``change`` layer, by level.
 DIFF_COLORS = {"added": "#2ca02c", "changed": "#ff7f0e", "next to removed": "#d62728",
@@ -79,9 +88,93 @@ def _title(d: GraphDiff) -> str:
             + (f"; first value difference at {first.node_b}" if first else ""))
 
 
+_LEGEND = re.compile(r'<g class="legend-entry"><title>([^<]*)</title>'
+                     r'<rect [^>]*stroke="(#[0-9a-f]{6})"')
+_ATTR = re.compile(r'\b(fill|stroke)="(#[0-9a-f]{6})"')
+
+
+def _recolored(svg: str) -> str:
+    """The static DAG's label colours (ranked by frequency) replaced by :data:`DIFF_COLORS`."""
+    swap = {"stroke": {}, "fill": {}}
+    for label, color in _LEGEND.findall(svg):
+        if (want := DIFF_COLORS.get(label)) is not None:
+            swap["stroke"][color] = want
+            for t in (0.8, 0.55):  # item fill, legend swatch fill
+                swap["fill"][_svg.tint(color, t)] = _svg.tint(want, t)
+    svg = _ATTR.sub(lambda m: f'{m[1]}="{swap[m[1]].get(m[2], m[2])}"', svg)  # all at once
+    return svg.replace("<title>no label</title>", "<title>unchanged nodes</title>").replace(
+        ">(none)</text>", ">same</text>")
+
+
+class DiffView(DagView):
+    """The diff view (:func:`diff_view`): displays like any DAG view, and exports.
+
+    Attributes:
+        change: ``{node of joint_b: "added" | "changed" | "next to removed"}``.
+    """
+
+    def __init__(self, payload: dict[str, Any], height: int, joint_b: TracedGraph,
+                 change: dict[str, str], title: str) -> None:
+        """Wrap a payload from :func:`diff_view` with what a static figure needs."""
+        super().__init__(payload, height)
+        self.change = change
+        self._joint = joint_b
+        self._title = title
+
+    def svg_text(self, *, depth: int | str | None = "auto", max_groups: int = 60,
+                 title: str | None = None, **page: Any) -> str:
+        """The static SVG of the diff (see :meth:`export` for the arguments)."""
+        from jointlab.viz.export import dag_svg_text
+
+        svg = dag_svg_text(self._joint, depth=depth, max_groups=max_groups,
+                           title=title or self._title, color_by="change",
+                           layers={"change": self.change}, **page)
+        return _recolored(svg)
+
+    def export(self, path: str | pathlib.Path, *, depth: int | str | None = "auto",
+               max_groups: int = 60, title: str | None = None, aspect: float | None = 1.414,
+               width: float | None = None, arrange: str = "stacked",
+               timeout_s: float = 60.0) -> pathlib.Path:
+        """Write the diff as a static ``.svg``/``.png`` figure or a standalone ``.html`` page.
+
+        Args:
+            path: Output file; the suffix chooses the format.
+            depth: Module-tree levels opened, ``"auto"`` (whole levels while at most
+                ``max_groups`` items are drawn) or ``None`` (every node), as in
+                :func:`jointlab.export_figure`; not used for ``.html``.
+            max_groups: For ``depth="auto"``: the most items drawn.
+            title: Heading (default: the counts of changes).
+            aspect: The page's width/height (None: no target).
+            width: The page width in pixels to fit.
+            arrange: ``"stacked"`` (forward over backward) or ``"side"``.
+            timeout_s: How long Chromium may take for a PNG.
+
+        Returns:
+            The path written.
+
+        Raises:
+            ExportError: Another suffix, a bad page argument, or no Chromium for a PNG.
+        """
+        out = pathlib.Path(path)
+        suffix = out.suffix.lower()
+        if suffix == ".html":
+            return self.write_html(out)
+        if suffix not in (".svg", ".png"):
+            raise ExportError(f"a diff exports to .svg, .png or .html, got {out.name!r}")
+        svg = self.svg_text(depth=depth, max_groups=max_groups, title=title, aspect=aspect,
+                            width=width, arrange=arrange)
+        if suffix == ".svg":
+            out.write_text(svg, encoding="utf-8")
+        else:
+            from jointlab.viz.export import _png
+
+            _png(svg, out, timeout_s)
+        return out
+
+
 def diff_view(joint_a: TracedGraph, joint_b: TracedGraph, d: GraphDiff | None = None, *,
               depth: int | None = None, height: int = 600, title: str | None = None,
-              budget: int | None = None) -> DagView:
+              budget: int | None = None) -> DiffView:
     """The DAG of ``joint_b`` with what changed since ``joint_a`` marked and explained.
 
     Args:
@@ -95,8 +188,8 @@ def diff_view(joint_a: TracedGraph, joint_b: TracedGraph, d: GraphDiff | None = 
         budget: Most nodes and boxes drawn at first (see :func:`jointlab.dag_view`).
 
     Returns:
-        A :class:`jointlab.viz.dagview.DagView` coloured by ``change``, opened on the
-        first change.
+        A :class:`DiffView` coloured by ``change``, opened on the first change
+        (``.export(path)`` writes it as ``.svg``, ``.png`` or ``.html``).
 
     Raises:
         PlotArgumentError: ``d`` was not computed from these two graphs as they are now.
@@ -122,10 +215,10 @@ def diff_view(joint_a: TracedGraph, joint_b: TracedGraph, d: GraphDiff | None = 
     payload["title"] = title or f"{_title(d)} · {payload['title']}"
     if depth is not None:
         payload["expanded"] = [g for g, lv in enumerate(payload["groups"]["level"]) if lv < depth]
-    return DagView(payload, height=height)
+    return DiffView(payload, height, joint_b, level, title or _title(d))
 
 
-def plot_diff(d: Any, joint_a: Any, joint_b: Any = None, **kw: Any) -> DagView:
+def plot_diff(d: Any, joint_a: Any, joint_b: Any = None, **kw: Any) -> DiffView:
     """Draw a diff on the DAG of ``joint_b``: :func:`diff_view`, with the diff first.
 
     ``plot_diff(d, joint_a, joint_b, ...)`` as before, or ``plot_diff(joint_a, joint_b)``.
@@ -137,7 +230,7 @@ def plot_diff(d: Any, joint_a: Any, joint_b: Any = None, **kw: Any) -> DagView:
         **kw: :func:`diff_view` options: ``depth``, ``height``, ``title``, ``budget``.
 
     Returns:
-        A :class:`jointlab.viz.dagview.DagView`.
+        A :class:`DiffView` (``.export(path)``: ``.svg``, ``.png`` or ``.html``).
 
     Raises:
         PlotArgumentError: ``d`` was not computed from these two graphs as they are now.
