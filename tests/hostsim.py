@@ -332,6 +332,7 @@ def _run(notebook: pathlib.Path, workdir: pathlib.Path, colab: bool) -> dict:
         "outputs": output_mimetypes(nb, skip=setup + 1),
         "stdout": "".join(o.get("text", "") for c in nb.cells[setup + 1:-1]
                           for o in c.get("outputs", []) if o.get("output_type") == "stream"),
+        "executed": nb,  # the notebook with its outputs (the tests look for warnings in it)
     }
 
 

@@ -34,6 +34,7 @@ from packaging.requirements import Requirement
 from tests import classic_front, hostsim
 from tests.chromium import chromium_path
 from tests.test_browser import _free_port
+from tests.test_notebooks import _unexplained_warnings, nbformat
 
 pytest.importorskip("nbclient")  # the suite's runner; the venvs install their own
 tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11+ to read pyproject.toml")
@@ -109,6 +110,7 @@ def _check_colab_run(result: dict, before: dict, after: dict) -> dict:
     assert "CHANGED" not in setup and "kept torch" in setup, setup
     bad = hostsim.unrendered(result["outputs"])
     assert not bad, f"outputs Colab would show as bare text: {bad}"
+    assert _unexplained_warnings(nbformat.from_dict(result["executed"])) == []
     return diff
 
 
@@ -265,6 +267,7 @@ def test_binder_build_runs_every_notebook(tmp_path, capsys):
         # the image's editable install serves the notebooks; the setup cell installs nothing
         assert pathlib.Path(probe["jointlab_file"]).resolve().is_relative_to(hostsim.ROOT)
         assert result["setup_output"] == "", result["setup_output"]
+        assert _unexplained_warnings(nbformat.from_dict(result["executed"])) == []
         times[notebook.stem] = result["seconds"]
     with capsys.disabled():
         print(f"\n[binder] requirements.txt {t_req:.0f} s, notebooks "
