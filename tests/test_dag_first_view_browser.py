@@ -16,11 +16,15 @@ import os
 import pathlib
 
 import pytest
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from tests.chromium import browser, chromium_path, open_dag_page
+from tests.fixtures.view_models import (
+    collective_view,
+    falcon_joint,
+    gptj_joint,
+    lesson_joint,
+    unet_joint,
+)
 from tests.test_browser import lab  # noqa: F401 - the JupyterLab server fixture
 from tests.util import NEEDS_DISTRIBUTED_TORCH
 
@@ -29,122 +33,6 @@ SHOTS = pathlib.Path(os.environ.get("JOINTLAB_DAG_SHOTS", "/tmp/dag_shots"))
 VIEW = "document.querySelector('.jl-dag').jlView"
 OUTPUT_WIDTH = {1280: 1150, 1024: 894}  # a notebook cell's output area at that window width
 KEY_CATEGORIES = {"matmul", "conv", "norm", "collective"}
-
-
-class LessonMLP(nn.Module):
-    """Notebook 05's network: x -> fc1 -> tanh -> fc2."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.act, self.fc2 = nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-def _block(cin: int, cout: int) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
-
-
-class UNet(nn.Module):
-    """Two levels down (max-pool, conv/BN/ReLU), two up (transposed conv), skips by concat."""
-
-    def __init__(self, c: int = 8) -> None:
-        super().__init__()
-        self.inc = _block(3, c)
-        self.down = nn.ModuleList([nn.Sequential(nn.MaxPool2d(2), _block(c, 2 * c)),
-                                   nn.Sequential(nn.MaxPool2d(2), _block(2 * c, 4 * c))])
-        self.up = nn.ModuleList([nn.ConvTranspose2d(4 * c, 2 * c, 2, stride=2),
-                                 nn.ConvTranspose2d(2 * c, c, 2, stride=2)])
-        self.dec = nn.ModuleList([_block(4 * c, 2 * c), _block(2 * c, c)])
-        self.out = nn.Conv2d(c, 2, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x1 = self.inc(x)
-        x2 = self.down[0](x1)
-        y = self.dec[0](torch.cat([x2, self.up[0](self.down[1](x2))], 1))
-        return self.out(self.dec[1](torch.cat([x1, self.up[1](y)], 1)))
-
-
-def lesson_joint():
-    import jointlab as jl
-
-    torch.manual_seed(0)
-    return jl.trace(LessonMLP(), lambda m, x, y: F.mse_loss(m(x), y),
-                    {"x": torch.randn(5, 3), "y": torch.randn(5, 1)})
-
-
-def unet_joint():
-    import jointlab as jl
-
-    torch.manual_seed(0)
-    return jl.trace(UNet(), lambda m, x, y: F.cross_entropy(m(x), y),
-                    {"x": torch.randn(2, 3, 16, 16), "y": torch.randint(0, 2, (2, 16, 16))})
-
-
-def _hf_lm(model):
-    import jointlab as jl
-
-    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-    return jl.trace(model, lambda m, input_ids, labels: m(
-        input_ids=input_ids, labels=labels, use_cache=False).loss,
-        {"input_ids": ids, "labels": ids})
-
-
-def falcon_joint():
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                    num_attention_heads=4, hidden_dropout=0.0,
-                                    attention_dropout=0.0)
-    return _hf_lm(transformers.FalconForCausalLM(cfg).train())
-
-
-def gptj_joint():
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4,
-                                  n_positions=32, rotary_dim=4, bos_token_id=0,
-                                  eos_token_id=0)
-    return _hf_lm(transformers.GPTJForCausalLM(cfg).train())
-
-
-class _TPBlock(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.RMSNorm(32)
-        self.up, self.down = nn.Linear(32, 64, bias=False), nn.Linear(64, 32, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.silu(self.up(self.norm(x))))
-
-
-def collective_view():
-    """A 2-block MLP stack, tensor-parallel on a fake 2-rank world, coloured by collective."""
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    import jointlab as jl
-    from jointlab.analysis.distributed import collectives
-    from jointlab.viz.dagview import dag_view
-
-    torch.manual_seed(0)
-    model = nn.Sequential(_TPBlock(), _TPBlock())
-    plan = {f"{i}.{n}": s for i in range(2) for n, s in (("up", ColwiseParallel()),
-                                                          ("down", RowwiseParallel()))}
-    with jl.fake_world(2, mesh={"tp": 2}) as world:
-        model = parallelize_module(model, world.mesh["tp"], plan)
-        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(1))
-        joint = jl.trace(model, lambda m, x: m(x).pow(2).mean(), {"x": x})
-    table = collectives(joint)
-    assert len(table) >= 4
-    labels = {r.node: f"{r.op} · {r.mesh_dim} · {r.phase}" for r in table.itertuples()}
-    return joint, dag_view(joint, layers={"collective": labels}, color_by="collective")
 
 
 def key_ops(joint) -> dict[str, str]:

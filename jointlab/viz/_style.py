@@ -29,12 +29,20 @@ PALETTE: tuple[str, ...] = (
 )
 
 
+def _parent(prefix: str) -> str | None:
+    return prefix.rsplit(".", 1)[0] if "." in prefix else ("" if prefix else None)
+
+
 def module_colors(prefixes: Iterable[str]) -> dict[str, str]:
     """A stable colour for every module prefix, keyed by name.
 
-    Siblings (prefixes at the same depth) take successive palette colours in
-    the order they first appear in ``prefixes`` (pass them in graph order),
-    so neighbouring modules differ and the result depends only on the graph.
+    Modules take colours in the order they first appear in ``prefixes`` (pass them
+    in graph order), each the palette colour used longest ago (never used first) among
+    those its parent and its siblings so far do not have: siblings differ while there
+    are colours for them, a module differs from its parent, and a colour comes back as
+    late as that allows, whatever the depth (``up`` and ``down.1`` of a U-Net differ;
+    colours counted per depth gave them the same one). The result depends only on the
+    graph.
 
     Args:
         prefixes: Module prefixes such as ``"transformer.h.0.attn"``, in graph
@@ -44,12 +52,18 @@ def module_colors(prefixes: Iterable[str]) -> dict[str, str]:
         ``{prefix: "#rrggbb"}`` for every distinct prefix given.
     """
     seen: dict[str, str] = {}
-    per_depth: dict[int, int] = {}
+    last = dict.fromkeys(PALETTE, -1)
+    kids: dict[str | None, set[str]] = {}
     for p in prefixes:
         if p in seen:
             continue
-        depth = p.count(".") + 1 if p else 0
-        k = per_depth.get(depth, 0)
-        per_depth[depth] = k + 1
-        seen[p] = PALETTE[k % len(PALETTE)]
+        parent = _parent(p)
+        taken = kids.setdefault(parent, set())
+        avoid = taken | {seen.get(parent or "", "")} if parent is not None else taken
+        pool = [c for c in PALETTE if c not in avoid] or [
+            c for c in PALETTE if c != seen.get(parent or "")] or list(PALETTE)
+        color = min(pool, key=lambda c: (last[c], PALETTE.index(c)))
+        seen[p] = color
+        last[color] = len(seen)
+        taken.add(color)
     return seen

@@ -40,10 +40,19 @@ LEGEND_ROWS = 3
 
 
 def short(text: str, limit: int = MAX_LABEL) -> str:
-    """``text`` cut to ``limit`` characters with a middle ellipsis (``transf…h.11``)."""
+    """``text`` cut to ``limit`` characters with a middle ellipsis.
+
+    A dotted name keeps its last parts whole (``transfo…h.0.self_attention``), anything
+    else both ends.
+    """
     if len(text) <= limit:
         return text
     keep = limit - 1
+    parts = text.split(".")
+    for k in range(min(3, len(parts) - 1), 0, -1):  # the longest tail of whole parts that fits
+        tail = ".".join(parts[-k:])
+        if len(tail) <= keep - 3:
+            return text[: keep - len(tail)] + "…" + tail
     return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2):]
 
 
@@ -139,18 +148,47 @@ def _clip(x0: float, y0: float, x1: float, y1: float, hw: float, hh: float
     return (x1 - dx * min(t, 1.0), y1 - dy * min(t, 1.0))
 
 
-def _edge(s: int, d: int, page: Page, bw: np.ndarray, bh: np.ndarray, bwd: np.ndarray) -> str:
+def _stub_label(text: str, x: float, y: float, anchor: str, row: int, page_w: float) -> str:
+    """The other end of an edge between rows, named beside its stub (``→ cat_1 (row 3)``).
+
+    Kept on the page: moved up a line, inside the margin, where it would run off.
+    """
+    w = 5.2 * len(text)  # 9 px font
+    if anchor == "end" and x - w < 4:
+        x, y, anchor = 4.0, y - 9, "start"
+    elif anchor == "start" and x + w > page_w - 4:
+        x, y, anchor = page_w - 4, y - 9, "end"
+    return (f'<text class="edge-end" x="{x:.1f}" y="{y - 3:.1f}" text-anchor="{anchor}" '
+            f'font-size="9" fill="#666" stroke="none" data-row="{row}">{escape(text)}</text>')
+
+
+def _edge(s: int, d: int, page: Page, bw: np.ndarray, bh: np.ndarray, bwd: np.ndarray,
+          names: Sequence[str] = (), ids: Sequence[str] = ()) -> str:
+    return _edge_path(s, d, page, bw, bh, bwd, names).replace(
+        "<path ", f"<path data-src={quoteattr(ids[s])} data-dst={quoteattr(ids[d])} ", 1
+    ) if ids else _edge_path(s, d, page, bw, bh, bwd, names)
+
+
+def _edge_path(s: int, d: int, page: Page, bw: np.ndarray, bh: np.ndarray, bwd: np.ndarray,
+               names: Sequence[str] = ()) -> str:
     cx, cy = page.cx, page.cy
     hs, hd = (bw[s] / 2, bh[s] / 2), (bw[d] / 2, bh[d] / 2)
     x0, y0, x1, y1 = cx[s], cy[s], cx[d], cy[d]
     ss, sd = int(page.strip[s]), int(page.strip[d])
-    if ss != sd:  # to another row: a short dashed stub out of one box and into the other
-        out = 1.0 if sd > ss else -1.0
+    if ss != sd:  # to another row: a dashed stub out of one box and into the other, each
+        out = 1.0 if sd > ss else -1.0  # naming the box at its other end and that box's row
         a = x0 + out * hs[0]
         b = x1 - out * hd[0]
+        ends = ""
+        if names:
+            far, near = ("start", "end") if out > 0 else ("end", "start")
+            ends = (_stub_label(f"→ {short(names[d], 18)} (row {sd + 1})", a + out * 2, y0,
+                                far, sd, page.width)
+                    + _stub_label(f"{short(names[s], 18)} (row {ss + 1}) →", b - out * 2, y1,
+                                  near, ss, page.width))
         return (f'<path class="edge-cut" d="M{a:.1f},{y0:.1f} h{out * STUB:.1f} '
                 f'M{b - out * STUB:.1f},{y1:.1f} H{b:.1f}" stroke-dasharray="3 2" '
-                'marker-end="url(#arrow)"/>')
+                'marker-end="url(#arrow)"/>' + ends)
     if bwd[s] != bwd[d] and page.strips[ss].bwd[1] > page.strips[ss].fwd[3]:  # via the gap
         mid_y = (page.strips[ss].fwd[3] + page.strips[ss].bwd[1]) / 2
         mx = (x0 + x1) / 2
@@ -213,6 +251,7 @@ def dag_svg(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], colors:
     bw, bh = sizes
     bwd = np.asarray(data.is_bwd, dtype=bool)
     chars = max(int((w - 48) / 8.5), 20)
+    firsts = [ln[0] for ln in item_lines(data)]
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="jl-dag-static" width="100%" '
         f'viewBox="0 0 {w:.0f} {h:.0f}" data-width="{w:.0f}" data-height="{h:.0f}" '
@@ -227,7 +266,8 @@ def dag_svg(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], colors:
         f'{escape(short(subtitle, int(chars * 1.25)))}</text>',
         *_captions(page),
         '<g fill="none" stroke="#8a8a9a" stroke-width="1.1">',
-        *(_edge(s, d, page, bw, bh, bwd) for s, d in zip(data.src.tolist(), data.dst.tolist())),
+        *(_edge(s, d, page, bw, bh, bwd, firsts, data.names)
+          for s, d in zip(data.src.tolist(), data.dst.tolist())),
         "</g>",
         *(_box(m, data.names[i], lines, page.cx[i], page.cy[i], bw[i], bh[i], colors[i],
                int(page.strip[i]), int(bwd[i]))

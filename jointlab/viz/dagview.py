@@ -30,6 +30,7 @@ from jointlab import meta as _meta
 from jointlab.passes.analyze import require_analyzed
 from jointlab.viz import _hierarchy, _legend
 from jointlab.viz._style import PALETTE, PHASE_COLORS, module_colors
+from jointlab.viz._viewitems import label_tiers, node_label
 
 JS_DIR = pathlib.Path(__file__).parent / "static"
 #: The renderer's parts, in the order they are concatenated (each may use what comes before).
@@ -49,7 +50,7 @@ nodes        per node i, in graph order:
   cat          -> tables.cat: cost category
   src          -> tables.source: user source line
   twin         index of the forward twin of a backward node, else -1
-  tier         label priority (:func:`label_tiers`): 0 key ops first, 3 plumbing last
+  tier         label priority (viz._viewitems.label_tiers): 0 key ops first, 3 plumbing last
   flops, bytes int
   saved        indices of the nodes saved for backward (sparse)
   recompute    indices of the nodes recomputed by checkpointing (sparse)
@@ -75,64 +76,6 @@ hits         optional node indices found at first (the diff view: its changes), 
 """
 DEFAULT_BUDGET = 2000
 BACKWARD_PHASES = _meta.BACKWARD_PHASES
-
-
-def node_label(node: Any, m: dict[str, Any], ops: dict[Any, str] | None = None) -> str:
-    """Short label: parameter/buffer FQN, input path, else the op name (``mm``).
-
-    ``ops`` memoises op names by ``(op, target)`` across the nodes of one graph.
-    """
-    if m.get("fqn"):
-        return str(m["fqn"])
-    if m.get("input_path"):
-        return str(m["input_path"])
-    if ops is None:
-        return _meta.op_name(node)
-    key = (node.op, node.target)
-    if key not in ops:
-        ops[key] = _meta.op_name(node)
-    return ops[key]
-
-
-#: Categories whose ops are what a reader looks for first (labelled before anything else).
-KEY_CATEGORIES = frozenset({"matmul", "conv", "norm", "collective"})
-_KEY_WORDS = ("loss", "softmax", "attention", "embedding")
-
-
-def _is_key_op(label: str, category: str) -> bool:
-    return category in KEY_CATEGORIES or any(w in label for w in _KEY_WORDS)
-
-
-def label_tiers(nodes: list[Any], infos: list[dict[str, Any]], labels: list[str]) -> list[int]:
-    """Per node its label priority: where labels compete for room, lower tiers win.
-
-    0: key ops (:data:`KEY_CATEGORIES`, losses, softmax, attention, embeddings);
-    1: placeholders and the graph's output; 2: other computing ops; 3: plumbing: views,
-    and ops that read no placeholder (constants such as an attention mask built from
-    ``arange``/``full``).
-
-    Args:
-        nodes: The graph's nodes, in order.
-        infos: Their :func:`jointlab.meta.info` dicts.
-        labels: Their labels (:func:`node_label`).
-
-    Returns:
-        One tier per node.
-    """
-    index = {n: i for i, n in enumerate(nodes)}
-    const = [False] * len(nodes)
-    out = []
-    for i, (n, m, lab) in enumerate(zip(nodes, infos, labels)):
-        ins = n.all_input_nodes
-        const[i] = n.op == "call_function" and all(const[index[a]] for a in ins)
-        cat = str(m.get("category", ""))
-        if n.op in ("placeholder", "output"):
-            out.append(1)
-        elif const[i] or cat == "view" or lab in ("detach", "alias"):
-            out.append(3)
-        else:
-            out.append(0 if _is_key_op(lab, cat) else 2)
-    return out
 
 
 def title_text(joint: Any) -> str:

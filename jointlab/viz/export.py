@@ -82,7 +82,9 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
         depth: Module-tree levels opened, as in ``dag_view`` (levels count where the
             module tree branches); ``"auto"``: whole levels while at most ``max_groups``
             items (nodes and boxes) are drawn, as ``dag_view(budget=...)`` opens;
-            ``None``: every node.
+            ``None``: every node. Unless ``None``, open modules' plumbing (views,
+            ``getitem``, ``detach``, ops building constants) is folded into the edges,
+            and the subtitle says how many.
         max_groups: Item budget of ``depth="auto"``.
         title: Heading; a summary line by default.
         aspect: Target width/height of the page (1.414: landscape A4); the rows
@@ -106,7 +108,10 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
     _check_page_args(aspect, width, arrange, color_by, layers)
     _check_depth(depth)
     require_analyzed(joint.graph_module)
-    data, rank = view_items(joint, depth, max_groups)
+    # module boxes hold everything; an open module's plumbing (views, getitem, detach, ops
+    # building constants such as masks) is folded into its edges unless every node is asked
+    data, rank = view_items(joint, depth, max_groups, fold_plumbing=depth is not None)
+    folded = len(joint.graph.nodes) - sum(len(m) for m in data.members)
     data = in_view_order(data, rank)
     n = len(data.names)
     box = np.asarray(["count" in m for m in data.info], dtype=bool)
@@ -131,7 +136,9 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
     c = jl_meta.phase_counts(joint.graph.nodes)  # the card's counts: nodes, not drawn items
     sub = (f"forward ({c['forward']} ops) left→right, backward ({c['backward']} ops) right←left "
            f"{'below' if arrange == 'stacked' else 'beside'} it"
-           + (f"; wrapped into {rows} rows" if rows > 1 else ""))
+           + (f"; wrapped into {rows} rows" if rows > 1 else "")
+           + (f"; {folded} plumbing ops (views, getitem, detach, constants) folded into "
+              "the edges" if folded else ""))
     return _svg.dag_svg(data, page, sizes, colors, legend, title, sub)
 
 
