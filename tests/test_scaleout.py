@@ -256,3 +256,9 @@ def test_a_backward_without_a_derivative_is_named_by_its_op(mode):
         jl.trace(model, lambda m, x: m(x).sum(), {"x": x}, mode=mode)
     assert "no specific check" not in str(info.value)
     assert isinstance(info.value.__cause__, RuntimeError)
+    if mode == "make_fx":  # the forward's call, from make_fx's own stack trace of that node
+        import inspect
+
+        lines, first = inspect.getsourcelines(_Float8Matmul.forward)
+        call = first + next(i for i, t in enumerate(lines) if "torch._scaled_mm(" in t)
+        assert f"which the forward calls at test_scaleout.py:{call}," in str(info.value)

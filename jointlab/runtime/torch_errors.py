@@ -24,6 +24,7 @@ from jointlab.passes.annotate import (
     frame_text,
     innermost_user_frame,
     is_user_frame,
+    user_source,
 )
 
 __all__ = ["caller_line", "torch_errors", "user_line_of_frames", "wrap_exception"]
@@ -134,12 +135,37 @@ def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = Trac
                      "chained as __cause__.")
     no_derivative = _NO_DERIVATIVE.search(str(exc))
     if no_derivative:  # the backward failed: the op, not only the call of the entry point
-        return error(f"{where} failed in the backward (called{line}): torch has no derivative for "
-                     f"{no_derivative.group(1)}, which the forward calls, so there is no "
+        forward = getattr(exc, "jointlab_forward_source", "")
+        return error(f"{where} failed in the backward (called{line}): torch has no "
+                     f"derivative for {no_derivative.group(1)}, which the forward calls"
+                     f"{' at ' + forward if forward else ''}, so there is no "
                      f"joint graph (eager's loss.backward() fails the same way). "
                      + _NO_DERIVATIVE_HINT + " torch's error is chained as __cause__.")
     return error(f"{where} failed inside torch{line}{_graph_line(exc)}: "
                  f"{type(exc).__name__}: {exc}\n{hint}; torch's error is chained as __cause__.")
+
+
+def note_forward_source(exc: BaseException) -> None:
+    """Remember on ``exc`` where the forward called the op a failed backward has no derivative for.
+
+    Call it while make_fx still traces (the forward's nodes, with their stack traces,
+    are in its graph): :func:`wrap_exception` then names that line.
+
+    Args:
+        exc: The error ``torch.autograd.grad`` raised.
+    """
+    hit = _NO_DERIVATIVE.search(str(exc))
+    mode = torch_compat.get_proxy_mode() if hit else None
+    graph = getattr(getattr(mode, "tracer", None), "graph", None)
+    if hit is None or graph is None:
+        return
+    name = hit.group(1).split("::")[-1]
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and str(node.target).split(".")[-2:-1] == [name]:
+            source = user_source(node.meta.get("stack_trace"))
+            if source:
+                exc.jointlab_forward_source = source  # type: ignore[attr-defined]
+            return
 
 
 #: torch's error when the backward reaches an op whose derivative it does not implement.

@@ -27,6 +27,7 @@ from jointlab.passes.probes import write_probes
 from jointlab.runtime.dtensor import DTensorLayout
 from jointlab.runtime.fakes import fakeify, symbolic_dispatch, symbolic_fake_mode
 from jointlab.runtime.snapshot import ModelSnapshot
+from jointlab.runtime.torch_errors import note_forward_source
 from jointlab.runtime.train_fn import check_loss, split_loss
 from jointlab.torch_compat import (
     TracingContext,
@@ -146,7 +147,11 @@ def _joint_fn(model, train_fn, fqns, req, layout, fake_mode, hooks):
                 check_loss(loss)
                 params = [state[n] for n in param_names]
                 wrt = [*params, *(tensors[p] for p in req.grad_paths)]  # inputs requiring grad
-                grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+                try:
+                    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+                except RuntimeError as exc:  # name the forward's call of a backward failing
+                    note_forward_source(exc)
+                    raise
             finally:
                 hooks.remove()
         n = len(params)
