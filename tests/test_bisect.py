@@ -87,9 +87,16 @@ def test_bisect_checks_the_clean_code_held_even_while_a_bug_is_patched_in(mlp_bi
                                                                           monkeypatch):
     model, inputs, _, compiled, _ = mlp_bisected  # compiled before any patch: clean code
     _wrong_relu(monkeypatch)
-    found = jl.bisect(compiled, model, inputs, regions=4)
+    calls = []
+    compile_ = torch_compat.inductor_compile
+    monkeypatch.setattr(torch_compat, "inductor_compile",
+                        lambda *a, **k: calls.append(1) or compile_(*a, **k))
+    # options other than the fixture's (a default value): every region is compiled now,
+    # under the patch, not taken from the fixture's bisect
+    found = jl.bisect(compiled, model, inputs, regions=4, options={"max_autotune": False})
     print(found)
     assert found.ok, found
+    assert len(calls) == len(found.regions), "regions reused, not compiled under the patch"
     assert any("lowering of aten.relu.default" in n for n in found.notes), found.notes
     lowering = torch_compat.torch_module("torch._inductor.lowering", "check the patch stays")
     assert lowering.lowerings[aten.relu.default] is lowering.lowerings[aten.abs.default]
