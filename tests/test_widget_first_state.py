@@ -171,3 +171,15 @@ def test_every_widget_we_build_opens_with_its_whole_state(traced, name):
         app = root.explorer
         assert all(b.icon == "check" and b.button_style == "info"
                    for b in app.phases.values())  # the toggles' look, not set after
+
+
+def test_a_cursor_on_a_name_outside_the_graph_opens_unringed(traced):
+    """A ring on a name the graph does not have is refused before the widget opens."""
+    from jointlab.widgets._dagcursor import DagCursor
+
+    joint, *_ = traced
+    with first_state_changes() as changed:
+        cursor = DagCursor(joint, at="not_a_node")
+    assert changed == [] and cursor.current == ""
+    first = next(iter(joint.graph.nodes)).name
+    assert DagCursor(joint, at=first).current == first

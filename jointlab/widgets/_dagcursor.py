@@ -257,8 +257,11 @@ class DagWidget(anywidget.AnyWidget):
             payload["title"] = f"{title} · {payload['title']}"
         if depth is None:
             depth = ALL if len(payload["nodes"]["name"]) <= payload["budget"] else FIT
+        names = frozenset(payload["nodes"]["name"])
+        if kwargs.get("current", "") not in names:  # checked before opening, not fixed after
+            kwargs["current"] = ""
         super().__init__(payload=payload, height=height, depth=depth, **kwargs)
-        self.names = frozenset(payload["nodes"]["name"])
+        self.names = names
 
 
 class DagCursor(DagWidget):
@@ -274,8 +277,6 @@ class DagCursor(DagWidget):
         kwargs.setdefault("depth", FIT)  # as the payload opened it: the cursor follows
         super().__init__(joint, height=height, title="current node (ringed)",
                          css_class="jl-stepper-dag", current=at or "", **kwargs)
-        if self.current not in self.names:
-            self.current = ""
 
     def move(self, name: str | None) -> None:
         """Ring node ``name`` (or nothing)."""
