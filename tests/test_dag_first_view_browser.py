@@ -95,6 +95,11 @@ def assert_labels_whole_and_apart(d: dict, labels: dict[str, str], what: str) ->
     for k, (ta, ra) in enumerate(rects):
         for tb, rb in rects[k + 1:]:
             assert not _overlap(ra, rb), (what, ta, ra, tb, rb)
+    node_rects = [lr["rect"] for lr in d["s"]["labelRects"]]  # and never run together
+    for k, a in enumerate(node_rects):
+        for b in node_rects[k + 1:]:
+            gap = max(a[0] - b[2], b[0] - a[2])
+            assert gap >= 2 or a[1] >= b[3] or b[1] >= a[3], (what, a, b)
 
 
 def on_screen(d: dict, name: str) -> bool:

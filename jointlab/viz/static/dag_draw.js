@@ -273,7 +273,8 @@
             [sx + o, down], [sx - o, down], [right, sy - 2], [left, sy - 2], [right, sy - 10], [left, sy - 10]]) {
             if (cx - w < 0 || cx + w > W || top < 0 || top + 12 > H) continue;
             if (!clear(tierOf(i), cx - w, top, cx + w, top + 12)) continue;
-            if (occ.place(cx - w, top, cx + w, top + 12)) { lab = cand; rect = [cx - w, top, cx + w, top + 12]; break; }
+            // 3 px kept clear on each side: neighbouring labels never run together ("unsqueezeunsqueeze")
+            if (occ.place(cx - w - 3, top, cx + w + 3, top + 12)) { lab = cand; rect = [cx - w, top, cx + w, top + 12]; break; }
           }
           if (lab) break;
         }
