@@ -499,3 +499,11 @@ def test_sibling_and_nearby_modules_never_share_a_colour():
     # the colours are used evenly: none more than once more than the rarest
     counts = [list(colors.values()).count(c) for c in _style.PALETTE]
     assert max(counts) - min(counts) <= 1 + len(order) // len(_style.PALETTE), counts
+
+
+def test_a_target_width_is_not_padded_to_the_default_aspect(convnext):
+    """``width=1024`` alone (the default aspect left as is) gives a page at most that wide:
+    padding it to 1.414 made a 4,286 px page of one narrow column for tiny HF Falcon."""
+    root = ET.fromstring(export_mod.dag_svg_text(convnext, width=1024))
+    w, h = _view_box(root)
+    assert w <= 1024 + 1 and w / h < 1.414, (w, h)

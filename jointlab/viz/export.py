@@ -89,7 +89,8 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
         title: Heading; a summary line by default.
         aspect: Target width/height of the page (1.414: landscape A4); the rows
             are chosen to come closest and the page is padded to it exactly.
-        width: Target page width in pixels: the fewest rows that fit it.
+        width: Target page width in pixels: the fewest rows that fit it (the page is
+            then not padded to ``aspect``).
         arrange: ``"stacked"`` (each row's forward band over its backward band) or
             ``"side"`` (side by side).
         color_by: ``"module"`` (the view's module colours), ``"phase"``, or the name
@@ -107,6 +108,8 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
     """
     _check_page_args(aspect, width, arrange, color_by, layers)
     _check_depth(depth)
+    if width is not None:  # padding to an aspect would make the page wider than asked
+        aspect = None
     require_analyzed(joint.graph_module)
     # module boxes hold everything; an open module's plumbing (views, getitem, detach, ops
     # building constants such as masks) is folded into its edges unless every node is asked
@@ -241,7 +244,8 @@ def export_figure(obj: Any, path: str | os.PathLike[str], *, depth: int | str | 
         title: Heading; the figure's own or a summary line by default.
         aspect: For a joint graph: the page's width/height (long chains wrap into rows
             to come close; the page is padded to it exactly). None: no target.
-        width: For a joint graph: the page width in pixels to fit (fewest rows).
+        width: For a joint graph: the page width in pixels to fit (fewest rows; the
+            page is then not padded to ``aspect``).
         arrange: For a joint graph: ``"stacked"`` (forward over backward) or ``"side"``.
         color_by: For a joint graph: ``"module"`` (the view's colours), ``"phase"``, or
             a name in ``layers``.
