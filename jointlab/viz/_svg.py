@@ -162,15 +162,36 @@ def _stub_label(text: str, x: float, y: float, anchor: str, row: int, page_w: fl
             f'font-size="9" fill="#666" stroke="none" data-row="{row}">{escape(text)}</text>')
 
 
+#: Stub names drawn at most per box side (one line each); further stubs there stay unnamed.
+STUB_NAMES = 2
+
+
 def _edge(s: int, d: int, page: Page, bw: np.ndarray, bh: np.ndarray, bwd: np.ndarray,
-          names: Sequence[str] = (), ids: Sequence[str] = ()) -> str:
-    return _edge_path(s, d, page, bw, bh, bwd, names).replace(
-        "<path ", f"<path data-src={quoteattr(ids[s])} data-dst={quoteattr(ids[d])} ", 1
-    ) if ids else _edge_path(s, d, page, bw, bh, bwd, names)
+          names: Sequence[str] = (), ids: Sequence[str] = (),
+          taken: dict[tuple[int, float], int] | None = None) -> str:
+    path = _edge_path(s, d, page, bw, bh, bwd, names, {} if taken is None else taken)
+    return path.replace("<path ", f"<path data-src={quoteattr(ids[s])} "
+                        f"data-dst={quoteattr(ids[d])} ", 1) if ids else path
+
+
+def _stub_names(s: int, d: int, a: float, b: float, y0: float, y1: float, out: float,
+                page: Page, names: Sequence[str], taken: dict[tuple[int, float], int]) -> str:
+    """Both stubs' names, one line lower for each stub named before on that box side."""
+    ss, sd = int(page.strip[s]), int(page.strip[d])
+    far, near = ("start", "end") if out > 0 else ("end", "start")
+    parts = []
+    for box, side, text, x, y, anchor, row in (
+            (s, out, f"→ {short(names[d], 18)} (row {sd + 1})", a + out * 2, y0, far, sd),
+            (d, -out, f"{short(names[s], 18)} (row {ss + 1}) →", b - out * 2, y1, near, ss)):
+        k = taken.get((box, side), 0)
+        taken[(box, side)] = k + 1
+        if k < STUB_NAMES:
+            parts.append(_stub_label(text, x, y + 11 * k, anchor, row, page.width))
+    return "".join(parts)
 
 
 def _edge_path(s: int, d: int, page: Page, bw: np.ndarray, bh: np.ndarray, bwd: np.ndarray,
-               names: Sequence[str] = ()) -> str:
+               names: Sequence[str], taken: dict[tuple[int, float], int]) -> str:
     cx, cy = page.cx, page.cy
     hs, hd = (bw[s] / 2, bh[s] / 2), (bw[d] / 2, bh[d] / 2)
     x0, y0, x1, y1 = cx[s], cy[s], cx[d], cy[d]
@@ -179,13 +200,7 @@ def _edge_path(s: int, d: int, page: Page, bw: np.ndarray, bh: np.ndarray, bwd: 
         out = 1.0 if sd > ss else -1.0  # naming the box at its other end and that box's row
         a = x0 + out * hs[0]
         b = x1 - out * hd[0]
-        ends = ""
-        if names:
-            far, near = ("start", "end") if out > 0 else ("end", "start")
-            ends = (_stub_label(f"→ {short(names[d], 18)} (row {sd + 1})", a + out * 2, y0,
-                                far, sd, page.width)
-                    + _stub_label(f"{short(names[s], 18)} (row {ss + 1}) →", b - out * 2, y1,
-                                  near, ss, page.width))
+        ends = _stub_names(s, d, a, b, y0, y1, out, page, names, taken) if names else ""
         return (f'<path class="edge-cut" d="M{a:.1f},{y0:.1f} h{out * STUB:.1f} '
                 f'M{b - out * STUB:.1f},{y1:.1f} H{b:.1f}" stroke-dasharray="3 2" '
                 'marker-end="url(#arrow)"/>' + ends)
@@ -251,7 +266,7 @@ def dag_svg(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], colors:
     bw, bh = sizes
     bwd = np.asarray(data.is_bwd, dtype=bool)
     chars = max(int((w - 48) / 8.5), 20)
-    firsts = [ln[0] for ln in item_lines(data)]
+    firsts, taken = [ln[0] for ln in item_lines(data)], {}
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="jl-dag-static" width="100%" '
         f'viewBox="0 0 {w:.0f} {h:.0f}" data-width="{w:.0f}" data-height="{h:.0f}" '
@@ -266,7 +281,7 @@ def dag_svg(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], colors:
         f'{escape(short(subtitle, int(chars * 1.25)))}</text>',
         *_captions(page),
         '<g fill="none" stroke="#8a8a9a" stroke-width="1.1">',
-        *(_edge(s, d, page, bw, bh, bwd, firsts, data.names)
+        *(_edge(s, d, page, bw, bh, bwd, firsts, data.names, taken)
           for s, d in zip(data.src.tolist(), data.dst.tolist())),
         "</g>",
         *(_box(m, data.names[i], lines, page.cx[i], page.cy[i], bw[i], bh[i], colors[i],
