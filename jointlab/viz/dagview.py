@@ -326,7 +326,9 @@ def dag_view(joint: Any, *, budget: int = DEFAULT_BUDGET, color_by: str = "modul
 
     Args:
         joint: A :class:`jointlab.JointGraph`.
-        budget: Most nodes and boxes to draw at first (whole module levels open while it holds).
+        budget: Most nodes and boxes to draw at first (whole module levels open while it holds;
+            the view then closes its deepest open levels while the graph is too tall to show
+            at a zoom where labels are drawn, 12 px a row).
         color_by: ``phase``, ``module``, ``category``, ``bytes``, ``flops`` or a layer name.
         height: Height in pixels.
         layers: Extra colourings ``{name: {node_name: number_or_label}}``, for example
