@@ -8,8 +8,9 @@ generic handlers keep working.
 
 from __future__ import annotations
 
-import os
 import sys
+
+from jointlab.sources import JOINTLAB_DIR, walk_out
 
 __all__ = [
     "AssumptionError",
@@ -249,9 +250,6 @@ class ReproError(JointlabError, ValueError):
     """``compiled.repro()`` has nothing to reproduce, or no region that still diverges alone."""
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning name the first frame outside jointlab.
 
@@ -262,12 +260,8 @@ def user_stacklevel() -> int:
     Returns:
         1 for the calling function, plus one per jointlab frame above it.
     """
-    frame = sys._getframe(1)
-    level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-        level += 1
-    return level
+    frame, above = walk_out(sys._getframe(1), lambda path: not path.startswith(JOINTLAB_DIR))
+    return above + 1 if frame is not None else above  # all jointlab: the outermost frame
 
 
 class UnsupportedHookError(TraceError):

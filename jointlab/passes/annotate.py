@@ -12,29 +12,22 @@ accumulation adds are placed by :mod:`jointlab.passes.accumulate`).
 
 from __future__ import annotations
 
-import os
-import re
-import sysconfig
-import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, Protocol
 
-import torch
 import torch.fx as fx
 
 from jointlab.meta import KEY, RECOMPUTE_TAG, TRAIN_FN
 from jointlab.passes.accumulate import CandidateIndex, attribute_accumulation, is_gradient_acc
-from jointlab.sources import source_location
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-#: The jointlab package directory (this module lives in its ``passes/``).
-JOINTLAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-#: jointlab modules that hold user-level code (the demo models and their train_fn).
-_USER_MODULES = (os.path.join(JOINTLAB_DIR, "models.py"),)
-#: Python's own library (contextlib, functools, ...): never the user's line.
-_STDLIB_DIRS = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
-_THIRD_PARTY = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+# frame_text and innermost_user_frame: trace/hf_compat.py still imports them from here
+from jointlab.sources import (  # noqa: F401
+    frame_text,
+    innermost_user_frame,
+    stack_trace_frames,
+    user_source,
+)
+
 _COPIED_META = ("nn_module_stack", "stack_trace", "custom")
 
 
@@ -69,61 +62,10 @@ def has_module_stack(node: fx.Node) -> bool:
     return bool(node.meta.get("nn_module_stack"))
 
 
-def is_user_frame(path: str) -> bool:
-    """True for a source file outside torch, Python's standard library and jointlab's machinery.
-
-    jointlab's demo models (``jointlab/models.py``) count as user code.
-    """
-    if path.startswith(_TORCH_DIR):
-        return False
-    if path.startswith(_STDLIB_DIRS) and not any(d in path for d in _THIRD_PARTY):
-        return False
-    return not path.startswith(JOINTLAB_DIR) or path in _USER_MODULES
-
-
-def innermost_user_frame(frames: Sequence[traceback.FrameSummary],
-                         also_skip: Callable[[str], bool] | None = None
-                         ) -> traceback.FrameSummary | None:
-    """The innermost frame of the user's own code, or None.
-
-    Args:
-        frames: Frames outermost first (``traceback.extract_tb`` / ``extract_stack``).
-        also_skip: Files that do not count as the user's either (e.g. transformers).
-
-    Returns:
-        The last frame for which :func:`is_user_frame` holds and ``also_skip`` does not.
-    """
-    for f in reversed(frames):
-        if is_user_frame(f.filename) and not (also_skip and also_skip(f.filename)):
-            return f
-    return None
-
-
-def frame_text(frame: traceback.FrameSummary) -> str:
-    """``file:line: code`` of a frame (``cell [3], line 9: code`` for a notebook cell)."""
-    where = source_location(frame.filename, frame.lineno)  # a notebook cell: cell [3], line 9
-    code = (frame.line or "").strip()
-    return f"{where}: {code}" if code else where
-
-
 # -- helpers ------------------------------------------------------------------
 def node_inputs(node: fx.Node) -> Iterable[fx.Node]:
     """Nodes read by ``node`` (deduplicated, in argument order)."""
     return node.all_input_nodes
-
-
-def user_source(stack_trace: str | None) -> str:
-    """``file.py:line`` (or ``cell [3], line 9``) of a stack trace's innermost user frame."""
-    if not stack_trace:
-        return ""
-    frames = _FRAME.findall(stack_trace)
-    for path, line, _fn in reversed(frames):
-        if is_user_frame(path):
-            return source_location(path, line, short=True)
-    if frames:
-        path, line, _fn = frames[-1]
-        return source_location(path, line, short=True)
-    return ""
 
 
 def stack_module(node: fx.Node) -> tuple[str, str]:
@@ -280,9 +222,8 @@ def _own_module(node: fx.Node, by_seq: dict[int, fx.Node]) -> None:
     # The recompute's stack starts in the engine: without a user frame of its
     # own, its source is that of the checkpointed forward op whose backward ran it.
     mod, mtype = stack_module(node)
-    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
     source = user_source(node.meta.get("stack_trace"))
-    if not any(is_user_frame(path) for path, _, _ in frames):
+    if innermost_user_frame(stack_trace_frames(node.meta.get("stack_trace"))) is None:
         twin = by_seq.get(node.meta.get("seq_nr", -1))
         source = twin.meta[KEY]["source"] if twin is not None else ""
     node.meta[KEY] = {"phase": "backward", "module": mod, "module_type": mtype,

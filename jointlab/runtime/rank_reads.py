@@ -33,7 +33,7 @@ import torch
 from jointlab import torch_compat as compat
 from jointlab.assumptions import Assumption
 from jointlab.errors import UnsupportedWrapperError
-from jointlab.passes.annotate import frame_text, innermost_user_frame, is_user_frame
+from jointlab.sources import frame_text, innermost_user_frame, is_generated, user_caller
 
 __all__ = ["rank_reads"]
 
@@ -41,12 +41,6 @@ _MESH_READS = ("get_rank", "get_local_rank", "get_coordinate", "_sym_get_coordin
 #: Reads by which torch's own code may choose values (recorded when torch makes them).
 _TORCH_COORDINATE_READS = ("mesh.get_local_rank", "mesh.get_coordinate",
                            "mesh._sym_get_coordinate")
-
-
-def _user_caller() -> traceback.FrameSummary | None:
-    """The frame that called the wrapped function, when it is the user's code."""
-    caller = traceback.extract_stack(sys._getframe(2), limit=1)
-    return caller[-1] if caller and is_user_frame(caller[-1].filename) else None
 
 
 def _plain(value: Any) -> Any:
@@ -111,7 +105,7 @@ def _torch_read(caller: Any, call: str, value: Any, per_rank: dict[int, Any]
     ranks = tuple(sorted(r for r, v in per_rank.items() if v == value))
     backward = compat.backward_node_name()
     user = innermost_user_frame(traceback.extract_stack(caller),
-                                also_skip=lambda path: path == "<string>")  # generated code
+                                also_skip=is_generated)
     if backward is not None:  # the user's innermost frame is only the jl.trace call
         where = f"the backward, in autograd's {backward}"
     else:
@@ -128,7 +122,7 @@ def _wrap(original: Callable[..., Any], spelled: str, answers: Callable[..., dic
 
     @functools.wraps(original)
     def read(*args: Any, **kwargs: Any) -> Any:
-        frame = _user_caller()
+        frame = user_caller(2)
         call = spelled + _spelled(args[1:] if method else args, kwargs)
         if frame is None:
             value = original(*args, **kwargs)

@@ -19,52 +19,24 @@ from collections.abc import Iterator
 
 from jointlab import torch_compat
 from jointlab.errors import JointlabError, TraceError, TrainFnError
-from jointlab.passes.annotate import (
-    JOINTLAB_DIR,
-    frame_text,
-    innermost_user_frame,
-    is_user_frame,
-    user_source,
-)
+from jointlab.sources import JOINTLAB_DIR, at_user_line, is_generated, is_user_frame, user_source
 
-__all__ = ["caller_line", "torch_errors", "user_line_of_frames", "wrap_exception"]
+__all__ = ["caller_line", "torch_errors", "wrap_exception"]
 
 
 # -- where in the user's code ---------------------------------------------------
 def _is_user_file(path: str) -> bool:
     """A user source file: not torch, not jointlab's private modules, not FX's generated code."""
-    return is_user_frame(path) and not _generated(path)
-
-
-def _generated(path: str) -> bool:
-    # FX's generated graph code, and make_fx's wrapper of the traced function
-    return path.startswith("<eval_with_key") or path == "<string>"
-
-
-def user_line_of_frames(frames: list[traceback.FrameSummary]) -> str:
-    """``" at file:line: code"`` for the innermost user frame, or ``""``.
-
-    Args:
-        frames: Frames from outermost to innermost.
-
-    Returns:
-        The location text, empty when no frame is the user's.
-    """
-    frame = innermost_user_frame(frames, also_skip=_generated)
-    return f" at {frame_text(frame)}" if frame is not None else ""
-
-
-def _caller_line() -> str:
-    return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
+    return is_user_frame(path) and not is_generated(path)
 
 
 def caller_line() -> str:
     """``" at file:line: code"`` for the innermost user frame of the current stack, or ``""``."""
-    return user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
+    return at_user_line(traceback.extract_stack(sys._getframe(1)))
 
 
 def _traceback_line(exc: BaseException) -> str:
-    return user_line_of_frames(traceback.extract_tb(exc.__traceback__))
+    return at_user_line(traceback.extract_tb(exc.__traceback__))
 
 
 # -- raw errors -------------------------------------------------------------------
@@ -123,7 +95,7 @@ def wrap_exception(exc: Exception, where: str, error: type[JointlabError] = Trac
         return exc
     # No user frame in the traceback (torch raised inside jointlab's own call of it):
     # the line that called the public entry point.
-    line = _traceback_line(exc) or _caller_line()
+    line = _traceback_line(exc) or caller_line()
     if _is_users_own(exc):
         cls = _train_fn_error_type(type(exc))
         if cls is None:

@@ -37,7 +37,7 @@ from jointlab.core import GraphParts
 from jointlab.errors import TraceError
 from jointlab.inputs import state_on_meta
 from jointlab.meta import TRAIN_FN
-from jointlab.passes.annotate import annotate, is_user_frame
+from jointlab.passes.annotate import annotate
 from jointlab.passes.classify import AotRules
 from jointlab.passes.probes import write_probes
 from jointlab.runtime.descriptors import state_base
@@ -46,6 +46,7 @@ from jointlab.runtime.fakes import fakeify, symbolic_fake_mode
 from jointlab.runtime.plans import AotRuntime
 from jointlab.runtime.snapshot import ModelSnapshot
 from jointlab.runtime.train_fn import check_loss, split_loss
+from jointlab.sources import walk_out
 from jointlab.torch_compat import (
     aot_backward_marks,
     aot_descriptors,
@@ -132,9 +133,7 @@ class _SourceMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         meta = fx_tb.get_current_meta()
         prev = meta.get("stack_trace")
-        frame = sys._getframe(1)
-        while frame is not None and not is_user_frame(frame.f_code.co_filename):
-            frame = frame.f_back
+        frame, _ = walk_out(sys._getframe(1))
         if frame is not None:
             meta["stack_trace"] = (
                 f'File "{frame.f_code.co_filename}", line {frame.f_lineno}, '

@@ -28,8 +28,8 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from jointlab.errors import CheckpointWarning, UnsupportedCheckpointError, user_stacklevel
 from jointlab.meta import RECOMPUTE_TAG
-from jointlab.passes.annotate import frame_text, innermost_user_frame
 from jointlab.runtime.custom_ops import GET_STATE, ORIGINAL_RNG, SET_STATE
+from jointlab.sources import user_line
 from jointlab.torch_compat import (
     checkpoint_internals,
     checkpoint_region_entry,
@@ -113,15 +113,14 @@ def is_recompute_traced(node: fx.Node) -> bool:
 
 
 # -- refusing reentrant checkpointing ---------------------------------------------------
-def _user_line() -> str:
-    frame = innermost_user_frame(traceback.extract_stack()[:-2])
-    return frame_text(frame) if frame is not None else "an unknown source line"
+_UNKNOWN = "an unknown source line"
 
 
 def _refusing_reentrant(original: Callable[..., Any]) -> Callable[..., Any]:
     def forward(*args: Any, **kwargs: Any) -> Any:
+        line = user_line(traceback.extract_stack(), unknown=_UNKNOWN)
         raise UnsupportedCheckpointError(
-            f"reentrant gradient checkpointing (use_reentrant=True) at {_user_line()} cannot be "
+            f"reentrant gradient checkpointing (use_reentrant=True) at {line} cannot be "
             "traced: its backward calls backward() inside the autograd engine, which a joint "
             "graph cannot record. Use use_reentrant=False: torch.utils.checkpoint.checkpoint("
             "fn, *args, use_reentrant=False), or for transformers models "

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from jointlab.guard_values import NO_FORM, value_form
-from jointlab.passes.annotate import is_user_frame
+from jointlab.sources import is_user_frame
 
 __all__ = ["Variable", "objects_to_watch", "variables_read"]
 

@@ -47,14 +47,13 @@ from jointlab.errors import (
     UnsupportedRandomOpError,
     user_stacklevel,
 )
-from jointlab.passes.annotate import is_user_frame
 from jointlab.runtime.constants import (
     graph_constant,
     is_fresh_literal,
     is_kv_cache_placeholder,
     is_scalar_literal,
 )
-from jointlab.sources import source_location
+from jointlab.sources import is_user_frame, source_location
 from jointlab.torch_compat import is_op_overload, op_schema
 
 _SCALARS = (int, float)

@@ -47,8 +47,7 @@ import torch.fx as fx
 from jointlab import meta as _meta
 from jointlab import torch_compat
 from jointlab.errors import UnsupportedRandomOpError
-from jointlab.passes.annotate import user_source
-from jointlab.runtime.torch_errors import user_line_of_frames
+from jointlab.sources import at_user_line, user_source
 
 __all__ = ["draws_from_generator", "random_op_refusals", "refuse_explicit_generators",
            "refuse_layout_dependent_draws"]
@@ -150,7 +149,7 @@ def random_op_refusals() -> Iterator[None]:
     except NotImplementedError as exc:
         if not torch_compat.is_generator_argument_error(exc):
             raise
-        line = user_line_of_frames(traceback.extract_tb(exc.__traceback__))
+        line = at_user_line(traceback.extract_tb(exc.__traceback__))
         raise UnsupportedRandomOpError(
             f"a random op{line or ' at an unknown source line'} {_EXPLICIT_GENERATOR}") from exc
     except SyntaxError as exc:

@@ -32,9 +32,9 @@ from jointlab.inputs import (
     flatten_inputs,
     model_state,
 )
-from jointlab.passes.annotate import frame_text, innermost_user_frame
 from jointlab.runtime.torch_errors import caller_line
 from jointlab.shape_guards import ShapeGuards, resolve_dynamic_dims
+from jointlab.sources import user_line
 
 
 def _data_dependent() -> tuple[type, ...]:
@@ -81,10 +81,6 @@ def trainable_names(model: nn.Module) -> list[str]:
     return names
 
 
-def _generated(path: str) -> bool:
-    return path == "<string>" or path.startswith("<eval_with_key")  # make_fx's / FX's code
-
-
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Turn data-dependent tracing failures into :class:`DataDependentError`."""
@@ -93,10 +89,9 @@ def user_errors() -> Iterator[None]:
     except Exception as exc:
         if not isinstance(exc, _data_dependent()):
             raise
-        frame = innermost_user_frame(traceback.extract_tb(exc.__traceback__),
-                                     also_skip=_generated)
-        if frame is not None:
-            where = f" at {frame_text(frame)}"
+        line = user_line(traceback.extract_tb(exc.__traceback__))
+        if line:
+            where = f" at {line}"
         else:  # raised by a gradient formula: no Python frame of the model is on the stack
             where = (f" (in the backward, traced for the jl.trace call{caller_line()}: an "
                      "op's gradient has data-dependent sizes, as boolean-mask indexing "

@@ -37,7 +37,7 @@ from torch import nn
 
 from jointlab.errors import UnsupportedModuleError
 from jointlab.runtime.custom_ops import MKLDNN_RNN_LAYER
-from jointlab.runtime.torch_errors import user_line_of_frames
+from jointlab.sources import at_user_line
 from jointlab.torch_compat import without_python_decompositions
 
 aten = torch.ops.aten
@@ -57,7 +57,7 @@ def _refuse_symbolic(name: str) -> Any:
     def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
         if not any(_symbolic(a) for a in args):
             return
-        line = user_line_of_frames(traceback.extract_stack(sys._getframe(1)))
+        line = at_user_line(traceback.extract_stack(sys._getframe(1)))
         raise UnsupportedModuleError(
             f"{type(module).__name__} '{name}'{line} gets an input with symbolic (dynamic) "
             "sizes. Eager runs RNN layers through a C++ kernel that needs concrete sizes "

@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any
 
 from jointlab.errors import JointlabError, TrainFnMisuseError
-from jointlab.passes.annotate import frame_text, innermost_user_frame, is_user_frame
+from jointlab.sources import frame_text, innermost_user_frame, is_user_frame, user_caller
 
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 __all__ = ["CallSite", "Judge", "Message", "call_site", "refuse_calls", "refuse_user_calls"]
@@ -108,17 +108,11 @@ def _judged(module: Any, name: str, original: Callable[..., Any], judge: Judge
     return call
 
 
-def _user_caller() -> traceback.FrameSummary | None:
-    """The frame that called the replaced function, if it is the user's code."""
-    caller = traceback.extract_stack(sys._getframe(2), limit=1)
-    return caller[-1] if caller and is_user_frame(caller[-1].filename) else None
-
-
 def _refusing(module: Any, name: str, original: Callable[..., Any],
               message: Message) -> Callable[..., Any]:
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
-        frame = _user_caller()
+        frame = user_caller(2)
         if frame is None:
             return original(*args, **kwargs)
         raise TrainFnMisuseError(message(module, name, frame_text(frame)))
