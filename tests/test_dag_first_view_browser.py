@@ -91,6 +91,9 @@ def assert_labels_whole_and_apart(d: dict, labels: dict[str, str], what: str) ->
         beside = y0 <= sy <= y1 and (sx + r <= x0 <= sx + r + 4 or sx - r - 4 <= x1 <= sx - r)
         assert above_below or beside, (what, lr, sx, sy)  # next to its own node
         assert 0 <= x0 and x1 <= d["W"] and 0 <= y0 and y1 <= d["H"], (what, lr)
+    for t in d["s"]["titleTexts"]:  # a module name is never cut from the left
+        name = t["text"].removesuffix(" ▾").removesuffix(" (bwd)")
+        assert name and not name.startswith("…"), (what, t)
     rects = d["rects"] + ([["mini view", d["mini"]]] if d["mini"] else [])
     for k, (ta, ra) in enumerate(rects):
         for tb, rb in rects[k + 1:]:
