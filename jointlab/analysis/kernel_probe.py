@@ -75,6 +75,8 @@ class KernelDivergence:
         code: The kernel's generated source (the call name for an extern call).
         written_before: Earlier kernel calls that also wrote ``buffer`` (an accumulation
             started there, say): the error may come from them too.
+        traced: The joint-graph node whose result ``node`` holds (Inductor's
+            provenance, :func:`traced_owner`); empty when the provenance has none.
     """
 
     kernel: str
@@ -88,6 +90,7 @@ class KernelDivergence:
     max_abs_err: float
     max_rel_err: float
     written_before: tuple[str, ...] = ()
+    traced: str = ""
 
     def __str__(self) -> str:
         """One line: kernel, kind, nodes, modules, source lines and the error."""
@@ -261,9 +264,11 @@ def _divergence(kernel: str, buf: str, node: str, got: torch.Tensor, want: torch
     by_name = {n.name: n for n in compiled.source.graph.nodes}
     sources = tuple(dict.fromkeys(s for n in nodes if (s := _meta.info(by_name[n]).get("source"))))
     abs_err, rel_err, _ = errors(got, want)
+    post_to_pre = (compiled.compiled.provenance or {}).get("postToPre", {})
     return KernelDivergence(kernel, row["kind"] if row is not None else "?", buf, node, nodes,
                             tuple(row["modules"]) if row is not None else (), sources,
-                            row["source"] if row is not None else "", abs_err, rel_err)
+                            row["source"] if row is not None else "", abs_err, rel_err,
+                            traced=traced_owner(post_to_pre.get(node, []), by_name))
 
 
 def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, Any],
@@ -351,6 +356,25 @@ def _aliases_another(node: fx.Node, pres: list[str]) -> bool:
             and getattr(node.args[0], "name", None) in pres)
 
 
+def traced_owner(pres: list[str], traced: dict[str, fx.Node]) -> str:
+    """The traced node a post-grad node derived from ``pres`` holds the result of.
+
+    The last of ``pres`` in graph order (a pattern's ``addmm`` belongs to the
+    ``add`` it ends in) that is not a ``detach`` or view of another of them.
+
+    Args:
+        pres: Traced node names Inductor's provenance (``postToPre``) derives it from.
+        traced: The traced graph's nodes by name, in graph order.
+
+    Returns:
+        The node's name, or ``""`` when no name of ``pres`` is a traced node.
+    """
+    order = {name: i for i, name in enumerate(traced)}
+    pres = [p for p in pres if p in order]
+    owners = [p for p in pres if not _aliases_another(traced[p], pres)] or pres
+    return max(owners, key=order.__getitem__) if owners else ""
+
+
 def _group_outputs(compiled: Any, gm: fx.GraphModule) -> dict[str, list[str]]:
     """``{traced node: post-grad nodes holding its results}`` from Inductor's provenance.
 
@@ -362,12 +386,10 @@ def _group_outputs(compiled: Any, gm: fx.GraphModule) -> dict[str, list[str]]:
     """
     post_to_pre = (compiled.compiled.provenance or {}).get("postToPre", {})
     traced = {n.name: n for n in compiled.source.graph.nodes}
-    order = {name: i for i, name in enumerate(traced)}
     group: dict[fx.Node, str] = {}
     for post in (n for n in gm.graph.nodes if n.op == "call_function"):
-        if pres := [p for p in post_to_pre.get(post.name, []) if p in order]:
-            owners = [p for p in pres if not _aliases_another(traced[p], pres)] or pres
-            group[post] = max(owners, key=order.__getitem__)
+        if owner := traced_owner(post_to_pre.get(post.name, []), traced):
+            group[post] = owner
     out: dict[str, list[str]] = {}
     for post, owner in group.items():
         if any(group.get(u) != owner for u in post.users):

@@ -321,9 +321,20 @@ def name_compiled_divergence(comp: Comparison, joint: TracedGraph,
 
 
 def _kernel_divergence(joint: TracedGraph, candidate: str, k: Any) -> Divergence:
+    """The diverging kernel ``k`` named at the traced op whose result its buffer holds.
+
+    ``k.node`` is a node of Inductor's post-grad graph, whose names are its own
+    (a post-grad ``mul_23`` is not the traced ``mul_23``): the traced node comes
+    from Inductor's provenance (``k.traced``), else the kernel's first node.
+    """
     by_name = {n.name: n for n in joint.graph.nodes}
-    node = k.node if k.node in by_name else next(iter(k.nodes), k.node)
+    traced = getattr(k, "traced", "")
+    node = traced if traced in by_name else next(iter(k.nodes), k.node)
     info = _meta.info(by_name[node]) if node in by_name else {}
+    if traced in by_name:
+        return Divergence(node, info.get("module", ""), info.get("source", ""),
+                          info.get("phase", ""), "kernel output", k.max_abs_err,
+                          k.max_rel_err, candidate=candidate, kernel=k.kernel)
     return Divergence(node, k.modules[0] if k.modules else info.get("module", ""),
                       info.get("source", "") or next(iter(k.sources), ""),
                       info.get("phase", ""), "kernel output", k.max_abs_err, k.max_rel_err,

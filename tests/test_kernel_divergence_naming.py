@@ -1,0 +1,62 @@
+"""A diverging fused kernel is named at the op whose result differs, not at its first node.
+
+The held-out suite (bench/bench_heldout_compile.py) planted a wrong lowering in
+Qwen2-MoE's ``silu``; the kernel named was right (it fuses the embedding, the
+RMSNorm and the expert's ``silu``) but ``first_divergence`` read
+``embedding [kernel output, model.embed_tokens]``: the kernel's first traced
+node, since the diverging buffer's post-grad node (``div_3``) is no traced
+node. The same happened when a post-grad name happened to be a traced one
+(``native_batch_norm_9`` for a ReLU backward). The reference is where the bug
+was put: ``aten.neg``'s lowering (``silu`` decomposes to ``x / (1 + exp(-x))``)
+scaled by 1.001, in a kernel that fuses a ``mul`` before the ``silu``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import jointlab as jl
+from jointlab import torch_compat
+from tests.util import one_thread
+
+aten = torch.ops.aten
+
+
+class _Twice(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+def _setup():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), _Twice(), nn.SiLU(), nn.Linear(16, 4))
+    return model, {"x": torch.randn(6, 8, generator=g), "y": torch.randn(6, 4, generator=g)}
+
+
+def _mse(m, x, y):
+    return F.mse_loss(m(x), y)
+
+
+def test_a_fused_kernel_is_named_at_the_op_whose_result_diverges(monkeypatch):
+    model, inputs = _setup()
+    joint = jl.trace(model, _mse, inputs)
+    lowering = torch_compat.torch_module("torch._inductor.lowering", "inject a wrong lowering")
+    neg, mul = lowering.lowerings[aten.neg.default], lowering.lowerings[aten.mul.Tensor]
+    monkeypatch.setitem(lowering.lowerings, aten.neg.default, lambda x: mul(neg(x), 1.001))
+    with one_thread():
+        bad = joint.compile("inductor")
+        bad.run(model, inputs)
+        monkeypatch.undo()
+        c = bad.compare(model, inputs)
+    print(c)
+    assert c.verdict == "MISMATCH", repr(c)
+    first = c.kernels["inductor"].first
+    d = c.first_divergence
+    assert d is not None and d.kernel == first.kernel and d.what == "kernel output", repr(c)
+    by_name = {n.name: n for n in joint.graph.nodes}
+    assert {"mul", "silu"} <= {str(by_name[n].target).split(".")[1] for n in first.nodes}, first
+    assert by_name[d.node].target is aten.silu.default, str(d)  # not the fused mul before it
+    assert d.module == "2" and d.phase == "forward", str(d)
