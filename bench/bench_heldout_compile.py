@@ -124,7 +124,7 @@ def _one(arch: str, kind: str, make: Any) -> Result:
             c = compiled.compare(model, inputs)
         res.verdict, d = c.verdict, c.first_divergence
         if d is not None:
-            res.divergence = f"{d.node} [{d.what}, {d.module or '(root)'}]"
+            res.divergence = f"{d.node} [{d.what}, {d.module or '(root)'}, {d.phase}]"
             res.kernel = d.kernel or "-"
             if injected is not None:
                 res.right = _holds_patched(compiled, d, injected)

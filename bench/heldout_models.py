@@ -4,8 +4,10 @@ Each ``make_*`` returns ``(model, inputs, step)`` where ``step(model, **inputs)`
 returns a scalar loss. None of these families is used in tests/ or
 jointlab/models.py: a ResNet of residual conv+BatchNorm blocks (HF ResNet), a
 2-level U-Net with skip connections, BART (seq2seq, ``use_cache=False``), a
-Qwen2-MoE (top-2 router), a hand-scanned GRU cell, DeiT, MobileViT and
-SegFormer. Widths 8-32, one or two layers, 16-32 pixel images, 8-12 tokens.
+Qwen2-MoE (top-2 router), a hand-scanned GRU cell, DeiT, a MobileViT-shaped
+conv+attention net and SegFormer (HF MobileViT, ``make_mobilevit``, is kept out
+of the suite: its ~2,500-node graph compiles for over 10 minutes here). Widths
+8-32, one or two layers, 16-32 pixel images, 8-12 tokens.
 """
 
 from __future__ import annotations
@@ -165,6 +167,54 @@ def make_deit() -> Made:
     return transformers.DeiTForImageClassification(cfg).eval(), _images(16, 4), _classify
 
 
+def _cbs(cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout), nn.SiLU())
+
+
+class MobileViTish(nn.Module):
+    """MobileViT's shape, small: a conv stem, an inverted residual (depthwise) block, and a
+    block that unfolds 2x2 patches, runs a transformer layer over them and folds back."""
+
+    def __init__(self, c: int = 8, d: int = 16, p: int = 2) -> None:
+        super().__init__()
+        self.p = p
+        self.stem = _cbs(3, c, 3, 2)
+        self.expand, self.dw = _cbs(c, 2 * c), _cbs(2 * c, 2 * c, 3, groups=2 * c)
+        self.reduce = nn.Sequential(nn.Conv2d(2 * c, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.local, self.to_d = _cbs(c, c, 3), nn.Conv2d(c, d, 1, bias=False)
+        self.transformer = nn.TransformerEncoderLayer(d, 2, 2 * d, dropout=0.0,
+                                                      activation="gelu", batch_first=True,
+                                                      norm_first=True)
+        self.from_d, self.fuse = _cbs(d, c), _cbs(2 * c, c, 3)
+        self.head = nn.Linear(c, 4)
+
+    def _global(self, x: torch.Tensor) -> torch.Tensor:
+        b, d, h, w = x.shape
+        p = self.p
+        patches = x.reshape(b, d, h // p, p, w // p, p).permute(0, 3, 5, 2, 4, 1)
+        y = self.transformer(patches.reshape(b * p * p, (h // p) * (w // p), d))
+        y = y.reshape(b, p, p, h // p, w // p, d).permute(0, 5, 3, 1, 4, 2)
+        return y.reshape(b, d, h, w)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = self.stem(pixel_values)
+        x = x + self.reduce(self.dw(self.expand(x)))
+        y = self.from_d(self._global(self.to_d(self.local(x))))
+        x = self.fuse(torch.cat([x, y], dim=1))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def make_mobilevit_ish() -> Made:
+    """The MobileViT-shaped net above on 16x16 images, train mode (BatchNorm batch stats)."""
+    torch.manual_seed(0)
+    inputs = _images(16, 4)
+
+    def step(m: nn.Module, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(m(pixel_values), labels)
+    return MobileViTish().train(), inputs, step
+
+
 def make_mobilevit() -> Made:
     """HF MobileViT: inverted residual convs with BatchNorm plus transformer blocks, train mode."""
     import transformers
@@ -202,6 +252,6 @@ MODELS: dict[str, Callable[[], Made]] = {
     "qwen2_moe (MoE)": make_qwen2_moe,
     "gru_scan (recurrent)": make_gru_scan,
     "deit (ViT)": make_deit,
-    "mobilevit": make_mobilevit,
+    "mobilevit_ish (conv+attention)": make_mobilevit_ish,
     "segformer": make_segformer,
 }

@@ -3,10 +3,12 @@
 Three kinds, each a scale of 1.001 (a compiler bug of one part in a thousand):
 
 * ``forward lowering``: the lowering of the first forward post-grad node that
-  Inductor's decompositions derived from a chosen op (``gelu``, ``relu``...).
-* ``backward lowering``: the same for the first backward post-grad node derived
-  from a chosen backward op (``gelu_backward``, ``threshold_backward``...); the
-  forward is untouched.
+  holds the result of a chosen op (``gelu``, ``relu``...; the node Inductor's
+  decompositions derived from it that a node of another op reads), so the op's
+  whole output is 1.001 times too large.
+* ``backward lowering``: the same for the first backward post-grad node holding
+  a chosen backward op's result (``gelu_backward``, ``threshold_backward``...);
+  the forward is untouched.
 * ``decomposition``: Inductor's decomposition of a chosen op (its first tensor
   output scaled), before any lowering.
 
@@ -75,6 +77,12 @@ def _computes(node: Any) -> bool:
     return any(_is_float(getattr(a, "meta", {}).get("val")) for a in node.all_input_nodes)
 
 
+def _is_result(node: Any) -> bool:
+    """True for the post-grad node holding its op's result: read outside that op's nodes."""
+    op = node.meta.get("original_aten")
+    return any(u.op == "output" or u.meta.get("original_aten") != op for u in node.users)
+
+
 def _is_float_box(out: Any) -> bool:
     get = getattr(out, "get_dtype", None)
     return get is not None and get().is_floating_point
@@ -105,7 +113,7 @@ def wrong_lowering(op: Any, backward: bool) -> Iterator[Injected]:
         val = meta.get("val")
         return node if (str(meta.get("original_aten")) == str(op)
                         and bool(meta.get("autograd_backward")) == backward
-                        and _is_float(val) and _computes(node)) else None
+                        and _is_float(val) and _computes(node) and _is_result(node)) else None
 
     def wrap(key: Any, base: Any) -> Any:
         def lowered(*args: Any, **kwargs: Any) -> Any:
