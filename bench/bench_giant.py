@@ -70,14 +70,11 @@ def _ce(model, input_ids, labels):
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-#: (module, attribute) of every jointlab pass that trace() runs.
-_PASSES = [("jointlab.trace.make_fx", "annotate"), ("jointlab.trace.make_fx", "write_probes"),
-           ("jointlab.trace.tracer", "refuse_explicit_generators"),
-           ("jointlab.trace.tracer", "repair_views"),
+#: (module, attribute) of every check of the finished graph that trace() runs; the
+#: passes themselves are the steps of jointlab.passes.pipeline.PIPELINE.
+_PASSES = [("jointlab.trace.tracer", "refuse_explicit_generators"),
            ("jointlab.trace.tracer", "warn_baked_constants"),
-           ("jointlab.trace.tracer", "ensure_analyzed"),
-           ("jointlab.trace.tracer", "refuse_lost_backward"),
-           ("jointlab.trace.tracer", "flag_meta_attention")]
+           ("jointlab.trace.tracer", "refuse_lost_backward")]
 
 
 def _timed_passes() -> dict[str, float]:
@@ -98,6 +95,10 @@ def _timed_passes() -> dict[str, float]:
     for mod, name in _PASSES:
         m = importlib.import_module(mod)
         setattr(m, name, wrap(getattr(m, name), name))
+    from jointlab.passes import pipeline
+
+    pipeline.PIPELINE = tuple(pipeline.PassStep(step.name, wrap(step.run, step.name))
+                              for step in pipeline.PIPELINE)
     return spent
 
 

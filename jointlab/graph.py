@@ -23,6 +23,7 @@ from torch import nn
 from jointlab.display import rich_html
 from jointlab.errors import TableQueryError
 from jointlab.passes.analyze import mark_analyzed, mark_saved_for_backward, recount_flops
+from jointlab.passes.pipeline import reanalyze
 from jointlab.runtime.graph import RunnableGraph
 from jointlab.runtime.rank_view import RankGraphs
 
@@ -59,6 +60,20 @@ class JointGraph(RunnableGraph):
         joint = cls.__new__(cls)
         joint.__dict__.update(vars(graph))
         return joint
+
+    def recompute(self) -> None:
+        """Refresh the per-node analysis after editing the graph (or its node meta).
+
+        Recompiles the graph module, so it runs the edited graph, drops cached
+        tables and profiles, and reruns the cost-and-storage pass
+        (:func:`jointlab.passes.pipeline.reanalyze`). Readers (``nodes``,
+        ``memory()``, plots, ``save``) refuse an edited graph with
+        :class:`jointlab.errors.StaleAnalysisError` until this is called. The
+        trace-time annotations (phase, module, source) are kept: give a node
+        you insert its own ``node.meta["jointlab"]``.
+        """
+        super().recompute()
+        reanalyze(self.graph_module)
 
     @property
     def nodes(self) -> pd.DataFrame:

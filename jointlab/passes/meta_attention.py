@@ -19,6 +19,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.fx as fx
 import torch.nn.functional as F
 
 from jointlab.errors import MetaAttentionWarning, user_stacklevel
@@ -51,11 +52,11 @@ def fused_on_cpu(sig: dict[str, Any]) -> bool:
                for n in gm.graph.nodes if n.op == "call_function")
 
 
-def flag_meta_attention(joint: TracedGraph, calls: list[dict[str, Any]]) -> None:
+def flag_meta_attention(gm: fx.GraphModule, calls: list[dict[str, Any]]) -> None:
     """Warn and record on the graph when meta attention took the math path needlessly.
 
     Args:
-        joint: The traced graph.
+        gm: The traced joint graph.
         calls: What :func:`meta_attention_calls` recorded during its trace.
     """
     distinct = {repr(c): c for c in calls}
@@ -63,7 +64,7 @@ def flag_meta_attention(joint: TracedGraph, calls: list[dict[str, Any]]) -> None
     flagged = [c for c in calls if fused[repr(c)]]
     if not flagged:
         return
-    joint.graph_module.meta[GRAPH_KEY] = [
+    gm.meta[GRAPH_KEY] = [
         {"q_shape": c["q"], "k_shape": c["k"], "dtype": str(c["dtype"])} for c in flagged]
     warnings.warn(MetaAttentionWarning(
         f"{len(flagged)} attention call(s) (q {flagged[0]['q']}) took SDPA's math path only "

@@ -35,7 +35,6 @@ from jointlab.inputs import (
     flatten_inputs,
 )
 from jointlab.passes.analyze import (
-    ensure_analyzed,
     forget_analysis,
     graph_fingerprint,
     same_version,
@@ -307,20 +306,16 @@ class RunnableGraph:
         return value
 
     def recompute(self) -> None:
-        """Refresh the per-node analysis after editing the graph (or its node meta).
+        """Take an edited graph (or node meta) in: recompile, drop caches, forget the analysis.
 
-        Recompiles the graph module, so it runs the edited graph, drops cached
-        tables and profiles, and reruns the cost-and-storage pass
-        (:mod:`jointlab.passes.analyze`). Readers (``nodes``, ``memory()``,
-        plots, ``save``) refuse an edited graph with
-        :class:`jointlab.errors.StaleAnalysisError` until this is called. The
-        trace-time annotations (phase, module, source) are kept: give a node
-        you insert its own ``node.meta["jointlab"]``.
+        The graph object runs no pass: after this, readers refuse the plain graph
+        with :class:`jointlab.errors.StaleAnalysisError` until the analysis is
+        redone (:func:`jointlab.passes.pipeline.reanalyze`), which
+        ``JointGraph.recompute`` does.
         """
         self.graph_module.recompile()
         self._cache.clear()
         forget_analysis(self.graph_module)
-        ensure_analyzed(self.graph_module)
 
     def invalidate(self) -> None:
         """Deprecated alias of :meth:`recompute` (kept for one release; warns)."""

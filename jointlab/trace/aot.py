@@ -37,9 +37,8 @@ from jointlab.core import GraphParts
 from jointlab.errors import TraceError
 from jointlab.inputs import state_on_meta
 from jointlab.meta import TRAIN_FN
-from jointlab.passes.annotate import annotate
 from jointlab.passes.classify import AotRules
-from jointlab.passes.probes import write_probes
+from jointlab.passes.pipeline import TraceFacts
 from jointlab.runtime.descriptors import state_base
 from jointlab.runtime.dtensor import AotDTensorRuntime, DTensorLayout
 from jointlab.runtime.fakes import fakeify, symbolic_fake_mode
@@ -205,7 +204,7 @@ def module_stack_hooks(model: nn.Module) -> Iterator[None]:
 
 # -- tracing ------------------------------------------------------------------
 def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.TraceRequest
-              ) -> GraphParts:
+              ) -> tuple[GraphParts, TraceFacts]:
     """Trace ``train_fn(model, **inputs)`` with the AOT joint export.
 
     Args:
@@ -214,7 +213,8 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
         req: The checked request (inputs, state, dynamic dims).
 
     Returns:
-        The annotated graph and its layout, ``mode="aot"`` with an :class:`AotRuntime`.
+        The raw graph and its layout, ``mode="aot"`` with an :class:`AotRuntime`,
+        and what the passes (:func:`jointlab.passes.pipeline.run_passes`) need.
     """
     refuse_subclass_state(model)
     tensors = req.tensors
@@ -234,10 +234,10 @@ def trace_aot(model: nn.Module, train_fn: Callable[..., Any], req: request.Trace
     if layout.state:
         runtime = AotDTensorRuntime(runtime, [layout.state.get(n) for n in fqns],
                                     dict(layout.grads))
-    annotate(gm, aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon, layout,
-                           req.grad_paths))
-    write_probes(gm, probes.outputs, probes.grads, probes.returned)
-    return req.parts(gm, "aot", box, guards, runtime, module_inputs=probes.in_shapes)
+    rules = aot_rules(gm, model, [p for p, _ in tensors], req.param_names, canon, layout,
+                      req.grad_paths)
+    parts = req.parts(gm, "aot", box, guards, runtime, module_inputs=probes.in_shapes)
+    return parts, TraceFacts(rules, probes)
 
 
 def _export(model, train_fn, req, layout):

@@ -20,10 +20,8 @@ from torch.fx.traceback import preserve_node_meta
 
 from jointlab.core import GraphParts
 from jointlab.inputs import model_state, state_on_meta
-from jointlab.passes.annotate import annotate
 from jointlab.passes.classify import MakeFxRules
-from jointlab.passes.module_paths import absolute_module_paths
-from jointlab.passes.probes import write_probes
+from jointlab.passes.pipeline import TraceFacts
 from jointlab.runtime.dtensor import DTensorLayout
 from jointlab.runtime.fakes import fakeify, symbolic_dispatch, symbolic_fake_mode
 from jointlab.runtime.snapshot import ModelSnapshot
@@ -57,7 +55,7 @@ __all__ = ["trace_make_fx"]
 
 
 def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequest
-                  ) -> GraphParts:
+                  ) -> tuple[GraphParts, TraceFacts]:
     """Trace ``train_fn(model, **inputs)`` and its backward with make_fx.
 
     Args:
@@ -66,7 +64,8 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
         req: The checked request (inputs, state, dynamic dims).
 
     Returns:
-        The annotated graph and its layout (``mode="make_fx"``).
+        The raw graph and its layout (``mode="make_fx"``), and what the passes
+        of :func:`jointlab.passes.pipeline.run_passes` need to annotate it.
     """
     make_fx_joint_supported()  # torch before 2.13: refused here, before any work
     leaves, dyn_dims = req.leaves, req.dyn_dims
@@ -100,13 +99,13 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
         {**state_placeholder_info(model, fqn, is_p), **layout.placeholder_info(fqn)}
         for fqn, is_p in zip(spec.fqns, spec.is_param)
     ] + [{"phase": "input", "input_path": p} for p, _ in req.tensors]
+    rules = MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
+                        len(box.keys), req.grad_paths, box.zero_input_grads)
     # a shared submodule makes torch name modules relative to a sub-model: true FQNs
-    absolute_module_paths(gm, {n for n, _ in model.named_modules(remove_duplicate=False)})
-    annotate(gm, MakeFxRules(gm, placeholder_info, req.param_names, box.zero_grads,
-                             len(box.keys), req.grad_paths, box.zero_input_grads))
-    write_probes(gm, probes.outputs, probes.grads, probes.returned)
-    return req.parts(gm, "make_fx", box, guards, layout.runtime(list(spec.fqns)),
-                     module_inputs=probes.in_shapes)
+    names = {n for n, _ in model.named_modules(remove_duplicate=False)}
+    parts = req.parts(gm, "make_fx", box, guards, layout.runtime(list(spec.fqns)),
+                      module_inputs=probes.in_shapes)
+    return parts, TraceFacts(rules, probes, module_names=names)
 
 
 def _fake_inputs(model, leaves, dyn_dims, layout):

@@ -17,7 +17,8 @@ Two things stood between a traced RNN and eager's numbers on CPU:
   fourth output (the workspace its backward reads) is only produced when grad
   mode is on. A joint graph runs under ``torch.no_grad()`` (``joint.run``, the
   Stepper, ``jl.compare``), where the kernel returns no workspace and the
-  backward node fails. :func:`keep_rnn_workspace` retargets those nodes to
+  backward node fails. The retarget pass (:func:`jointlab.passes.pipeline.retarget`,
+  with :data:`RNN_RETARGETS`) points those nodes at
   :data:`MKLDNN_RNN_LAYER`, which calls the same kernel with grad mode on (and
   records nothing for autograd), so the graph produces what eager's forward
   produces under any grad mode.
@@ -32,7 +33,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.fx as fx
 from torch import nn
 
 from jointlab.errors import UnsupportedModuleError
@@ -92,20 +92,6 @@ def eager_rnn_kernels(model: nn.Module) -> Iterator[None]:
             handle.remove()
 
 
-def keep_rnn_workspace(gm: fx.GraphModule) -> int:
-    """Retarget ``aten.mkldnn_rnn_layer`` nodes whose workspace the backward reads.
-
-    Args:
-        gm: A traced joint graph; edited in place and recompiled if changed.
-
-    Returns:
-        How many nodes were retargeted.
-    """
-    changed = 0
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is aten.mkldnn_rnn_layer.default:
-            node.target = MKLDNN_RNN_LAYER
-            changed += 1
-    if changed:
-        gm.recompile()
-    return changed
+#: The retarget pass's rows (:func:`jointlab.passes.pipeline.retarget`): oneDNN's RNN
+#: layer -> the same kernel run with grad mode on, so its workspace exists under no_grad.
+RNN_RETARGETS = {aten.mkldnn_rnn_layer.default: MKLDNN_RNN_LAYER}

@@ -3,9 +3,10 @@
 The modes live in :mod:`jointlab.trace.make_fx` (default) and
 :mod:`jointlab.trace.aot`; both return :class:`jointlab.core.GraphParts`
 built from one :class:`jointlab.trace.request.TraceRequest`. After the mode,
-:func:`trace` runs the graph passes in order (random-op refusals, view
-repair, the baked-constant check, the cost-and-storage analysis) and only
-then builds the :class:`~jointlab.runtime.graph.RunnableGraph`
+:func:`trace` runs the graph passes once, in their declared order
+(:func:`jointlab.passes.pipeline.run_passes`), then the read-only checks of
+the finished graph (random-op refusals, the baked-constant check, lost
+backward kernels), and builds the :class:`~jointlab.runtime.graph.RunnableGraph`
 (``jl.trace``, in :mod:`jointlab.graph`, hands it to the user as a JointGraph).
 The mode's trace runs inside every watch of
 :data:`jointlab.trace.watch_table.WATCHES` (refusals, guards, swaps, records,
@@ -24,9 +25,7 @@ from torch import nn
 
 from jointlab.assumptions import Assumptions, hooks_fact
 from jointlab.errors import TraceError
-from jointlab.passes.analyze import ensure_analyzed
-from jointlab.passes.meta_attention import flag_meta_attention
-from jointlab.passes.repair import repair_views
+from jointlab.passes.pipeline import run_passes
 from jointlab.runtime.gc_pause import no_full_collection
 from jointlab.runtime.graph import RunnableGraph
 from jointlab.runtime.stack_room import with_stack_room
@@ -46,7 +45,7 @@ from jointlab.trace.random_ops import (
 from jointlab.trace.read_guards import read_facts, warn_side_effects
 from jointlab.trace.refusals import refuse_compiled
 from jointlab.trace.request import TraceRequest
-from jointlab.trace.rnn import keep_rnn_workspace
+from jointlab.trace.rnn import RNN_RETARGETS
 from jointlab.trace.watch_table import WatchCall, watching
 
 MODES = ("make_fx", "aot")
@@ -104,7 +103,7 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
     assumptions = Assumptions.record(model)
     with watching(WatchCall(model, train_fn, mode)) as seen:  # trace/watch_table.py
         req = TraceRequest.of(model, inputs, dynamic, dynamic_arg_dims)
-        parts = _trace_mode(mode, model, train_fn, req)
+        parts, seen_by_trace = _trace_mode(mode, model, train_fn, req)
     no_kernel, sdpa_calls = seen["lost backward"], seen["meta attention"]
     ranks_read, watched = seen["rank reads"], seen["python state"]
     facts = (*assumptions.facts, hooks_fact(model, watched.recorder.installed_hooks),
@@ -113,18 +112,16 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
     warn_side_effects(watched)
     parts = dataclasses.replace(parts, assumptions=assumptions)
     gm = parts.graph_module
+    run_passes(gm, dataclasses.replace(seen_by_trace, retargets=RNN_RETARGETS,
+                                       sdpa_calls=tuple(sdpa_calls)))
     refuse_explicit_generators(gm)
     if mode == "aot":
         refuse_layout_dependent_draws(gm)
-    repair_views(gm)
-    keep_rnn_workspace(gm)
     warn_baked_constants(gm, train_fn, model)
-    ensure_analyzed(gm)
     # only the global settings this graph bakes are guarded (jointlab.global_state)
     parts = dataclasses.replace(parts, assumptions=parts.assumptions.relevant_to(gm))
     joint = RunnableGraph.from_parts(parts)
     refuse_lost_backward(joint, no_kernel)
-    flag_meta_attention(joint, sdpa_calls)
     joint.train_fn = train_fn
     return joint
 
