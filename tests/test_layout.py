@@ -29,7 +29,7 @@ RENDERERS = ("jointlab.viz", "jointlab.widgets")
 #: package (all of its modules). DEVELOPERS.md documents the same order.
 LEVELS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
     (("base", ("jointlab.errors", "jointlab.units", "jointlab.sources", "jointlab._deprecation",
-               "jointlab._lazy", "jointlab.models")),),
+               "jointlab._lazy", "jointlab.models", "jointlab.patching")),),
     (("torch_compat/meta", ("jointlab.torch_compat", "jointlab.meta")),),
     (("core", ("jointlab.core", "jointlab.inputs", "jointlab.assumptions", "jointlab.shape_guards",
                "jointlab.display", "jointlab.global_state", "jointlab.guard_values",

@@ -33,6 +33,7 @@ import torch
 from jointlab import torch_compat as compat
 from jointlab.assumptions import Assumption
 from jointlab.errors import UnsupportedWrapperError
+from jointlab.patching import patched
 from jointlab.sources import frame_text, innermost_user_frame, is_generated, user_caller
 
 __all__ = ["rank_reads"]
@@ -187,6 +188,6 @@ def rank_reads(answer_as: int | None = None, torch_reads: bool = False
     if not (dist.is_available() and dist.is_initialized()):
         yield facts
         return
-    with compat.patched_attrs(_patches(facts, answer_as, torch_reads and answer_as is None)):
+    with patched(_patches(facts, answer_as, torch_reads and answer_as is None)):
         yield facts
     facts[:] = list(dict.fromkeys(facts))

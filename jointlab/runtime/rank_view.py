@@ -34,6 +34,7 @@ from torch import nn
 
 from jointlab import torch_compat as compat
 from jointlab.errors import StateMismatchError, UnsupportedWrapperError
+from jointlab.patching import patched
 from jointlab.runtime.dtensor import ShardSpec, is_dtensor
 from jointlab.runtime.snapshot import ModelSnapshot
 
@@ -121,7 +122,7 @@ def as_rank(rank: int) -> Iterator[None]:
     original, get_rank = distributed_c10d.get_rank, _world_get_rank(rank)
     patches += [(mod, "get_rank", get_rank) for mod in (dist, distributed_c10d, device_mesh)
                 if getattr(mod, "get_rank", None) is original]
-    with compat.patched_attrs(patches):
+    with patched(patches):
         yield
 
 

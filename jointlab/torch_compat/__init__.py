@@ -76,7 +76,6 @@ from jointlab.torch_compat.distributed import loss_parallel_entry as loss_parall
 from jointlab.torch_compat.distributed import mesh_coordinates as mesh_coordinates
 from jointlab.torch_compat.distributed import mesh_rank_methods as mesh_rank_methods
 from jointlab.torch_compat.distributed import opaque_real_object as opaque_real_object
-from jointlab.torch_compat.distributed import patched_attrs as patched_attrs
 from jointlab.torch_compat.distributed import per_rank_values as per_rank_values
 from jointlab.torch_compat.distributed import (
     require_distributed_tracing as require_distributed_tracing,

@@ -34,6 +34,7 @@ import torch
 import torch.fx.proxy as _proxy
 import torch.fx.traceback as _fx_tb
 
+from jointlab.patching import patched
 from jointlab.torch_compat._base import required
 
 _PURPOSE = "tag the backward nodes of a make_fx trace (torch 2.13's hooks, rebuilt)"
@@ -73,12 +74,8 @@ def non_strict_tracing_context() -> Iterator[None]:
     tracer = required(_proxy, "TracerBase", "torch.fx.proxy.TracerBase", _PURPOSE)
     required(tracer, "_filter_traceback_frames",
              "torch.fx.proxy.TracerBase._filter_traceback_frames", _PURPOSE)
-    original = tracer.__dict__["_filter_traceback_frames"]
-    tracer._filter_traceback_frames = _filter_traceback_frames
-    try:
+    with patched([(tracer, "_filter_traceback_frames", _filter_traceback_frames)]):
         yield
-    finally:
-        tracer._filter_traceback_frames = original
 
 
 def _backward_roots(outputs: Any) -> list[Any]:
@@ -146,9 +143,8 @@ def patch_engine_backward() -> Iterator[None]:
                  "reset_grad_fn_seq_nr", "format_stack", "GRADIENT_ACC_SPECIAL_STACK"):
         required(_fx_tb, name, f"torch.fx.traceback.{name}", _PURPOSE)
     state = {"callback_set": False}
-    original_autograd = getattr(torch.autograd, "_engine_run_backward", original)
 
-    def patched(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+    def run_backward(outputs: Any, *args: Any, **kwargs: Any) -> Any:
         _install_hooks(_backward_roots(outputs), state)
         try:
             return original(outputs, *args, **kwargs)
@@ -158,13 +154,11 @@ def patch_engine_backward() -> Iterator[None]:
     added = _MARK not in fields
     if added:
         fields.append(_MARK)
-    graph._engine_run_backward = patched
-    torch.autograd._engine_run_backward = patched
     try:
-        yield
+        with patched([(graph, "_engine_run_backward", run_backward),
+                      (torch.autograd, "_engine_run_backward", run_backward)]):
+            yield
     finally:
-        graph._engine_run_backward = original
-        torch.autograd._engine_run_backward = original_autograd
         if added:
             fields.remove(_MARK)
 
@@ -187,7 +181,7 @@ def patch_aot_backward_marks() -> Iterator[None]:
     from jointlab.torch_compat._base import torch_module
 
     capture = torch_module(_AOT_CAPTURE, _AOT_PURPOSE)
-    original = required(capture, _AOT_HOOKS, f"{_AOT_CAPTURE}.{_AOT_HOOKS}", _AOT_PURPOSE)
+    required(capture, _AOT_HOOKS, f"{_AOT_CAPTURE}.{_AOT_HOOKS}", _AOT_PURPOSE)
     fields = required(_proxy, "_COPY_META_FIELDS", "torch.fx.proxy._COPY_META_FIELDS",
                       _AOT_PURPOSE)
     state = {"callback_set": False}
@@ -198,11 +192,10 @@ def patch_aot_backward_marks() -> Iterator[None]:
     added = _MARK not in fields
     if added:
         fields.append(_MARK)
-    setattr(capture, _AOT_HOOKS, install)
     try:
-        yield
+        with patched([(capture, _AOT_HOOKS, install)]):
+            yield
     finally:
-        setattr(capture, _AOT_HOOKS, original)
         _fx_tb.get_current_meta().pop(_MARK, None)
         if added:
             fields.remove(_MARK)

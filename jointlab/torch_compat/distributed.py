@@ -8,8 +8,6 @@ for DTensor gradients.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -195,19 +193,6 @@ def backward_node_name() -> str | None:
     node = torch_attr("torch._C", "_current_autograd_node", "name the backward step "
                       "that read the mesh coordinate")()
     return None if node is None else str(node.name())
-
-
-@contextlib.contextmanager
-def patched_attrs(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Set ``obj.name = value`` for each patch; put every original back on exit, even on error."""
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
-    try:
-        for obj, name, value in patches:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value in reversed(saved):
-            setattr(obj, name, value)
 
 
 # -- FSDP2's memory tracker -------------------------------------------------------

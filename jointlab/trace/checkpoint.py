@@ -28,6 +28,7 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from jointlab.errors import CheckpointWarning, UnsupportedCheckpointError, user_stacklevel
 from jointlab.meta import RECOMPUTE_TAG
+from jointlab.patching import patched
 from jointlab.runtime.custom_ops import GET_STATE, ORIGINAL_RNG, SET_STATE
 from jointlab.sources import user_line
 from jointlab.torch_compat import (
@@ -159,14 +160,8 @@ def checkpoint_tracing(replay_rng: bool = True) -> Iterator[dict[str, int]]:
     patches = _checkpoint_patches() + (_rng_patches() if replay_rng else [])
     name = checkpoint_region_entry()  # else AOT mode would drop its CheckpointWarning
     patches.append((torch_checkpoint, name, _counting(getattr(torch_checkpoint, name), uses)))
-    saved = [(obj, name, obj.__dict__[name]) for obj, name, _ in patches]
-    try:
-        for obj, name, new in patches:
-            setattr(obj, name, new)
+    with patched(patches):
         yield uses
-    finally:
-        for obj, name, old in reversed(saved):
-            setattr(obj, name, old)
 
 
 def warn_checkpoint_not_recomputed(regions: int) -> None:

@@ -153,8 +153,9 @@ def loss_parallel_refusals(mode: str) -> Iterator[None]:
     Yields:
         Nothing; torch's function is back on exit.
     """
+    from jointlab.patching import patched
     from jointlab.runtime.torch_errors import caller_line
-    from jointlab.torch_compat import loss_parallel_entry, patched_attrs
+    from jointlab.torch_compat import loss_parallel_entry
 
     entry = loss_parallel_entry()
     if entry is None:
@@ -165,7 +166,7 @@ def loss_parallel_refusals(mode: str) -> Iterator[None]:
         raise UnsupportedWrapperError(
             f"train_fn enters loss_parallel(){caller_line()}. " + _LOSS_PARALLEL.format(mode=mode))
 
-    with patched_attrs([(*entry, refuse)]):
+    with patched([(*entry, refuse)]):
         yield
 
 
@@ -185,8 +186,8 @@ def pipeline_schedule_refusals() -> Iterator[None]:
     Yields:
         Nothing; torch's methods are back on exit.
     """
+    from jointlab.patching import patched
     from jointlab.runtime.torch_errors import caller_line
-    from jointlab.torch_compat import patched_attrs
 
     def refusal(cls: Any) -> Any:
         def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -201,7 +202,7 @@ def pipeline_schedule_refusals() -> Iterator[None]:
                 "the whole model before it is split into stages.")
         return refuse
 
-    with patched_attrs([(c, "step", refusal(c)) for c in _schedule_classes()]):
+    with patched([(c, "step", refusal(c)) for c in _schedule_classes()]):
         yield
 
 

@@ -47,6 +47,7 @@ from jointlab.errors import (
     UnsupportedRandomOpError,
     user_stacklevel,
 )
+from jointlab.patching import patched
 from jointlab.runtime.constants import (
     graph_constant,
     is_fresh_literal,
@@ -231,7 +232,6 @@ def no_tensor_printing() -> Iterator[None]:
     """Raise :class:`DataDependentError` when user code prints a tensor while tracing."""
     kinds = ("__repr__", "__str__", "__format__")
     saved = {k: getattr(torch.Tensor, k) for k in kinds}
-    own = {k: torch.Tensor.__dict__[k] for k in kinds if k in torch.Tensor.__dict__}
 
     def guard(kind: str) -> Callable[..., Any]:
         orig = saved[kind]
@@ -249,16 +249,8 @@ def no_tensor_printing() -> Iterator[None]:
             return orig(self, *args)
         return method
 
-    try:
-        for kind in saved:
-            setattr(torch.Tensor, kind, guard(kind))
+    with patched([(torch.Tensor, kind, guard(kind)) for kind in kinds]):
         yield
-    finally:
-        for kind in kinds:
-            if kind in own:
-                setattr(torch.Tensor, kind, own[kind])
-            else:
-                delattr(torch.Tensor, kind)
 
 
 def _rng_states() -> tuple[Any, Any]:

@@ -36,6 +36,7 @@ from torch import nn
 
 from jointlab.guard_values import NO_FORM, plain_form, same_form
 from jointlab.live_state import hook_name
+from jointlab.patching import patched
 from jointlab.runtime.snapshot import HookCopies
 from jointlab.sources import source_location
 from jointlab.torch_compat import is_module_slot, module_internal_names
@@ -117,7 +118,8 @@ class ReadRecorder:
         self._alive: list[Any] = []
         self._written: dict[tuple[int, str], tuple[Any, str, Any, tuple[str, str], str]] = {}
         self._written_keys: set[tuple[str, str]] = set()
-        self._patched: dict[type, tuple[Any, Any]] = {}
+        self._patched: set[type] = set()
+        self._patches = contextlib.ExitStack()  # one jointlab.patching.patched per class
         self._containers: dict[int, tuple[Any, Any, tuple[str, str]]] = {}
         self._hooks = HookCopies([])
         self.installed_hooks: list[str] = []
@@ -169,9 +171,7 @@ class ReadRecorder:
     def _patch(self, cls: type) -> None:
         if cls in self._patched:
             return
-        own = vars(cls)
-        self._patched[cls] = (own.get("__getattribute__", _MISSING),
-                              own.get("__setattr__", _MISSING))
+        self._patched.add(cls)
         get, put, rec, codes = cls.__getattribute__, cls.__setattr__, self, self.codes
 
         def __getattribute__(obj: Any, name: str) -> Any:  # noqa: N807
@@ -187,8 +187,8 @@ class ReadRecorder:
                 rec._on_write(obj, name)
             put(obj, name, value)
 
-        cls.__getattribute__ = __getattribute__  # type: ignore[method-assign]
-        cls.__setattr__ = __setattr__  # type: ignore[method-assign]
+        self._patches.enter_context(patched([(cls, "__getattribute__", __getattribute__),
+                                             (cls, "__setattr__", __setattr__)]))
 
     def _watch_items(self, value: Any, key: tuple[str, str]) -> None:
         """Watch the objects a list, tuple or dict holds, as ``path[i]`` / ``path['k']``."""
@@ -199,12 +199,7 @@ class ReadRecorder:
                 self.watch(item, key[0], f"{key[1]}[{k!r}]")
 
     def _unpatch(self) -> None:
-        for cls, saved in self._patched.items():
-            for attr, value in zip(("__getattribute__", "__setattr__"), saved):
-                if value is _MISSING:
-                    delattr(cls, attr)
-                else:
-                    setattr(cls, attr, value)
+        self._patches.close()
         self._patched.clear()
 
     # -- events ---------------------------------------------------------------

@@ -21,12 +21,13 @@ import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from jointlab.errors import JointlabError, TrainFnMisuseError
+from jointlab.patching import patched
 from jointlab.sources import frame_text, innermost_user_frame, is_user_frame, user_caller
 
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
@@ -120,18 +121,11 @@ def _refusing(module: Any, name: str, original: Callable[..., Any],
     return call
 
 
-@contextlib.contextmanager
 def _replaced(targets: Iterable[tuple[Any, str]],
               wrap: Callable[[Any, str, Callable[..., Any]], Callable[..., Any]]
-              ) -> Iterator[None]:
-    saved = [(mod, name, getattr(mod, name)) for mod, name in targets if hasattr(mod, name)]
-    try:
-        for mod, name, original in saved:
-            setattr(mod, name, wrap(mod, name, original))
-        yield
-    finally:
-        for mod, name, original in reversed(saved):
-            setattr(mod, name, original)
+              ) -> contextlib.AbstractContextManager[None]:
+    return patched([(mod, name, wrap(mod, name, getattr(mod, name)))
+                    for mod, name in targets if hasattr(mod, name)])
 
 
 def refuse_user_calls(targets: Iterable[tuple[Any, str]], message: Message
