@@ -91,7 +91,7 @@ def test_modes_agree_on_names_and_grad_presence():
 
 
 def test_tables_descriptors_and_memory_import_neither_the_graph_nor_a_renderer():
-    """Readers annotate with jointlab.core.TracedGraph; HTML only through one lazy hand-off."""
+    """Readers annotate with jointlab.core.TracedGraph; HTML only through the display registry."""
     import ast
     import pathlib
 
@@ -103,7 +103,6 @@ def test_tables_descriptors_and_memory_import_neither_the_graph_nor_a_renderer()
     handoffs = []
     for path in files:
         tree = ast.parse(path.read_text())
-        funcs = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
@@ -112,10 +111,7 @@ def test_tables_descriptors_and_memory_import_neither_the_graph_nor_a_renderer()
             for name in names:
                 assert name != "jointlab.graph", f"{path.name} imports jointlab.graph"
                 if name.startswith(("jointlab.viz", "jointlab.widgets")):
-                    owner = next((f.name for f in funcs if node in ast.walk(f)), "<module>")
-                    assert owner == "_repr_html_", f"{path.name}: {name} in {owner}"
-                    handoffs.append(path.name)
-    # Results hand off through jointlab.display, not to viz directly; the one exception is
-    # HumanFrame._repr_html_ (tables in human units), listed in test_layout.HANDOFFS: going
-    # through display would close a cycle display -> viz.cards -> analysis.tables.
-    assert handoffs == ["tables.py"]
+                    handoffs.append(f"{path.name}: {name}")
+    # Results ask jointlab.display.render for a view (jointlab.renderers registers the
+    # renderers): no reader imports viz/ or widgets/, not even in _repr_html_.
+    assert handoffs == []
