@@ -38,7 +38,7 @@ lint: $(STAMP)
 # (JOINTLAB_FUZZ_EXAMPLES per mode, default 6); its seed is in the pytest header.
 # Replay a failure: JOINTLAB_FUZZ_SEED=<seed> make test (or pytest tests/fuzz -k random_sample).
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 # A simulated Binder build (binder/requirements.txt, postBuild) in a fresh venv under
 # a temporary folder, then every notebook in it. Not part of `make test` (several
