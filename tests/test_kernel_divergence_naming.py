@@ -60,3 +60,36 @@ def test_a_fused_kernel_is_named_at_the_op_whose_result_diverges(monkeypatch):
     assert {"mul", "silu"} <= {str(by_name[n].target).split(".")[1] for n in first.nodes}, first
     assert by_name[d.node].target is aten.silu.default, str(d)  # not the fused mul before it
     assert d.module == "2" and d.phase == "forward", str(d)
+
+
+class _MLP3d(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_a_kernel_output_read_through_a_view_is_named_at_the_op_that_computed_it(monkeypatch):
+    # (batch, tokens, d) inputs: fc2 reads gelu's output through a view, and Inductor's
+    # provenance derives the buffer from that view too (DeiT read 'view_16 ... mlp.fc2')
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    model = _MLP3d()
+    inputs = {"x": torch.randn(2, 5, 16, generator=g), "y": torch.randn(2, 5, 16, generator=g)}
+    joint = jl.trace(model, _mse, inputs)
+    lowering = torch_compat.torch_module("torch._inductor.lowering", "inject a wrong lowering")
+    erf, mul = lowering.lowerings[aten.erf.default], lowering.lowerings[aten.mul.Tensor]
+    monkeypatch.setitem(lowering.lowerings, aten.erf.default, lambda x: mul(erf(x), 1.001))
+    with one_thread():
+        bad = joint.compile("inductor")
+        bad.run(model, inputs)
+        monkeypatch.undo()
+        c = bad.compare(model, inputs)
+    print(c)
+    d = c.first_divergence
+    assert c.verdict == "MISMATCH" and d is not None and d.what == "kernel output", repr(c)
+    by_name = {n.name: n for n in joint.graph.nodes}
+    assert by_name[d.node].target is aten.gelu.default, str(d)
+    assert "fc2" not in d.module and d.phase == "forward", str(d)  # F.gelu: the root

@@ -268,7 +268,12 @@ def _divergence(kernel: str, buf: str, node: str, got: torch.Tensor, want: torch
     return KernelDivergence(kernel, row["kind"] if row is not None else "?", buf, node, nodes,
                             tuple(row["modules"]) if row is not None else (), sources,
                             row["source"] if row is not None else "", abs_err, rel_err,
-                            traced=traced_owner(post_to_pre.get(node, []), by_name))
+                            traced=_origin_name(traced_owner(post_to_pre.get(node, []),
+                                                             by_name), by_name))
+
+
+def _origin_name(owner: str, by_name: dict[str, fx.Node]) -> str:
+    return _value_origin(by_name[owner]).name if owner in by_name else owner
 
 
 def first_diverging_kernel(compiled: Any, model: nn.Module, inputs: dict[str, Any],
@@ -335,14 +340,32 @@ def _kernel_check(compiled: Any, gm: fx.GraphModule, buffers: dict[str, str],
             unchecked.append(kernel)
             continue
         checked += 1
-        for buf, node, got in pairs:
-            if not close(got, want[node], tol) and not (node in nodes and close(
-                    got, want[node], tol, produced_scale(nodes[node], value_of))):
-                before = tuple(c.kernel for c in calls[:i] if buf in c.writes)
-                found = _divergence(kernel, buf, node, got, want[node], compiled)
-                return KernelCheck(dataclasses.replace(found, written_before=before),
-                                   checked, tuple(unchecked))
+        bad = [(buf, node, got) for buf, node, got in pairs
+               if not close(got, want[node], tol) and not (node in nodes and close(
+                   got, want[node], tol, produced_scale(nodes[node], value_of)))]
+        if bad:  # of its diverging buffers, the one holding the earliest traced value
+            buf, node, got = min(bad, key=lambda b: _traced_order(compiled, b[1]))
+            before = tuple(c.kernel for c in calls[:i] if buf in c.writes)
+            found = _divergence(kernel, buf, node, got, want[node], compiled)
+            return KernelCheck(dataclasses.replace(found, written_before=before),
+                               checked, tuple(unchecked))
     return KernelCheck(None, checked, tuple(unchecked))
+
+
+def _traced_order(compiled: Any, post: str) -> int:
+    """Graph position of the traced value post-grad node ``post`` holds (unknown ones last)."""
+    by_name = {n.name: n for n in compiled.source.graph.nodes}
+    pres = (compiled.compiled.provenance or {}).get("postToPre", {}).get(post, [])
+    origin = _origin_name(traced_owner(pres, by_name), by_name)
+    return list(by_name).index(origin) if origin in by_name else len(by_name)
+
+
+def _value_origin(node: fx.Node) -> fx.Node:
+    """The op that computed ``node``'s values: back through views, detaches and clones."""
+    while (_meta.op_name(node) in SAME_VALUES and node.args
+           and isinstance(node.args[0], fx.Node) and node.args[0].op == "call_function"):
+        node = node.args[0]
+    return node
 
 
 def _aliases_another(node: fx.Node, pres: list[str]) -> bool:
