@@ -79,8 +79,8 @@ def _computes(node: Any) -> bool:
 
 def _is_result(node: Any) -> bool:
     """True for the post-grad node holding its op's result: read outside that op's nodes."""
-    op = node.meta.get("original_aten")
-    return any(u.op == "output" or u.meta.get("original_aten") != op for u in node.users)
+    op = str(node.meta.get("original_aten"))
+    return any(u.op == "output" or str(u.meta.get("original_aten")) != op for u in node.users)
 
 
 def _is_float_box(out: Any) -> bool:
