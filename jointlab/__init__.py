@@ -13,6 +13,7 @@ as ``jointlab.trace.tracer`` and friends).
 from __future__ import annotations
 
 from jointlab import errors as errors
+from jointlab import plugins as _plugins  # noqa: F401 (registers the built-in plug-ins)
 from jointlab import renderers as _renderers  # noqa: F401 (registers the renderers)
 from jointlab._lazy import lazy_getattr
 from jointlab.core import RunResult as RunResult

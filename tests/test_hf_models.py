@@ -1,6 +1,6 @@
 """HF transformers models in both tracing modes, against eager autograd.
 
-Covers the AOT-mode compatibility shim (:mod:`jointlab.trace.hf_compat`), dynamic
+Covers the transformers plug-in (:mod:`jointlab.plugins.transformers`), dynamic
 shapes on HF causal LMs, memory at a non-traced size, MoE refusals and the
 baked-constant warnings HF models give.
 """
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import jointlab as jl
+from jointlab.plugins import transformers as _hf_compat
 from jointlab.torch_compat import release
-from jointlab.trace import hf_compat as _hf_compat
 from tests.fixtures import real
 from tests.util import (
     assert_unchanged,

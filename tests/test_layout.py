@@ -39,6 +39,7 @@ LEVELS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
     (("runtime", ("jointlab.runtime",)),),
     (("trace", ("jointlab.trace",)), ("analysis", ("jointlab.analysis",)),
      ("io", ("jointlab.io",))),
+    (("plugins", ("jointlab.plugins",)),),
     (("viz", ("jointlab.viz",)),),
     (("widgets", ("jointlab.widgets",)),),
     (("api", ("jointlab", "jointlab.graph", "jointlab.tracing", "jointlab.reporting",

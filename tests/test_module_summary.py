@@ -79,7 +79,7 @@ def test_shapes_match_eager_hooks_and_model_is_untouched(name):
     for mod, row in called.iterrows():
         assert row["in_shapes"] == ins[mod], mod
         assert row["out_shapes"] == outs[mod] == eager_outs[mod], mod
-    # transformers' causal-mask shortcut is taken as eager takes it (trace/hf_compat.py),
+    # transformers' causal-mask shortcut is taken as eager takes it (plugins/transformers.py),
     # so the traced blocks see eager's arguments: no explicit mask where eager has none
     assert [m for m in called.index if ins[m] != eager_ins[m]] == []
 

@@ -64,7 +64,6 @@ from jointlab.trace.checkpoint import checkpoint_tracing
 from jointlab.trace.checkpoint import (
     warn_checkpoint_not_recomputed as warn_checkpoint_not_recomputed,
 )
-from jointlab.trace.hf_compat import hf_tracing_compat
 from jointlab.trace.param_hooks import ParamHooks
 from jointlab.trace.probe_hooks import module_probes
 from jointlab.trace.refusals import in_train_fn
@@ -260,7 +259,6 @@ def _export(model, train_fn, req, layout):
         stack.enter_context(request.user_errors())
         stack.enter_context(module_stack_hooks(model))
         ckpt = stack.enter_context(checkpoint_tracing(replay_rng=False))  # refuses reentrant
-        stack.enter_context(hf_tracing_compat())  # transformers: FunctionalTensor is tracing
         stack.enter_context(aot_backward_marks())  # 2.11/2.12: tag backward nodes as 2.13 does
         joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
         gm = joint.graph_module

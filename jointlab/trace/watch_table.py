@@ -13,12 +13,14 @@ doc line. Outcomes:
 - ``record``: the trace notes what happened for a later pass or view;
 - ``warn``: the graph is exact, but something users may not expect is said.
 
-Rows with ``enter`` are entered by :func:`watching` around the mode's trace,
-in table order; the others are entered where named (``where``), inside a mode or
-at a pass. ``tests/test_watch_table.py`` checks the table against the code (the
-tracer enters exactly these rows, every ``refuse`` row's error is listed in the
-README, every guard kind is a :data:`jointlab.facts.KINDS`), so a missing row
-shows.
+:data:`CORE` holds the generic tracer's rows; a plug-in (``jointlab/plugins/``:
+transformers, the MHA fast path) adds its own with :func:`register`, after a
+named row, and :func:`unregistered` traces without one. Rows with ``enter`` are
+entered by :func:`watching` around the mode's trace, in table order; the others
+are entered where named (``where``), inside a mode or at a pass.
+``tests/test_watch_table.py`` checks the table against the code (the tracer
+enters exactly these rows, every ``refuse`` row's error is listed in the README,
+every guard kind is a :data:`jointlab.facts.KINDS`), so a missing row shows.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ from jointlab import errors
 from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.torch_errors import torch_errors
 from jointlab.trace.fake_world import loss_parallel_refusals, pipeline_schedule_refusals
-from jointlab.trace.fast_paths import fast_path_refusals
-from jointlab.trace.hf_compat import hf_exact_branches, hf_refusals
 from jointlab.trace.inplace_collectives import inplace_collective_refusals
 from jointlab.trace.lost_backward import no_kernel_warnings
 from jointlab.trace.meta_attention import meta_attention_calls
@@ -45,7 +45,8 @@ from jointlab.trace.read_guards import watching_python_state
 from jointlab.trace.refusals import tracing_guard
 from jointlab.trace.rnn import eager_rnn_kernels
 
-__all__ = ["OUTCOMES", "WATCHES", "Watch", "WatchCall", "watching"]
+__all__ = ["CORE", "OUTCOMES", "WATCHES", "Watch", "WatchCall", "plugins", "register",
+           "unregistered", "watching"]
 
 OUTCOMES = ("refuse", "guard", "swap", "record", "warn")
 
@@ -85,7 +86,8 @@ class Watch:
     kinds: tuple[str, ...] = ()
 
 
-WATCHES: tuple[Watch, ...] = (
+#: The rows of the generic tracer; plug-ins add theirs with :func:`register`.
+CORE: tuple[Watch, ...] = (
     Watch("python rngs", "train_fn draws from random / numpy.random", "refuse",
           errors.UnsupportedRandomOpError,
           "the graph would keep one draw; both generators are put back, whatever happens",
@@ -100,18 +102,9 @@ WATCHES: tuple[Watch, ...] = (
           "refuse", errors.TrainFnMisuseError,
           "the graph takes gradients itself; train_fn returns the loss",
           lambda c: tracing_guard(c.model)),
-    Watch("transformers refusals", "an HF MoE path jointlab cannot trace exactly", "refuse",
-          errors.TraceError, "named with the model's class and the fix",
-          lambda c: hf_refusals(c.model)),
-    Watch("transformers branches", "transformers' packed-sequence check while tracing",
-          "swap", None, "answered as eager answers it, so the same kernels are traced",
-          lambda c: hf_exact_branches()),
     Watch("random ops", "an explicit generator= or random_(from, to)", "refuse",
           errors.UnsupportedRandomOpError, "the graph could not draw what eager draws",
           lambda c: random_op_refusals()),
-    Watch("fused fast path", "eval-mode MultiheadAttention eager would run fused", "refuse",
-          errors.FastPathError, "the fused kernel computes other bits than the traced ops",
-          lambda c: fast_path_refusals(c.model)),
     Watch("RNN kernels", "an RNN layer", "swap", errors.UnsupportedModuleError,
           "traced through eager's own composite (oneDNN's LSTM layer as one op)",
           lambda c: eager_rnn_kernels(c.model)),
@@ -183,6 +176,103 @@ WATCHES: tuple[Watch, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class _Plugin:
+    """One plug-in's rows and the row they follow in the table."""
+
+    rows: tuple[Watch, ...]
+    after: str
+
+
+_PLUGINS: dict[str, _Plugin] = {}
+#: Every row, in table order: :data:`CORE` with each registered plug-in's rows in place.
+WATCHES: tuple[Watch, ...] = CORE
+
+
+def _table() -> tuple[Watch, ...]:
+    """:data:`CORE` with each plug-in's rows after the row it names, in registration order."""
+    rows = list(CORE)
+    for name, plugin in _PLUGINS.items():
+        names = [w.name for w in rows]
+        if plugin.after not in names:
+            raise ValueError(f"plug-in {name!r} follows the row {plugin.after!r}, which the "
+                             f"table does not have (rows: {', '.join(names)})")
+        at = names.index(plugin.after) + 1
+        rows[at:at] = plugin.rows
+    return tuple(rows)
+
+
+def register(plugin: str, rows: tuple[Watch, ...], *, after: str) -> None:
+    """Add a plug-in's rows to the table (again: replaces that plug-in's rows).
+
+    A plug-in (``jointlab/plugins/``) is everything jointlab knows about one
+    library or kernel family: its refusals, guards, swaps and records, each a
+    :class:`Watch` row the tracer enters like its own.
+
+    Args:
+        plugin: The plug-in's name (``"transformers"``).
+        rows: Its rows, in the order they are entered.
+        after: The name of the row they follow in the table.
+
+    Raises:
+        ValueError: A row name is taken, or ``after`` names no row.
+    """
+    taken = {w.name for w in CORE} | {w.name for name, p in _PLUGINS.items()
+                                      if name != plugin for w in p.rows}
+    clash = [w.name for w in rows if w.name in taken]
+    if clash:
+        raise ValueError(f"plug-in {plugin!r}: row names already in the table: {clash}")
+    saved = dict(_PLUGINS)
+    _PLUGINS[plugin] = _Plugin(tuple(rows), after)
+    try:
+        _rebuild()
+    except ValueError:
+        _rebuild(saved)
+        raise
+
+
+def _rebuild(registered: dict[str, _Plugin] | None = None) -> None:
+    """Rebuild :data:`WATCHES` (first setting the registrations to ``registered``, if given)."""
+    global WATCHES
+    if registered is not None:
+        _PLUGINS.clear()
+        _PLUGINS.update(registered)
+    WATCHES = _table()
+
+
+def plugins() -> tuple[str, ...]:
+    """The registered plug-ins' names, in registration order.
+
+    Returns:
+        Their names.
+    """
+    return tuple(_PLUGINS)
+
+
+@contextlib.contextmanager
+def unregistered(plugin: str) -> Iterator[None]:
+    """Trace without one plug-in inside the block (its rows are put back after).
+
+    Args:
+        plugin: A registered plug-in's name.
+
+    Yields:
+        Nothing; the table lacks the plug-in's rows inside the block.
+
+    Raises:
+        KeyError: No plug-in of that name is registered.
+    """
+    if plugin not in _PLUGINS:
+        raise KeyError(f"no plug-in {plugin!r} is registered (registered: {plugins()})")
+    saved = dict(_PLUGINS)
+    del _PLUGINS[plugin]
+    _rebuild()
+    try:
+        yield
+    finally:
+        _rebuild(saved)
+
+
 @contextlib.contextmanager
 def watching(call: WatchCall) -> Iterator[dict[str, Any]]:
     """Enter every row of :data:`WATCHES` that has ``enter``, in table order.
@@ -214,4 +304,7 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    print(markdown(), end="")
+    # the package's own module, where ``import jointlab`` registered the plug-ins
+    from jointlab.trace.watch_table import markdown as registered_markdown
+
+    print(registered_markdown(), end="")

@@ -1,4 +1,4 @@
-"""Refuse modules that eager would run through PyTorch's fused inference fast path.
+"""The MHA fast-path plug-in: refuse modules eager would run through PyTorch's fused kernel.
 
 ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` in eval mode,
 when nothing they touch needs a gradient, skip their Python code and run one
@@ -16,6 +16,10 @@ training flag, shapes, layout, autocast, ``requires_grad``) and raises
 :class:`~jointlab.errors.FastPathError` where eager would take the fast path.
 The setting and the training flags are also recorded as guards
 (:mod:`jointlab.assumptions`), so a later ``model.eval()`` is refused too.
+
+The plug-in registers one row of the watch table, "fused fast path". The
+conditions copy eager's (``nn.MultiheadAttention.forward``,
+``nn.TransformerEncoderLayer.forward``) and must follow them when torch changes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ import torch
 from torch import nn
 
 from jointlab.errors import FastPathError
+from jointlab.trace.watch_table import Watch
+
+__all__ = ["AFTER", "NAME", "ROWS", "attention_takes_fast_path",
+           "encoder_layer_takes_fast_path", "fast_path_refusals"]
 
 _DEVICES = ("cpu", "cuda", "hpu", "xpu")
 _HOW = ("Either keep it in training mode (model.train(); set its dropout to 0 for "
@@ -141,3 +149,13 @@ def fast_path_refusals(model: nn.Module) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
+
+
+NAME = "mha fast path"
+#: The table row the plug-in's rows follow.
+AFTER = "random ops"
+ROWS: tuple[Watch, ...] = (
+    Watch("fused fast path", "eval-mode MultiheadAttention eager would run fused", "refuse",
+          FastPathError, "the fused kernel computes other bits than the traced ops",
+          lambda c: fast_path_refusals(c.model)),
+)

@@ -1,14 +1,19 @@
-"""Compatibility shim: let transformers see that the AOT export is tracing.
+"""The transformers plug-in: everything jointlab does for Hugging Face models, in one file.
 
-transformers guards its data-dependent shortcuts (``masking_utils``: "skip
-the mask when nothing is padded", "no packed sequences") with
+It registers two rows of the watch table (:mod:`jointlab.trace.watch_table`),
+entered around every trace: "transformers refusals" (:func:`hf_refusals`) and
+"transformers branches" (:func:`hf_exact_branches`, and in mode="aot"
+:func:`hf_tracing_compat`). Without this plug-in the tracer still traces any
+model; transformers' models then fail as torch fails on them. (HF's KV cache,
+refused after the trace, is still recognised in ``runtime/constants.py``.)
+
+**AOT's tracing tensors.** transformers guards its data-dependent shortcuts
+(``masking_utils``: "skip the mask when nothing is padded", "no packed sequences") with
 ``transformers.utils.import_utils.is_tracing(tensor)``, which recognises a
 ``FakeTensor`` (what make_fx mode hands the model) but not the
 ``FunctionalTensor`` that the AOT export wraps around it. In mode="aot" those
 branches then read tensor values and the export fails with a data-dependent
-error.
-
-:func:`hf_tracing_compat` fixes only that recognition, and only while the AOT
+error. :func:`hf_tracing_compat` fixes only that recognition, and only while the AOT
 export runs: every ``is_fake_tensor`` function that transformers' loaded
 modules hold (``is_tracing`` looks it up in ``import_utils`` at call time) is
 replaced by one that also accepts a ``FunctionalTensor`` whose inner tensor is
@@ -17,10 +22,10 @@ happens. This makes transformers take the same branch as in make_fx mode (the
 one it takes under ``torch.compile``), whose result equals eager's.
 
 transformers is never imported here: if the user has not imported it, the
-shim does nothing, so ``import jointlab`` stays light and other models are
+patches do nothing, so ``import jointlab`` stays light and other models are
 untouched.
 
-:func:`hf_exact_branches` (both modes) makes one of those data-dependent
+**Packed sequences.** :func:`hf_exact_branches` (both modes) makes one of those data-dependent
 shortcuts take eager's branch where the trace can prove which branch eager
 takes. transformers' packed-sequence check (``find_packed_sequence_indices``)
 reads the position ids; while tracing it assumes packing, which materialises a
@@ -32,8 +37,8 @@ with step 1 (what every decoder builds when the caller passes none), no row is
 packed for any input, so the shim answers as eager does. Position ids that
 come from anywhere else keep transformers' general branch.
 
-:func:`hf_refusals` turns the two ways HF's mixture-of-experts layers fail to
-trace into refusals that name the implementation that traces
+**Mixture of experts.** :func:`hf_refusals` turns the two ways HF's
+mixture-of-experts layers fail to trace into refusals that name the implementation that traces
 (``experts_implementation="batched_mm"``) and the user's source line.
 """
 
@@ -51,8 +56,12 @@ from torch import nn
 
 from jointlab import torch_compat
 from jointlab.errors import DataDependentError, JointlabError, TraceError
-from jointlab.passes.annotate import frame_text, innermost_user_frame
+from jointlab.sources import frame_text, innermost_user_frame
 from jointlab.trace.probe_hooks import traced_node
+from jointlab.trace.watch_table import Watch, WatchCall
+
+__all__ = ["AFTER", "NAME", "ROWS", "experts_implementation", "hf_exact_branches",
+           "hf_refusals", "hf_tracing_compat", "is_functional_fake", "rows_count_up_by_one"]
 
 _IMPORT_UTILS = "transformers.utils.import_utils"
 _NAME = "is_fake_tensor"
@@ -290,3 +299,27 @@ def hf_refusals(model: nn.Module) -> Iterator[None]:
             f"torch's shape inference for it failed{_hf_line(frames)} with: {exc}"
             f"{_user_line(frames)}. {_HOW}"
         ) from exc
+
+
+# -- the plug-in's rows ----------------------------------------------------------------
+@contextlib.contextmanager
+def _branches_as_eager(call: WatchCall) -> Iterator[None]:
+    """transformers' data-dependent checks answered as eager answers them, for one trace."""
+    with contextlib.ExitStack() as stack:
+        if call.mode == "aot":  # the export wraps fake tensors in FunctionalTensor
+            stack.enter_context(hf_tracing_compat())
+        stack.enter_context(hf_exact_branches())
+        yield
+
+
+NAME = "transformers"
+#: The table row the plug-in's rows follow.
+AFTER = "optimizer and parameter misuse"
+ROWS: tuple[Watch, ...] = (
+    Watch("transformers refusals", "an HF MoE path jointlab cannot trace exactly", "refuse",
+          TraceError, "named with the model's class and the fix",
+          lambda c: hf_refusals(c.model)),
+    Watch("transformers branches", "transformers' packed-sequence check while tracing",
+          "swap", None, "answered as eager answers it, so the same kernels are traced",
+          _branches_as_eager),
+)

@@ -1,0 +1,40 @@
+"""Plug-ins: what jointlab knows about one library or kernel family, each in one module.
+
+The generic tracer names no model family. Each plug-in module here holds
+everything about one (its refusals, guards, swaps and records) as rows of the
+watch table (:class:`jointlab.trace.watch_table.Watch`), with ``NAME``,
+``ROWS`` and ``AFTER`` (the table row its rows follow). Importing this package
+registers the built-in ones (``import jointlab`` does); a plug-in's modules
+load nothing of its library (transformers is read from ``sys.modules`` only).
+
+- :mod:`jointlab.plugins.transformers`: Hugging Face transformers;
+- :mod:`jointlab.plugins.mha_fast_path`: ``nn.MultiheadAttention``'s fused fast path.
+
+``with watch_table.unregistered("transformers"):`` traces without one; a new
+plug-in is a module with the three names, registered with :func:`register`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from jointlab.plugins import mha_fast_path, transformers
+from jointlab.trace import watch_table
+
+__all__ = ["BUILTIN", "register"]
+
+#: The built-in plug-ins, registered in this order.
+BUILTIN: tuple[ModuleType, ...] = (transformers, mha_fast_path)
+
+
+def register(plugin: ModuleType) -> None:
+    """Register a plug-in module's rows (its ``NAME``, ``ROWS`` and ``AFTER``).
+
+    Args:
+        plugin: The plug-in's module.
+    """
+    watch_table.register(plugin.NAME, plugin.ROWS, after=plugin.AFTER)
+
+
+for _plugin in BUILTIN:
+    register(_plugin)
