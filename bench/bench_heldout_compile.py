@@ -13,7 +13,8 @@ post-grad node the wrapper scaled; for a decomposition, the named traced node
 
 ``python bench/bench_heldout_compile.py [--only NAME]`` prints a markdown
 table and writes it to out/bench_heldout.md; ``bench/run.py`` gets the totals
-as rows. About 15-20 minutes on two cores (Inductor compiles).
+as rows. About 5 minutes on an otherwise idle 2-core machine (32 Inductor compiles,
+297 s measured); several times that when other work shares the cores.
 """
 
 from __future__ import annotations
