@@ -39,15 +39,18 @@ def aot_export_joint() -> Callable[..., Any]:
 def aot_backward_marks() -> contextlib.AbstractContextManager[Any]:
     """A context under which the AOT export tags its backward nodes as 2.13's does.
 
-    torch 2.13 and newer tag them themselves (a no-op context); on 2.11 and
+    torch 2.13 and newer tag them themselves (the context only clears torch's
+    callback flag a failed export would leave set); on 2.11 and
     2.12 :func:`jointlab.torch_compat.backport.patch_aot_backward_marks` rebuilds
     the tags, without which no backward node would find its forward twin.
 
     Returns:
         The context to hold while ``aot_export_joint_with_descriptors`` traces.
     """
-    if MARKS_ENGINE_BACKWARD_IN_AOT:
-        return contextlib.nullcontext()
+    if MARKS_ENGINE_BACKWARD_IN_AOT:  # torch tags them; a failed export must not leak
+        from jointlab.torch_compat.graphs import backward_callback_flag_cleared
+
+        return backward_callback_flag_cleared()
     from jointlab.torch_compat import backport
 
     return backport.patch_aot_backward_marks()

@@ -11,6 +11,7 @@ decompositions an op carries for the Python dispatcher.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -232,10 +233,40 @@ def engine_backward_patch() -> Callable[[], Any]:
         from jointlab.torch_compat import backport
 
         return backport.patch_engine_backward
-    return required(torch.compiler, "_patch_engine_backward",
-                    "torch.compiler._patch_engine_backward",
-                    "tell the backward nodes of a make_fx trace from the forward ones "
-                    "(jl.trace's default mode; mode='aot' does not need it)", since="2.11")
+    patch = required(torch.compiler, "_patch_engine_backward",
+                     "torch.compiler._patch_engine_backward",
+                     "tell the backward nodes of a make_fx trace from the forward ones "
+                     "(jl.trace's default mode; mode='aot' does not need it)", since="2.11")
+    return lambda: _then_clear_callback_flag(patch)
+
+
+_LOGGING_UTILS = "torch._functorch._aot_autograd.logging_utils"
+
+
+@contextlib.contextmanager
+def backward_callback_flag_cleared() -> Iterator[None]:
+    """On exit, even by an error, torch's "end-of-backward callback queued" flag is cleared.
+
+    torch keeps that flag in a module global (``logging_utils.callback_set``),
+    set by the first backward node's hook in a make_fx or AOT trace and cleared
+    by the callback the engine runs when that backward ends. A backward that
+    raises (a refused trace) never runs it, so the flag stays set and every
+    later trace in the process skips the callback: nodes made after its
+    backward (the output) keep the last backward node's stack trace and mark.
+    """
+    try:
+        yield
+    finally:
+        module = importlib.import_module(_LOGGING_UTILS)
+        if hasattr(module, "callback_set"):
+            module.callback_set = False
+
+
+@contextlib.contextmanager
+def _then_clear_callback_flag(patch: Callable[[], Any]) -> Iterator[None]:
+    """``patch()`` inside :func:`backward_callback_flag_cleared`."""
+    with backward_callback_flag_cleared(), patch():
+        yield
 
 
 @contextlib.contextmanager
