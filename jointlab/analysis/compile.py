@@ -39,7 +39,7 @@ from jointlab.analysis.kernels import KernelCoverage, kernel_coverage, kernel_la
 from jointlab.analysis.step.kernel_code import KernelPiece, kernel_pieces
 from jointlab.core import RunResult, TracedGraph
 from jointlab.errors import CompiledGraphError, JointlabError, NodeExecutionError
-from jointlab.runtime.constants import is_kv_cache_placeholder
+from jointlab.runtime.constants import library_constant
 from jointlab.runtime.torch_errors import wrap_exception
 from jointlab.torch_compat import inductor_provenance
 from jointlab.torch_compat.inductor import import_cpp_extension_quietly
@@ -156,8 +156,8 @@ def traced_constants_behind(gm: torch.fx.GraphModule, node: torch.fx.Node | None
                 todo.append(a)
     for a in gm.graph.find_nodes(op="get_attr"):
         if a in seen and isinstance(getattr(gm, str(a.target), None), torch.Tensor):
-            cache = " (HF's KV cache: use_cache=True)" if is_kv_cache_placeholder(gm, a) else ""
-            out.append(f"{a.target}{cache}")
+            kind = library_constant(gm, a)
+            out.append(f"{a.target} ({kind.label}; {kind.fix})" if kind else str(a.target))
     return out
 
 
@@ -176,8 +176,8 @@ def compile_errors(gm: torch.fx.GraphModule) -> Iterator[None]:
         consts = traced_constants_behind(gm, _failed_node(gm, exc))
         hint = _COMPILE_HINT + (
             "; the failing node depends on tensor constants the trace baked into the graph: "
-            + ", ".join(consts) + ". Pass them as inputs, or for a KV cache pass "
-            "use_cache=False to the model call in train_fn, and trace again" if consts else "")
+            + ", ".join(consts) + ". Pass them as inputs (or as said next to one), and trace "
+            "again" if consts else "")
         raise wrap_exception(exc, "Inductor's compile of the joint graph",
                              NodeExecutionError, hint) from exc
 

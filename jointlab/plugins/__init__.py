@@ -3,7 +3,9 @@
 The generic tracer names no model family. Each plug-in module here holds
 everything about one (its refusals, guards, swaps and records) as rows of the
 watch table (:class:`jointlab.trace.watch_table.Watch`), with ``NAME``,
-``ROWS`` and ``AFTER`` (the table row its rows follow). Importing this package
+``ROWS`` and ``AFTER`` (the table row its rows follow), and optionally
+``KV_CACHE``-like :class:`~jointlab.runtime.constants.LibraryConstant` in
+``CONSTANTS`` (empty constants its library's code makes, named with the fix). Importing this package
 registers the built-in ones (``import jointlab`` does); a plug-in's modules
 load nothing of its library (transformers is read from ``sys.modules`` only).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from jointlab.plugins import mha_fast_path, transformers
+from jointlab.runtime.constants import register_library_constant
 from jointlab.trace import watch_table
 
 __all__ = ["BUILTIN", "register"]
@@ -28,12 +31,14 @@ BUILTIN: tuple[ModuleType, ...] = (transformers, mha_fast_path)
 
 
 def register(plugin: ModuleType) -> None:
-    """Register a plug-in module's rows (its ``NAME``, ``ROWS`` and ``AFTER``).
+    """Register a plug-in module's rows (its ``NAME``, ``ROWS`` and ``AFTER``) and constants.
 
     Args:
         plugin: The plug-in's module.
     """
     watch_table.register(plugin.NAME, plugin.ROWS, after=plugin.AFTER)
+    for i, kind in enumerate(getattr(plugin, "CONSTANTS", ())):
+        register_library_constant(f"{plugin.NAME}:{i}", kind)
 
 
 for _plugin in BUILTIN:

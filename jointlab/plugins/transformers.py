@@ -4,8 +4,9 @@ It registers two rows of the watch table (:mod:`jointlab.trace.watch_table`),
 entered around every trace: "transformers refusals" (:func:`hf_refusals`) and
 "transformers branches" (:func:`hf_exact_branches`, and in mode="aot"
 :func:`hf_tracing_compat`). Without this plug-in the tracer still traces any
-model; transformers' models then fail as torch fails on them. (HF's KV cache,
-refused after the trace, is still recognised in ``runtime/constants.py``.)
+model; transformers' models then fail as torch fails on them. It also names
+the empty constants HF's KV cache puts into a graph (``use_cache=True``:
+:data:`KV_CACHE`), in the trace's warning and compile's errors.
 
 **AOT's tracing tensors.** transformers guards its data-dependent shortcuts
 (``masking_utils``: "skip the mask when nothing is padded", "no packed sequences") with
@@ -56,12 +57,14 @@ from torch import nn
 
 from jointlab import torch_compat
 from jointlab.errors import DataDependentError, JointlabError, TraceError
+from jointlab.runtime.constants import LibraryConstant
 from jointlab.sources import frame_text, innermost_user_frame
 from jointlab.trace.probe_hooks import traced_node
 from jointlab.trace.watch_table import Watch, WatchCall
 
-__all__ = ["AFTER", "NAME", "ROWS", "experts_implementation", "hf_exact_branches",
-           "hf_refusals", "hf_tracing_compat", "is_functional_fake", "rows_count_up_by_one"]
+__all__ = ["AFTER", "CONSTANTS", "KV_CACHE", "NAME", "ROWS", "experts_implementation",
+           "hf_exact_branches", "hf_refusals", "hf_tracing_compat", "is_functional_fake",
+           "rows_count_up_by_one"]
 
 _IMPORT_UTILS = "transformers.utils.import_utils"
 _NAME = "is_fake_tensor"
@@ -323,3 +326,14 @@ ROWS: tuple[Watch, ...] = (
           "swap", None, "answered as eager answers it, so the same kernels are traced",
           _branches_as_eager),
 )
+
+
+def _made_by_hf_cache(stack_trace: str) -> bool:
+    return "cache_utils.py" in stack_trace or "cache.update(" in stack_trace
+
+
+#: The empty key/value tensors HF's cache concatenates onto (``use_cache=True``).
+KV_CACHE = LibraryConstant("HF's KV cache: use_cache=True", _made_by_hf_cache,
+                           "the model fills a KV cache",
+                           "pass use_cache=False to the model call in train_fn")
+CONSTANTS = (KV_CACHE,)

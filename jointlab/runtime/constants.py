@@ -1,16 +1,52 @@
-"""The constants baked into a traced graph: fresh literals and HF's KV-cache placeholders.
+"""The constants baked into a traced graph: fresh literals and a library's own placeholders.
 
 Read by the tracer (:mod:`jointlab.trace.python_state` warns about baked
-values) and by :mod:`jointlab.analysis.compile` (which names a KV-cache
-constant Inductor cannot take), so they live below both.
+values) and by :mod:`jointlab.analysis.compile` (which names a constant
+Inductor cannot take), so they live below both. A plug-in
+(``jointlab/plugins/``) registers the empty constants its library's code
+makes (:class:`LibraryConstant`: HF's KV cache), so they are named with the fix.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.fx as fx
 
-__all__ = ["graph_constant", "is_fresh_literal", "is_kv_cache_placeholder", "is_scalar_literal"]
+__all__ = ["LibraryConstant", "graph_constant", "is_fresh_literal", "is_scalar_literal",
+           "library_constant", "register_library_constant"]
+
+
+@dataclass(frozen=True)
+class LibraryConstant:
+    """Empty constants a library's own code puts into a graph (registered by a plug-in).
+
+    Attributes:
+        label: Named next to the constant (``"HF's KV cache: use_cache=True"``).
+        made_by: Whether a stack trace of a node reading the constant shows the library made it.
+        what: What happened, as the trace's warning says it (``"the model fills a KV cache"``).
+        fix: What to do (``"pass use_cache=False to the model call in train_fn"``).
+    """
+
+    label: str
+    made_by: Callable[[str], bool]
+    what: str
+    fix: str
+
+
+_LIBRARY_CONSTANTS: dict[str, LibraryConstant] = {}
+
+
+def register_library_constant(name: str, kind: LibraryConstant) -> None:
+    """Have the tracer and compile name a library's empty constants (again: replaces).
+
+    Args:
+        name: The registering plug-in's name.
+        kind: How to recognise and name them.
+    """
+    _LIBRARY_CONSTANTS[name] = kind
 
 
 def graph_constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
@@ -35,12 +71,18 @@ def is_scalar_literal(gm: fx.GraphModule, node: fx.Node) -> bool:
     return is_fresh_literal(gm, node) and t.numel() == 1 and t.dim() <= 1
 
 
-def is_kv_cache_placeholder(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """True for an empty fresh literal created by HF's KV cache."""
+def library_constant(gm: fx.GraphModule, node: fx.Node) -> LibraryConstant | None:
+    """The registered library that made ``node``, an empty fresh literal; else None.
+
+    Args:
+        gm: The graph.
+        node: A node of it.
+
+    Returns:
+        The first registered :class:`LibraryConstant` whose code made it, or None.
+    """
     t = graph_constant(gm, node)
-    return (is_fresh_literal(gm, node) and t.numel() == 0
-            and any(_from_hf_cache(u.meta.get("stack_trace") or "") for u in node.users))
-
-
-def _from_hf_cache(stack_trace: str) -> bool:
-    return "cache_utils.py" in stack_trace or "cache.update(" in stack_trace
+    if not (is_fresh_literal(gm, node) and t.numel() == 0):
+        return None
+    traces = [u.meta.get("stack_trace") or "" for u in node.users]
+    return next((k for k in _LIBRARY_CONSTANTS.values() if any(map(k.made_by, traces))), None)

@@ -12,10 +12,10 @@ read only by ``lift_fresh_copy``. A one-element fresh literal is a Python
 number of the code, like any literal argument (T5 writes its
 ``decoder_start_token_id`` so); it is checked against captured numbers like
 the other literals, not reported itself. An empty one holds no data and cannot
-change any value; HF's KV cache creates them (``cache_utils``) when a model is
-called with ``use_cache=True``, and that is reported with the fix
-(``use_cache=False``). Any other tensor constant, e.g. a captured tensor or a
-parameter baked into the graph, is reported as before.
+change any value; one a library's code makes (registered by its plug-in as a
+:class:`~jointlab.runtime.constants.LibraryConstant`: HF's KV cache with
+``use_cache=True``) is reported with the plug-in's fix. Any other tensor
+constant, e.g. a captured tensor or a parameter baked into the graph, is reported as before.
 :func:`no_tensor_printing` turns ``print(tensor)`` in user code during a trace
 (which would only show a fake tensor) into a :class:`DataDependentError`.
 :func:`python_rngs_kept` refuses a step that draws from Python's or numpy's
@@ -49,10 +49,11 @@ from jointlab.errors import (
 )
 from jointlab.patching import patched
 from jointlab.runtime.constants import (
+    LibraryConstant,
     graph_constant,
     is_fresh_literal,
-    is_kv_cache_placeholder,
     is_scalar_literal,
+    library_constant,
 )
 from jointlab.sources import is_user_frame, source_location
 from jointlab.torch_compat import is_op_overload, op_schema
@@ -175,10 +176,17 @@ def baked_tensors(gm: fx.GraphModule) -> list[str]:
             if graph_constant(gm, node) is not None and not _holds_no_user_state(gm, node)]
 
 
-def kv_cache_constants(gm: fx.GraphModule) -> list[str]:
-    """Empty constants that HF's KV cache put into the graph (``use_cache=True``)."""
-    return [_describe(gm, node) for node in gm.graph.find_nodes(op="get_attr")
-            if is_kv_cache_placeholder(gm, node)]
+def library_constants(gm: fx.GraphModule) -> dict[LibraryConstant, list[str]]:
+    """Empty constants a registered library's code put into the graph, by library.
+
+    (HF's KV cache with ``use_cache=True``: :mod:`jointlab.plugins.transformers`.)
+    """
+    out: dict[LibraryConstant, list[str]] = {}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        kind = library_constant(gm, node)
+        if kind is not None:
+            out.setdefault(kind, []).append(_describe(gm, node))
+    return out
 
 
 def _forwards(model: nn.Module) -> dict[str, Callable[..., Any]]:
@@ -216,15 +224,14 @@ def warn_baked_constants(gm: fx.GraphModule, train_fn: Callable[..., Any],
             "values captured from Python: " + "; ".join(said) + ". To let them vary, pass "
             "them to train_fn as inputs (tensors) or register them on the model as buffers, "
             "then trace again.", BakedConstantWarning, stacklevel=user_stacklevel())
-    cache = kv_cache_constants(gm)
-    if cache:
+    for kind, names in library_constants(gm).items():
         warnings.warn(
-            f"the model fills a KV cache during the traced step ({len(cache)} empty cache "
-            "tensors baked into the graph: " + "; ".join(cache[:2])
-            + ("; ..." if len(cache) > 2 else "") + "). A training step does not need it: "
-            "pass use_cache=False to the model call in train_fn, then trace again.",
+            f"{kind.what} during the traced step ({len(names)} empty tensors baked into "
+            "the graph: " + "; ".join(names[:2]) + ("; ..." if len(names) > 2 else "")
+            + f"). A training step does not need it: {kind.fix}, then trace again.",
             BakedConstantWarning, stacklevel=user_stacklevel())
-    return found + cache
+        found += names
+    return found
 
 
 @contextlib.contextmanager
