@@ -113,3 +113,24 @@ def test_without_the_transformers_plugin_only_hf_models_lose_its_help():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         jl.trace(model, real.lm_train_fn, inputs, mode="aot")  # exact: test_hf_models
+
+
+def test_without_the_transformers_plugin_the_kv_cache_goes_unnamed():
+    """The KV-cache warning is the plug-in's: without it the empty cache constants pass silently."""
+    pytest.importorskip("transformers")
+    from tests.fixtures import real
+
+    f = real.get("hf_gpt2")
+
+    def with_cache(m, **kw):
+        return m(**kw, use_cache=True).loss
+
+    def said():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            jl.trace(f.make_model(), with_cache, f.make_inputs(2))
+        return [str(w.message) for w in caught if w.category is jl.errors.BakedConstantWarning]
+
+    assert any("KV cache" in m and "use_cache=False" in m for m in said())
+    with watch_table.unregistered("transformers"):
+        assert not any("KV cache" in m for m in said())

@@ -21,7 +21,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from jointlab.plugins import mha_fast_path, transformers
-from jointlab.runtime.constants import register_library_constant
+from jointlab.runtime.constants import register_library_constants
 from jointlab.trace import watch_table
 
 __all__ = ["BUILTIN", "register"]
@@ -37,8 +37,7 @@ def register(plugin: ModuleType) -> None:
         plugin: The plug-in's module.
     """
     watch_table.register(plugin.NAME, plugin.ROWS, after=plugin.AFTER)
-    for i, kind in enumerate(getattr(plugin, "CONSTANTS", ())):
-        register_library_constant(f"{plugin.NAME}:{i}", kind)
+    register_library_constants(plugin.NAME, getattr(plugin, "CONSTANTS", ()))
 
 
 for _plugin in BUILTIN:

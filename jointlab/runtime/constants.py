@@ -9,14 +9,15 @@ makes (:class:`LibraryConstant`: HF's KV cache), so they are named with the fix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
 __all__ = ["LibraryConstant", "graph_constant", "is_fresh_literal", "is_scalar_literal",
-           "library_constant", "register_library_constant"]
+           "library_constant", "register_library_constants", "without_library_constants"]
 
 
 @dataclass(frozen=True)
@@ -36,17 +37,35 @@ class LibraryConstant:
     fix: str
 
 
-_LIBRARY_CONSTANTS: dict[str, LibraryConstant] = {}
+_LIBRARY_CONSTANTS: dict[str, tuple[LibraryConstant, ...]] = {}
 
 
-def register_library_constant(name: str, kind: LibraryConstant) -> None:
+def register_library_constants(plugin: str, kinds: tuple[LibraryConstant, ...]) -> None:
     """Have the tracer and compile name a library's empty constants (again: replaces).
 
     Args:
-        name: The registering plug-in's name.
-        kind: How to recognise and name them.
+        plugin: The registering plug-in's name.
+        kinds: How to recognise and name them.
     """
-    _LIBRARY_CONSTANTS[name] = kind
+    _LIBRARY_CONSTANTS[plugin] = tuple(kinds)
+
+
+@contextlib.contextmanager
+def without_library_constants(plugin: str) -> Iterator[None]:
+    """Leave one plug-in's constants unnamed inside the block (put back after).
+
+    Args:
+        plugin: A plug-in's name (nothing happens if it registered none).
+
+    Yields:
+        Nothing.
+    """
+    kinds = _LIBRARY_CONSTANTS.pop(plugin, None)
+    try:
+        yield
+    finally:
+        if kinds is not None:
+            _LIBRARY_CONSTANTS[plugin] = kinds
 
 
 def graph_constant(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
@@ -85,4 +104,5 @@ def library_constant(gm: fx.GraphModule, node: fx.Node) -> LibraryConstant | Non
     if not (is_fresh_literal(gm, node) and t.numel() == 0):
         return None
     traces = [u.meta.get("stack_trace") or "" for u in node.users]
-    return next((k for k in _LIBRARY_CONSTANTS.values() if any(map(k.made_by, traces))), None)
+    return next((k for kinds in _LIBRARY_CONSTANTS.values() for k in kinds
+                 if any(map(k.made_by, traces))), None)

@@ -33,6 +33,7 @@ from typing import Any
 from torch import nn
 
 from jointlab import errors
+from jointlab.runtime.constants import without_library_constants
 from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.torch_errors import torch_errors
 from jointlab.trace.fake_world import loss_parallel_refusals, pipeline_schedule_refusals
@@ -268,7 +269,8 @@ def unregistered(plugin: str) -> Iterator[None]:
     del _PLUGINS[plugin]
     _rebuild()
     try:
-        yield
+        with without_library_constants(plugin):  # its constants go unnamed too
+            yield
     finally:
         _rebuild(saved)
 
