@@ -1,4 +1,4 @@
-"""A trace whose backward raises (either mode) leaves no torch tracing state behind for the next trace."""
+"""A trace whose backward raises (either mode) leaves no torch state behind for the next one."""
 
 from __future__ import annotations
 

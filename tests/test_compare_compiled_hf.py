@@ -130,8 +130,8 @@ def test_a_compile_failure_on_a_kv_cache_value_names_the_traced_constant(monkeyp
     # without the repair the view of the cached keys fails inside Inductor's re-trace:
     # the error must blame the baked cache constant, not the user's graph edits
     model, inputs, step = _gpt2_with_cache()
-    tracer = importlib.import_module("jointlab.trace.tracer")
-    monkeypatch.setattr(tracer, "repair_views", lambda gm: 0)
+    pipeline = importlib.import_module("jointlab.passes.pipeline")
+    monkeypatch.setattr(pipeline, "repair_views", lambda gm: 0)
     with pytest.warns(jl.errors.BakedConstantWarning):
         c = jl.trace(model, step, inputs).compile("inductor")
     with one_thread(), pytest.raises(jl.errors.NodeExecutionError) as err:

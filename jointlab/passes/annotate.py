@@ -19,14 +19,7 @@ import torch.fx as fx
 
 from jointlab.meta import KEY, RECOMPUTE_TAG, TRAIN_FN
 from jointlab.passes.accumulate import CandidateIndex, attribute_accumulation, is_gradient_acc
-
-# frame_text and innermost_user_frame: trace/hf_compat.py still imports them from here
-from jointlab.sources import (  # noqa: F401
-    frame_text,
-    innermost_user_frame,
-    stack_trace_frames,
-    user_source,
-)
+from jointlab.sources import innermost_user_frame, stack_trace_frames, user_source
 
 _COPIED_META = ("nn_module_stack", "stack_trace", "custom")
 
