@@ -120,7 +120,7 @@ def shape_of(t: torch.Tensor) -> tuple:
 def _last_node(mode: Any) -> fx.Node | None:
     """The node the trace now running appended last (O(1)), or None."""
     graph = getattr(getattr(mode, "tracer", None), "graph", None)
-    return next(reversed(graph.nodes), None) if graph is not None else None
+    return next(iter(reversed(graph.nodes)), None) if graph is not None else None
 
 
 def _output_hook(rec: ProbeRecorder, fqn: str):
