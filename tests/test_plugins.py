@@ -7,6 +7,7 @@ eager autograd), and only that plug-in's family loses what it gave.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -16,10 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import jointlab as jl
-from jointlab.plugins import mha_fast_path
+from jointlab.plugins import BUILTIN, mha_fast_path, onednn_rnn
 from jointlab.plugins import transformers as hf_plugin
 from jointlab.trace import watch_table
-from tests.util import eager_step
+from tests.util import assert_same_bits, eager_step
+
+NAMES = ("transformers", "onednn rnn", "mha fast path")
 
 
 def _names() -> list[str]:
@@ -27,22 +30,27 @@ def _names() -> list[str]:
 
 
 def test_builtin_plugins_register_their_rows_after_the_named_row():
-    assert watch_table.plugins() == ("transformers", "mha fast path")
+    assert watch_table.plugins() == NAMES
     names = _names()
-    for plugin in (hf_plugin, mha_fast_path):
-        at = names.index(plugin.AFTER) + 1
-        assert names[at:at + len(plugin.ROWS)] == [w.name for w in plugin.ROWS]
+    plugin_rows = {w.name: p.NAME for p in BUILTIN for w in p.ROWS}
+    for i, plugin in enumerate(BUILTIN):
+        own = [w.name for w in plugin.ROWS]
+        at = names.index(own[0])
+        assert names[at:at + len(own)] == own
+        # right after its row, or after rows of plug-ins registered later at the same row
+        between = names[names.index(plugin.AFTER) + 1:at]
+        later = {p.NAME for p in BUILTIN[i + 1:] if p.AFTER == plugin.AFTER}
+        assert all(plugin_rows.get(n) in later for n in between), (plugin.NAME, between)
     assert [w for w in watch_table.WATCHES if w in watch_table.CORE] == list(watch_table.CORE)
 
 
 def test_unregistered_drops_only_that_plugins_rows_and_puts_them_back():
     before = watch_table.WATCHES
     with watch_table.unregistered("transformers"):
-        assert watch_table.plugins() == ("mha fast path",)
+        assert watch_table.plugins() == NAMES[1:]
         assert not {w.name for w in hf_plugin.ROWS} & set(_names())
         assert "fused fast path" in _names()
-    assert watch_table.WATCHES == before and watch_table.plugins() == (
-        "transformers", "mha fast path")
+    assert watch_table.WATCHES == before and watch_table.plugins() == NAMES
     with pytest.raises(KeyError, match="no plug-in 'nope'"):
         with watch_table.unregistered("nope"):
             pass
@@ -61,8 +69,6 @@ def test_a_bad_registration_is_refused_and_leaves_the_table_as_it_was():
 
 
 def _null():
-    import contextlib
-
     return contextlib.nullcontext()
 
 
@@ -75,8 +81,10 @@ def test_a_plain_model_traces_exactly_without_any_plugin(mode):
     def fn(m, x, y):
         return F.mse_loss(m(x), y)
 
-    with watch_table.unregistered("transformers"), watch_table.unregistered("mha fast path"):
-        assert watch_table.plugins() == ()
+    with contextlib.ExitStack() as stack:
+        for plugin in BUILTIN:
+            stack.enter_context(watch_table.unregistered(plugin.NAME))
+        assert watch_table.plugins() == () and watch_table.retargets() == {}
         joint = jl.trace(model, fn, inputs, mode=mode)
         got = joint.run(model, inputs)
     want = eager_step(model, fn, inputs, seed=0)
@@ -99,6 +107,34 @@ def test_without_the_fast_path_plugin_an_eval_encoder_is_not_refused():
     with watch_table.unregistered("mha fast path"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         jl.trace(copy.deepcopy(model), fn, inputs)
+
+
+def _targets(joint) -> set[str]:
+    return {str(n.target) for n in joint.graph_module.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.filterwarnings("ignore::jointlab.errors.SideEffectWarning")  # LSTM's _flat_weights
+def test_without_the_onednn_rnn_plugin_an_lstm_graph_fails_to_run_under_no_grad():
+    """The retarget row is the plug-in's: without it the graph keeps aten.mkldnn_rnn_layer,
+    whose workspace is missing under joint.run's no_grad, so its backward node fails."""
+    torch.manual_seed(0)
+    model = nn.LSTM(4, 8, batch_first=True)
+    inputs = {"x": torch.randn(2, 3, 4), "y": torch.randn(2, 3, 8)}
+
+    def fn(m, x, y):
+        return F.mse_loss(m(x)[0], y)
+
+    joint = jl.trace(model, fn, inputs)
+    assert "jointlab.mkldnn_rnn_layer.default" in _targets(joint)
+    assert_same_bits(joint.run(model, inputs)[1], eager_step(model, fn, inputs, seed=0)[1],
+                     "grads with the plug-in")
+    with watch_table.unregistered("onednn rnn"):
+        assert watch_table.retargets() == {}
+        assert not {w.name for w in onednn_rnn.ROWS} & set(_names())
+        joint = jl.trace(model, fn, inputs)
+        assert "aten.mkldnn_rnn_layer.default" in _targets(joint)
+        with pytest.raises(jl.errors.NodeExecutionError, match="mkldnn_rnn_layer_backward"):
+            joint.run(model, inputs)
 
 
 def test_without_the_transformers_plugin_only_hf_models_lose_its_help():

@@ -43,6 +43,9 @@ def test_every_row_is_well_formed():
         # a guard shows in joint.guards (its kinds) or is checked with the inputs (where)
         assert not w.kinds or w.outcome == "guard", w.name
         assert w.outcome != "guard" or w.kinds or w.where, w.name
+        # a kernel swap the retarget pass applies names that pass
+        assert not w.retargets or (w.outcome, w.where) == (
+            "swap", "jointlab.passes.pipeline.retarget"), w.name
 
 
 def test_the_tracer_enters_every_row_with_a_context_and_nothing_else(monkeypatch):

@@ -10,7 +10,9 @@ registers the built-in ones (``import jointlab`` does); a plug-in's modules
 load nothing of its library (transformers is read from ``sys.modules`` only).
 
 - :mod:`jointlab.plugins.transformers`: Hugging Face transformers;
-- :mod:`jointlab.plugins.mha_fast_path`: ``nn.MultiheadAttention``'s fused fast path.
+- :mod:`jointlab.plugins.mha_fast_path`: ``nn.MultiheadAttention``'s fused fast path;
+- :mod:`jointlab.plugins.onednn_rnn`: RNN layers through eager's kernels (oneDNN's LSTM
+  layer retargeted to keep its workspace: a row's ``retargets``).
 
 ``with watch_table.unregistered("transformers"):`` traces without one; a new
 plug-in is a module with the three names, registered with :func:`register`.
@@ -20,14 +22,14 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from jointlab.plugins import mha_fast_path, transformers
+from jointlab.plugins import mha_fast_path, onednn_rnn, transformers
 from jointlab.runtime.constants import register_library_constants
 from jointlab.trace import watch_table
 
 __all__ = ["BUILTIN", "register"]
 
 #: The built-in plug-ins, registered in this order.
-BUILTIN: tuple[ModuleType, ...] = (transformers, mha_fast_path)
+BUILTIN: tuple[ModuleType, ...] = (transformers, onednn_rnn, mha_fast_path)
 
 
 def register(plugin: ModuleType) -> None:

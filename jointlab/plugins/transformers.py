@@ -322,8 +322,10 @@ ROWS: tuple[Watch, ...] = (
     Watch("transformers refusals", "an HF MoE path jointlab cannot trace exactly", "refuse",
           TraceError, "named with the model's class and the fix",
           lambda c: hf_refusals(c.model)),
-    Watch("transformers branches", "transformers' packed-sequence check while tracing",
-          "swap", None, "answered as eager answers it, so the same kernels are traced",
+    Watch("transformers branches", "transformers' packed-sequence check while tracing; in "
+          "mode='aot', its is_tracing check", "swap", None,
+          "answered as eager answers it, so the same kernels are traced; in mode='aot' "
+          "is_fake_tensor is also patched to accept AOT's FunctionalTensor (hf_tracing_compat)",
           _branches_as_eager),
 )
 

@@ -8,7 +8,7 @@ puts into graphs are defined here, in the runtime layer:
   nodes (:mod:`jointlab.trace.checkpoint` records them).
 - ``jointlab::mkldnn_rnn_layer`` (:data:`MKLDNN_RNN_LAYER`): oneDNN's LSTM layer
   called with grad mode on, so it keeps the workspace its backward reads under
-  ``no_grad`` (:mod:`jointlab.trace.rnn` retargets nodes to it).
+  ``no_grad`` (:mod:`jointlab.plugins.onednn_rnn` retargets nodes to it).
 """
 
 from __future__ import annotations

@@ -45,8 +45,7 @@ from jointlab.trace.random_ops import (
 from jointlab.trace.read_guards import read_facts, warn_side_effects
 from jointlab.trace.refusals import refuse_compiled
 from jointlab.trace.request import TraceRequest
-from jointlab.trace.rnn import RNN_RETARGETS
-from jointlab.trace.watch_table import WatchCall, watching
+from jointlab.trace.watch_table import WatchCall, retargets, watching
 
 MODES = ("make_fx", "aot")
 
@@ -112,7 +111,7 @@ def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any
     warn_side_effects(watched)
     parts = dataclasses.replace(parts, assumptions=assumptions)
     gm = parts.graph_module
-    run_passes(gm, dataclasses.replace(seen_by_trace, retargets=RNN_RETARGETS,
+    run_passes(gm, dataclasses.replace(seen_by_trace, retargets=retargets(),
                                        sdpa_calls=tuple(sdpa_calls)))
     refuse_explicit_generators(gm)
     if mode == "aot":

@@ -14,7 +14,7 @@ doc line. Outcomes:
 - ``warn``: the graph is exact, but something users may not expect is said.
 
 :data:`CORE` holds the generic tracer's rows; a plug-in (``jointlab/plugins/``:
-transformers, the MHA fast path) adds its own with :func:`register`, after a
+transformers, the MHA fast path, oneDNN RNNs) adds its own with :func:`register`, after a
 named row, and :func:`unregistered` traces without one. Rows with ``enter`` are
 entered by :func:`watching` around the mode's trace, in table order; the others
 are entered where named (``where``), inside a mode or at a pass.
@@ -44,10 +44,9 @@ from jointlab.trace.python_state import no_tensor_printing, python_rngs_kept
 from jointlab.trace.random_ops import random_op_refusals
 from jointlab.trace.read_guards import watching_python_state
 from jointlab.trace.refusals import tracing_guard
-from jointlab.trace.rnn import eager_rnn_kernels
 
 __all__ = ["CORE", "OUTCOMES", "WATCHES", "Watch", "WatchCall", "plugins", "register",
-           "unregistered", "watching"]
+           "retargets", "unregistered", "watching"]
 
 OUTCOMES = ("refuse", "guard", "swap", "record", "warn")
 
@@ -75,6 +74,8 @@ class Watch:
         where: For a row without ``enter``, the dotted name of the function that enters
             or applies it.
         kinds: For a ``guard`` row, the ``joint.guards`` kinds it records.
+        retargets: For a ``swap`` row the retarget pass applies
+            (:func:`jointlab.passes.pipeline.retarget`): ``(op, replacement op)`` pairs.
     """
 
     name: str
@@ -85,6 +86,7 @@ class Watch:
     enter: Callable[[WatchCall], contextlib.AbstractContextManager[Any]] | None = None
     where: str = ""
     kinds: tuple[str, ...] = ()
+    retargets: tuple[tuple[Any, Any], ...] = ()
 
 
 #: The rows of the generic tracer; plug-ins add theirs with :func:`register`.
@@ -106,9 +108,6 @@ CORE: tuple[Watch, ...] = (
     Watch("random ops", "an explicit generator= or random_(from, to)", "refuse",
           errors.UnsupportedRandomOpError, "the graph could not draw what eager draws",
           lambda c: random_op_refusals()),
-    Watch("RNN kernels", "an RNN layer", "swap", errors.UnsupportedModuleError,
-          "traced through eager's own composite (oneDNN's LSTM layer as one op)",
-          lambda c: eager_rnn_kernels(c.model)),
     Watch("lost backward", "an op with no backward kernel", "record",
           errors.GradientLostError, "refused after the trace if a gradient was lost",
           lambda c: no_kernel_warnings()),
@@ -248,6 +247,15 @@ def plugins() -> tuple[str, ...]:
         Their names.
     """
     return tuple(_PLUGINS)
+
+
+def retargets() -> dict[Any, Any]:
+    """The retarget pass's table: every row's ``retargets`` pairs (plug-ins' kernel swaps).
+
+    Returns:
+        Op -> replacement op, from the rows of :data:`WATCHES` now registered.
+    """
+    return {op: new for w in WATCHES for op, new in w.retargets}
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""RNN layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) traced as eager runs them.
+"""The oneDNN RNN plug-in: ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` traced as eager runs them.
 
 Two things stood between a traced RNN and eager's numbers on CPU:
 
@@ -17,11 +17,17 @@ Two things stood between a traced RNN and eager's numbers on CPU:
   fourth output (the workspace its backward reads) is only produced when grad
   mode is on. A joint graph runs under ``torch.no_grad()`` (``joint.run``, the
   Stepper, ``jl.compare``), where the kernel returns no workspace and the
-  backward node fails. The retarget pass (:func:`jointlab.passes.pipeline.retarget`,
-  with :data:`RNN_RETARGETS`) points those nodes at
-  :data:`MKLDNN_RNN_LAYER`, which calls the same kernel with grad mode on (and
-  records nothing for autograd), so the graph produces what eager's forward
-  produces under any grad mode.
+  backward node fails. The retarget pass (:func:`jointlab.passes.pipeline.retarget`)
+  points those nodes at :data:`~jointlab.runtime.custom_ops.MKLDNN_RNN_LAYER`
+  (defined in ``runtime/`` because a loaded graph needs it without the tracer),
+  which calls the same kernel with grad mode on (and records nothing for
+  autograd), so the graph produces what eager's forward produces under any grad mode.
+
+The plug-in registers two rows of the watch table: "RNN kernels" (entered around
+every trace: :func:`eager_rnn_kernels`) and "oneDNN workspace" (its ``retargets``
+pair, applied by the retarget pass). ``with watch_table.unregistered("onednn rnn"):``
+traces without both: plain models are unaffected; an LSTM's graph then keeps
+``aten.mkldnn_rnn_layer`` and its backward fails under ``no_grad``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from jointlab.errors import UnsupportedModuleError
 from jointlab.runtime.custom_ops import MKLDNN_RNN_LAYER
 from jointlab.sources import at_user_line
 from jointlab.torch_compat import without_python_decompositions
+from jointlab.trace.watch_table import Watch
+
+__all__ = ["AFTER", "NAME", "RNN_OPS", "ROWS", "eager_rnn_kernels"]
 
 aten = torch.ops.aten
 
@@ -92,6 +101,16 @@ def eager_rnn_kernels(model: nn.Module) -> Iterator[None]:
             handle.remove()
 
 
-#: The retarget pass's rows (:func:`jointlab.passes.pipeline.retarget`): oneDNN's RNN
-#: layer -> the same kernel run with grad mode on, so its workspace exists under no_grad.
-RNN_RETARGETS = {aten.mkldnn_rnn_layer.default: MKLDNN_RNN_LAYER}
+NAME = "onednn rnn"
+#: The table row the plug-in's rows follow.
+AFTER = "random ops"
+ROWS: tuple[Watch, ...] = (
+    Watch("RNN kernels", "an RNN layer", "swap", UnsupportedModuleError,
+          "traced through eager's own composite (oneDNN's LSTM layer as one op)",
+          lambda c: eager_rnn_kernels(c.model)),
+    Watch("oneDNN workspace", "oneDNN's LSTM layer (aten.mkldnn_rnn_layer) in the graph",
+          "swap", None, "retargeted to jointlab::mkldnn_rnn_layer, the same kernel run in grad "
+          "mode, so its backward has its workspace under no_grad (joint.run, Stepper, compare)",
+          where="jointlab.passes.pipeline.retarget",
+          retargets=((aten.mkldnn_rnn_layer.default, MKLDNN_RNN_LAYER),)),
+)
