@@ -277,6 +277,51 @@ def test_a_group_popup_never_covers_what_it_opened_nor_breaks_words(tmp_path):
             page.close()
 
 
+# Put node `name` at canvas point (x, y) (fractions of the canvas) at a readable zoom; return
+# its disc's centre in page pixels and the ring's radius (the ring is drawn at r + 4, 3 px wide).
+PUT_NODE = f"""([name, fx, fy]) => {{ const v = {VIEW}, c = v.canvas.getBoundingClientRect();
+    const i = v.P.nodes.name.indexOf(name), W = v.canvas.clientWidth, H = v.canvas.clientHeight;
+    v.selected = -1;
+    v.k = 30; v.ay = 1; v.vx = v.x[i] - fx * W / v.k; v.vy = v.y[i] + fy * H / v.k; v.render();
+    const [x, y] = v.toScreen(v.x[i], v.y[i]);
+    return [c.left + x, c.top + y, v._radius() + 5.5]; }}"""
+
+
+def test_a_node_popup_never_covers_its_node(tmp_path):
+    """The lesson MLP at both widths: a node moved near each corner of the canvas and to its
+    centre, then clicked, opens its popup clear of the node's disc and ring; a click on the
+    same point hits the canvas (the node again), not the popup."""
+    from jointlab.viz.dagview import dag_view
+
+    chromium_path()
+    joint = lesson_joint()
+    path = dag_view(joint).write_html(tmp_path / "lesson.html")
+    spots = {"top_right": (0.9, 0.12), "top_left": (0.1, 0.12),  # bottom right: above the mini view
+             "bottom_right": (0.9, 0.78), "bottom_left": (0.1, 0.88), "centre": (0.5, 0.5)}
+    with browser() as b:
+        for width in OUTPUT_WIDTH:
+            page, errors = _open(b, path, width)
+            for where, (fx, fy) in spots.items():
+                x, y, r = page.evaluate(PUT_NODE, ["mm", fx, fy])
+                page.mouse.click(x, y)
+                _settle(page)
+                if where == "top_right":
+                    page.screenshot(path=str(SHOTS / f"node_popup_{width}.png"))
+                p = page.evaluate("() => { const d = document.querySelector('.jl-detail');"
+                                  " const q = d.getBoundingClientRect(); return"
+                                  " d.style.display === 'none' ? null :"
+                                  " [q.left, q.top, q.right, q.bottom]; }")
+                assert p is not None, (width, where)
+                assert page.evaluate(f"() => {VIEW}.P.nodes.name[{VIEW}.selected]") == "mm"
+                node = [x - r, y - r, x + r, y + r]
+                assert not _overlap(p, node), (width, where, p, node)
+                assert page.evaluate("([x, y]) => document.elementFromPoint(x, y).className",
+                                     [x, y]) == "jl-canvas", (width, where)
+                page.locator(".jl-detail .jl-link").first.click()  # its ✕: closed again
+            assert errors.errors == [], errors.errors
+            page.close()
+
+
 # Key events the document hears (JupyterLab listens there, in the bubble phase).
 DOC_KEYS = """window.__docKeys = [];
 for (const t of ['keydown', 'keypress', 'keyup'])

@@ -299,6 +299,7 @@
       if (tw >= 0) row("forward twin", links([tw])).className = "jl-twin";
       if (back.length) row("backward twins", links(back)).className = "jl-twin";
       row("inputs", links(this.preds[i])); row("users", links(this.succs[i]));
+      this._placePopup(() => this._nodeScreenRects(i));
       this.draw();
     }
     showGroup(gid) {
@@ -315,9 +316,10 @@
       b.onclick = () => this.toggle(gid, !this.expanded[gid]); D.appendChild(b);
       this._placeGroupPopup(gid);
     }
-    // The group's popup never covers the group (its box, or its outlines and new children once
-    // opened): a corner of the canvas clear of it, else the view pans the group left of the
-    // popup; a group filling the canvas gets no popup (its title closes it).
+    // A popup never covers what it opened: a node (its disc, ring and label above it, or the
+    // closed box holding it) or a group (its box, or its outlines and new children once
+    // opened). It takes a corner of the canvas clear of that, else the view pans it to the
+    // left of the popup; where even that leaves no room, no popup (a group's title closes it).
     _groupScreenRects(gid) {
       const out = [];
       for (const b of [0, 1]) {
@@ -328,18 +330,26 @@
       }
       return out;
     }
-    _placeGroupPopup(gid) {
+    _nodeScreenRects(i) {
+      const it = this.itemOf[i];
+      if (it >= this.N) { const q = this.boxRect(it - this.N), [a, t] = this.toScreen(q[0], q[3]), [z, u] = this.toScreen(q[2], q[1]); return [[a, t, z, u]]; }
+      if (it !== i) return [];
+      const [sx, sy] = this.toScreen(this.x[i], this.y[i]), r = this._radius() + 6;
+      return [[sx - r, sy - r - 14, sx + r, sy + r]];  // the ring, and the pinned label above it
+    }
+    _placeGroupPopup(gid) { this._placePopup(() => this._groupScreenRects(gid)); }
+    _placePopup(rectsNow) {
       const D = this.detail, W = this.canvas.clientWidth, H = this.canvas.clientHeight, m = 6;
       D.style.left = D.style.top = D.style.right = "";
       const w = D.offsetWidth, h = D.offsetHeight;
       const spots = [[W - w - m, m], [m, m], [W - w - m, H - h - m], [m, H - h - m]];
       const clearOf = rects => spots.find(([x, y]) => rects.every(([a, t, z, u]) => x + w <= a || x >= z || y + h <= t || y >= u));
-      let rects = this._groupScreenRects(gid), at = clearOf(rects);
+      let rects = rectsNow(), at = clearOf(rects);
       if (!at && rects.length) {
         const left = Math.min(...rects.map(r => r[0])), right = Math.max(...rects.map(r => r[2]));
         if (right - left <= W - w - 3 * m) {
-          this.vx += (left - m) / this.k; this.draw();
-          rects = this._groupScreenRects(gid); at = clearOf(rects);
+          this.vx += (left - m) / this.k; this._fitted = ""; this.draw();
+          rects = rectsNow(); at = clearOf(rects);
         }
       }
       if (!at) { D.style.display = "none"; this.detailKind = ""; return; }
