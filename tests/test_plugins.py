@@ -113,7 +113,6 @@ def _targets(joint) -> set[str]:
     return {str(n.target) for n in joint.graph_module.graph.nodes if n.op == "call_function"}
 
 
-@pytest.mark.filterwarnings("ignore::jointlab.errors.SideEffectWarning")  # LSTM's _flat_weights
 def test_without_the_onednn_rnn_plugin_an_lstm_graph_fails_to_run_under_no_grad():
     """The retarget row is the plug-in's: without it the graph keeps aten.mkldnn_rnn_layer,
     whose workspace is missing under joint.run's no_grad, so its backward node fails."""

@@ -126,6 +126,7 @@ from jointlab.torch_compat.inductor_state import state_changes as state_changes
 from jointlab.torch_compat.module_state import global_module_hooks as global_module_hooks
 from jointlab.torch_compat.module_state import hook_dicts as hook_dicts
 from jointlab.torch_compat.module_state import is_module_slot as is_module_slot
+from jointlab.torch_compat.module_state import is_parameter_cache as is_parameter_cache
 from jointlab.torch_compat.module_state import module_hooks as module_hooks
 from jointlab.torch_compat.module_state import (
     module_internal_names as module_internal_names,

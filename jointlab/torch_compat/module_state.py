@@ -56,6 +56,19 @@ def is_module_slot(mod: nn.Module, name: str) -> bool:
     return any(name in (d.get(store) or ()) for store in ("_parameters", "_buffers", "_modules"))
 
 
+#: Attributes torch.nn keeps as caches of a module's own parameters, rebuilt from them:
+#: an RNN's flat weight list follows ``self.weight_ih_l0 = ...`` (so it follows the
+#: fake parameters a trace swaps in) and its weak references.
+_PARAMETER_CACHES: tuple[tuple[type, frozenset[str]], ...] = (
+    (nn.RNNBase, frozenset({"_flat_weights", "_flat_weight_refs"})),
+)
+
+
+def is_parameter_cache(obj: Any, name: str) -> bool:
+    """Whether ``obj.name`` is torch's cache of ``obj``'s own parameters (not user state)."""
+    return any(isinstance(obj, cls) and name in names for cls, names in _PARAMETER_CACHES)
+
+
 def hook_dicts(mod: nn.Module) -> list[dict[Any, Any]]:
     """The live dicts that hold ``mod``'s hooks and their flags (to snapshot and restore)."""
     names = (*_HOOK_DICTS.values(), "_forward_hooks_with_kwargs",

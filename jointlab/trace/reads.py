@@ -39,7 +39,7 @@ from jointlab.live_state import hook_name
 from jointlab.patching import patched
 from jointlab.runtime.snapshot import HookCopies
 from jointlab.sources import source_location
-from jointlab.torch_compat import is_module_slot, module_internal_names
+from jointlab.torch_compat import is_module_slot, is_parameter_cache, module_internal_names
 
 __all__ = ["ROOT", "ReadRecorder", "SideEffect", "recording_reads"]
 
@@ -120,7 +120,8 @@ class ReadRecorder:
         self._written_keys: set[tuple[str, str]] = set()
         self._patched: set[type] = set()
         self._patches = contextlib.ExitStack()  # one jointlab.patching.patched per class
-        self._containers: dict[int, tuple[Any, Any, tuple[str, str]]] = {}
+        #: id -> (container, its items before, key, quiet: torch's cache of parameters)
+        self._containers: dict[int, tuple[Any, Any, tuple[str, str], bool]] = {}
         self._hooks = HookCopies([])
         self.installed_hooks: list[str] = []
         self._busy = False
@@ -226,7 +227,8 @@ class ReadRecorder:
                 self.tensors[key] = value  # its form reads data: after the trace
                 self.sources[key] = _caller_line(3)
             if type(value) in (list, dict, set) and id(value) not in self._containers:
-                self._containers[id(value)] = (value, _shallow(value), key)
+                self._containers[id(value)] = (value, _shallow(value), key,
+                                               is_parameter_cache(obj, name))
             if form is NO_FORM and type(value) in (list, tuple, dict):
                 self._watch_items(value, key)
             elif form is NO_FORM and not isinstance(value, _NOT_WATCHED) and not callable(value):
@@ -255,7 +257,7 @@ class ReadRecorder:
         for obj, name, old, key, line in self._written.values():
             d = _own_dict(obj)
             new = d.get(name, _MISSING)
-            if not _unchanged(old, new):
+            if not _unchanged(old, new) and not is_parameter_cache(obj, name):
                 self.side_effects.append(SideEffect(key[0], key[1], _short(old), _short(new),
                                                     line))
             if old is _MISSING:
@@ -271,11 +273,12 @@ class ReadRecorder:
 
     def _restore_containers(self) -> None:
         """Note and undo in-place changes to lists, dicts and sets read from watched objects."""
-        for value, before, key in self._containers.values():
+        for value, before, key, quiet in self._containers.values():
             if _same_items(value, before):
                 continue
-            self.side_effects.append(SideEffect(key[0], key[1], _short(before),
-                                                _short(_shallow(value)), "in place"))
+            if not quiet:  # a cache of parameters follows the trace's fakes: put back silently
+                self.side_effects.append(SideEffect(key[0], key[1], _short(before),
+                                                    _short(_shallow(value)), "in place"))
             self._written_keys.add(key)
             if isinstance(value, list):
                 value[:] = before
