@@ -273,3 +273,32 @@ def test_panel_buttons_and_memory_plot_fit_1024_and_1280(lab, tmp_path):  # noqa
             for other in boxes["legend"] + boxes["other"]:
                 assert not _overlap(peak, other), (width, peak, other)
     assert errors.errors == [], errors.errors
+
+
+FIRST_VIEW = """
+import sys, torch, torch.nn.functional as F
+import jointlab as jl
+model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+inputs = {"x": torch.randn(5, 3), "y": torch.randn(5, 1)}
+def train_fn(m, x, y):
+    return F.mse_loss(m(x), y)
+joint = jl.trace(model, train_fn, inputs)
+before = set(sys.modules)
+w = jl.Stepper(joint, model, inputs, device="cpu", seed=0).widget(train_fn=train_fn)
+w.buttons["step"].click()
+print(sorted(m for m in set(sys.modules) - before
+             if m.split(".")[0] == "pandas" or m.startswith("jointlab.analysis.compare.compare")))
+"""
+
+
+def test_the_panels_first_view_waits_for_pandas_and_compare():
+    """A fresh process: Stepper(...).widget() and one step load neither pandas nor the compare
+    machinery (bench/bench_first_view.py: pandas was half of the panel's first view); its
+    compare button still loads them (test_step_over_module_and_compare_table)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", FIRST_VIEW], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout[-2000:]

@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import torch
 import torch.fx as fx
 
@@ -236,7 +235,10 @@ class ValueObserver:
         for src in self.same_as:
             if src >= 0:
                 self.is_source[src] = True
-        #: The record table's index: the node names in graph order.
+        #: The record table's index: the node names in graph order. pandas is imported here,
+        #: not with the module: the stepper panel's first view needs describe() only.
+        import pandas as pd
+
         self.index = pd.Index([n.name for n in nodes], name="node")
         self.reset(0)
 

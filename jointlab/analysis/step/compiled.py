@@ -41,7 +41,6 @@ from torch import nn
 
 from jointlab import meta as _meta
 from jointlab import torch_compat
-from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.boundary import boundary_table, node_of
 from jointlab.analysis.step.breakpoints import Breakpoint, BreakpointList, check_breakpoint
@@ -55,6 +54,8 @@ from jointlab.runtime.plans import run_result
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from jointlab.analysis.compare.compare import Comparison
 
 __all__ = ["CompiledStepper", "is_compiled_joint"]
 
@@ -389,6 +390,8 @@ class CompiledStepper(BreakpointList):
         Returns:
             A :class:`jointlab.Comparison` (seed 0 without a seed).
         """
+        from jointlab.analysis.compare.compare import compare  # not needed to step
+
         return compare(self.compiled, self.model, self.inputs, train_fn=train_fn,
                        seed=self.seed or 0, **options)
 

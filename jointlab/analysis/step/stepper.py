@@ -25,7 +25,6 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab import meta as _meta
-from jointlab.analysis.compare.compare import Comparison, compare
 from jointlab.analysis.step.breakpoints import (
     Breakpoint,
     BreakpointList,
@@ -40,6 +39,8 @@ from jointlab.errors import StepperError, ValueNotAvailableError
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from jointlab.analysis.compare.compare import Comparison
 
 __all__ = ["Breakpoint", "Stepper"]
 
@@ -302,6 +303,8 @@ class Stepper(BreakpointList):
         Returns:
             A :class:`jointlab.Comparison` (on this stepper's device, seed 0 without a seed).
         """
+        from jointlab.analysis.compare.compare import compare  # not needed to step
+
         return compare(self.joint, self.model, self.inputs, train_fn=train_fn,
                        device=self.device, seed=self.seed or 0, **options)
 
