@@ -20,7 +20,7 @@ import numpy as np
 
 from jointlab.meta import module_label
 from jointlab.units import human_bytes, human_count
-from jointlab.viz import _legend
+from jointlab.viz import _legend, _svgroute
 from jointlab.viz._page import Page
 from jointlab.viz._style import PHASE_COLORS
 
@@ -231,22 +231,63 @@ def _box(info: dict[str, Any], name: str, lines: tuple[str, str], x: float, y: f
             f'font-size="10" fill="#444">{escape(line2)}</text></g>')
 
 
+#: A white outline under a caption's letters: an edge of its row drawn through the band gap
+#: (forward box to the backward box under it) passes under the caption, not over it.
+HALO = ' stroke="white" stroke-width="4" paint-order="stroke"'
+
+
 def _captions(page: Page) -> list[str]:
+    """Band captions, drawn over the edges (routed lines keep clear of them)."""
     out = []
-    many = len(page.strips) > 1
+    n = len(page.strips)
     for k, st in enumerate(page.strips):
-        row = f" (row {k + 1} of {len(page.strips)})" if many else ""
         if st.fwd[2] > st.fwd[0] and st.fwd[3] > st.fwd[1]:
             out.append(f'<text class="band" x="{st.fwd[0]:.1f}" y="{st.fwd[1] - 8:.1f}" '
-                       f'font-size="11" fill="{PHASE_COLORS["forward"]}">forward →{row}</text>')
+                       f'font-size="11" fill="{PHASE_COLORS["forward"]}"{HALO}>'
+                       f'{_svgroute.caption(k, n, False)}</text>')
         if st.bwd[2] > st.bwd[0] and st.bwd[3] > st.bwd[1]:
             out.append(f'<text class="band" x="{st.bwd[0]:.1f}" y="{st.bwd[1] - 8:.1f}" '
-                       f'font-size="11" fill="{PHASE_COLORS["backward"]}">← backward{row}</text>')
+                       f'font-size="11" fill="{PHASE_COLORS["backward"]}"{HALO}>'
+                       f'{_svgroute.caption(k, n, True)}</text>')
     return out
 
 
+def _routed(d: str, s: int, t: int, names: Sequence[str], ids: Sequence[str]) -> str:
+    """An edge between rows drawn as a routed line, its two ends named in its tooltip."""
+    tip = escape(f"{names[s]} → {names[t]}")
+    return (f'<path class="edge-route" data-src={quoteattr(ids[s])} '
+            f'data-dst={quoteattr(ids[t])} d="{d}" marker-end="url(#arrow)">'
+            f'<title>{tip}</title></path>')
+
+
+def _routes(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], bwd: np.ndarray,
+            aspect: float | None, max_width: float | None
+            ) -> tuple[dict[int, str], float, float]:
+    """Routed lines of the edges between rows, and the page size widened for their lanes.
+
+    Only stacked pages are routed (side by side, rows keep their named stubs). The
+    lanes take at most what ``max_width`` leaves; a page padded to ``aspect`` keeps it.
+    """
+    w, h = page.width, page.height
+    stacked = all(st.bwd[1] >= st.fwd[3] or st.bwd[2] <= st.bwd[0] or st.fwd[2] <= st.fwd[0]
+                  for st in page.strips)
+    if len(page.strips) < 2 or not stacked:
+        return {}, w, h
+    right = _svgroute.drawing_right(page) + _svgroute.LANE_GAP
+    room = (max_width if max_width is not None else 1e9) - right - 8
+    lanes_max = int(room // _svgroute.LANE_PX) + 1 if room >= 0 else 0
+    pairs = list(zip(data.src.tolist(), data.dst.tolist()))
+    routes, lanes = _svgroute.route_edges(pairs, page, *sizes, bwd, lanes_max)
+    need = right + _svgroute.LANE_PX * max(lanes - 1, 0) + 8 if lanes else 0.0
+    if need > w:
+        w = need
+        h = max(h, w / aspect) if aspect is not None else h
+    return routes, w, h
+
+
 def dag_svg(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], colors: list[str],
-            legend: list[tuple[str, str, str]], title: str, subtitle: str) -> str:
+            legend: list[tuple[str, str, str]], title: str, subtitle: str,
+            aspect: float | None = None, max_width: float | None = None) -> str:
     """The SVG document of a laid-out DAG.
 
     Args:
@@ -257,14 +298,18 @@ def dag_svg(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], colors:
         legend: Entries from :func:`legend_entries`.
         title: The heading line.
         subtitle: The line under it.
+        aspect: The page's width/height, kept when lanes widen it (None: no target).
+        max_width: The widest the page may grow for the lanes of routed edges.
 
     Returns:
         The SVG text; one ``<g class="group">`` per item, one ``<path class="edge">``
-        per edge inside a row and one ``<path class="edge-cut">`` per edge between rows.
+        per edge inside a row, one ``<path class="edge-route">`` per edge between rows
+        routed through the gutters (under the boxes), and one ``<path class="edge-cut">``
+        (two stubs, named) per edge between rows that found no route.
     """
-    w, h = page.width, page.height
     bw, bh = sizes
     bwd = np.asarray(data.is_bwd, dtype=bool)
+    routes, w, h = _routes(data, page, sizes, bwd, aspect, max_width)
     chars = max(int((w - 48) / 8.5), 20)
     firsts, taken = [ln[0] for ln in item_lines(data)], {}
     parts = [
@@ -279,11 +324,12 @@ def dag_svg(data: Any, page: Page, sizes: tuple[np.ndarray, np.ndarray], colors:
         f'<title>{escape(title)}</title>{escape(short(title, chars))}</text>',
         f'<text class="subtitle" x="24" y="48" font-size="11" fill="#555">'
         f'{escape(short(subtitle, int(chars * 1.25)))}</text>',
-        *_captions(page),
         '<g fill="none" stroke="#8a8a9a" stroke-width="1.1">',
-        *(_edge(s, d, page, bw, bh, bwd, firsts, data.names, taken)
-          for s, d in zip(data.src.tolist(), data.dst.tolist())),
+        *(_routed(routes[e], s, d, firsts, data.names) if e in routes
+          else _edge(s, d, page, bw, bh, bwd, firsts, data.names, taken)
+          for e, (s, d) in enumerate(zip(data.src.tolist(), data.dst.tolist()))),
         "</g>",
+        *_captions(page),
         *(_box(m, data.names[i], lines, page.cx[i], page.cy[i], bw[i], bh[i], colors[i],
                int(page.strip[i]), int(bwd[i]))
           for i, (m, lines) in enumerate(zip(data.info, item_lines(data)))),

@@ -142,7 +142,8 @@ def dag_svg_text(joint: Any, *, depth: int | str | None = "auto", max_groups: in
            + (f"; wrapped into {rows} rows" if rows > 1 else "")
            + (f"; {folded} plumbing ops (views, getitem, detach, constants) folded into "
               "the edges" if folded else ""))
-    return _svg.dag_svg(data, page, sizes, colors, legend, title, sub)
+    return _svg.dag_svg(data, page, sizes, colors, legend, title, sub, aspect=aspect,
+                        max_width=width)
 
 
 def _check_page_args(aspect: Any, width: Any, arrange: Any, color_by: Any,
