@@ -21,7 +21,7 @@ from jointlab.viz._page import Page
 #: Pixels between neighbouring lanes, and from the drawing to the first lane.
 LANE_PX, LANE_GAP = 6.0, 10.0
 #: Gutter runs sharing one gutter step this far apart (at most GUTTER_STEPS steps).
-GUTTER_STEP, GUTTER_STEPS = 3.0, 4
+GUTTER_STEP, GUTTER_STEPS = 2.0, 4
 
 
 #: Advance of one caption character at 11 px (generous: a line keeps clear of it).
@@ -55,10 +55,14 @@ def _band(page: Page, strip: int, bwd: bool) -> tuple[float, float, float, float
 
 
 def _gutter_y(page: Page, strip: int, bwd: bool, down: bool, k: int) -> float:
-    """A run's y beside a band: just below it, or above it clear of its caption."""
+    """A run's y beside a band: just below it, or above it clear of its caption.
+
+    Runs below one band and runs above the next share a gutter: the first fan down from
+    its top, the second up from the caption, so the two sets never meet.
+    """
     band = _band(page, strip, bwd)
     step = GUTTER_STEP * (k % GUTTER_STEPS)
-    return band[3] + 4 + step if down else band[1] - 24 - step
+    return band[3] + 1.5 + step if down else band[1] - 18 - step
 
 
 def _blocked(i: int, x: float, down: bool, page: Page, bw: np.ndarray, bh: np.ndarray,
