@@ -20,7 +20,7 @@ from torch import nn
 
 import jointlab as jl
 from jointlab import torch_compat
-from tests.util import one_thread
+from tests.util import compare_with_planted_bug
 
 aten = torch.ops.aten
 
@@ -46,11 +46,7 @@ def test_a_wrong_backward_decomposition_is_named_at_its_op_past_a_log_softmax(mo
     decomp = torch_compat.torch_module("torch._inductor.decomposition", "inject a wrong one")
     base = decomp.decompositions[op]
     monkeypatch.setitem(decomp.decompositions, op, lambda *a: base(*a) * 1.001)
-    with one_thread():
-        bad = joint.compile("inductor")
-        bad.run(model, inputs)
-        monkeypatch.undo()
-        c = bad.compare(model, inputs)
+    c = compare_with_planted_bug(joint, model, inputs, monkeypatch)
     print(c)
     assert c.verdict == "MISMATCH", repr(c)
     assert c.kernels["inductor"].first is None, repr(c)  # it arose before lowering

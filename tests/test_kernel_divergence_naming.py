@@ -19,7 +19,7 @@ from torch import nn
 
 import jointlab as jl
 from jointlab import torch_compat
-from tests.util import one_thread
+from tests.util import compare_with_planted_bug
 
 aten = torch.ops.aten
 
@@ -40,17 +40,18 @@ def _mse(m, x, y):
     return F.mse_loss(m(x), y)
 
 
+def _compare_with_wrong_lowering(joint, model, inputs, monkeypatch, op):
+    """The Inductor compile of ``joint`` run with ``op`` lowered as ``op(x) * 1.001``, compared."""
+    lowering = torch_compat.torch_module("torch._inductor.lowering", "inject a wrong lowering")
+    right, mul = lowering.lowerings[op], lowering.lowerings[aten.mul.Tensor]
+    monkeypatch.setitem(lowering.lowerings, op, lambda x: mul(right(x), 1.001))
+    return compare_with_planted_bug(joint, model, inputs, monkeypatch)
+
+
 def test_a_fused_kernel_is_named_at_the_op_whose_result_diverges(monkeypatch):
     model, inputs = _setup()
     joint = jl.trace(model, _mse, inputs)
-    lowering = torch_compat.torch_module("torch._inductor.lowering", "inject a wrong lowering")
-    neg, mul = lowering.lowerings[aten.neg.default], lowering.lowerings[aten.mul.Tensor]
-    monkeypatch.setitem(lowering.lowerings, aten.neg.default, lambda x: mul(neg(x), 1.001))
-    with one_thread():
-        bad = joint.compile("inductor")
-        bad.run(model, inputs)
-        monkeypatch.undo()
-        c = bad.compare(model, inputs)
+    c = _compare_with_wrong_lowering(joint, model, inputs, monkeypatch, aten.neg.default)
     print(c)
     assert c.verdict == "MISMATCH", repr(c)
     first = c.kernels["inductor"].first
@@ -79,14 +80,7 @@ def test_a_kernel_output_read_through_a_view_is_named_at_the_op_that_computed_it
     model = _MLP3d()
     inputs = {"x": torch.randn(2, 5, 16, generator=g), "y": torch.randn(2, 5, 16, generator=g)}
     joint = jl.trace(model, _mse, inputs)
-    lowering = torch_compat.torch_module("torch._inductor.lowering", "inject a wrong lowering")
-    erf, mul = lowering.lowerings[aten.erf.default], lowering.lowerings[aten.mul.Tensor]
-    monkeypatch.setitem(lowering.lowerings, aten.erf.default, lambda x: mul(erf(x), 1.001))
-    with one_thread():
-        bad = joint.compile("inductor")
-        bad.run(model, inputs)
-        monkeypatch.undo()
-        c = bad.compare(model, inputs)
+    c = _compare_with_wrong_lowering(joint, model, inputs, monkeypatch, aten.erf.default)
     print(c)
     d = c.first_divergence
     assert c.verdict == "MISMATCH" and d is not None and d.what == "kernel output", repr(c)

@@ -14,15 +14,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import jointlab as jl
 from jointlab.models import lm_inputs, lm_train_fn, make_tiny_deepseek
+from tests.real_job.launch import run_real_job
 from tests.test_plan_check import _one_device_buggy_grad, _tp, mla_plan
 from tests.util import NEEDS_DISTRIBUTED_TORCH
 
@@ -30,26 +28,13 @@ pytestmark = [NEEDS_DISTRIBUTED_TORCH, pytest.mark.slow]
 
 WORLD = 2
 JOB_TIMEOUT_S = 150
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> str:
     """Run the real job once; the folder holding rank 0's gathered graphs."""
     out = str(tmp_path_factory.mktemp("plan_job"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={WORLD}", os.path.join(ROOT, "tests", "real_job", "plan_worker.py"),
-           out]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every worker it started
-        log, _ = proc.communicate()
-        pytest.fail(f"the real job hung: killed after {JOB_TIMEOUT_S} s\n{log[-4000:]}")
-    assert proc.returncode == 0, log[-6000:]
-    return out
+    return run_real_job("plan_worker.py", out, WORLD, JOB_TIMEOUT_S)
 
 
 def _check(job: str, name: str):

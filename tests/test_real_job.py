@@ -17,9 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -31,6 +28,7 @@ import jointlab as jl
 from jointlab.analysis.distributed import collectives, group_dims
 from jointlab.analysis.memory.profile import memory_profile
 from jointlab.errors import StateMismatchError
+from tests.real_job.launch import run_real_job
 from tests.real_job.models import CASES, inputs, reference, sharded, step
 from tests.util import NEEDS_DISTRIBUTED_TORCH
 
@@ -38,25 +36,13 @@ pytestmark = NEEDS_DISTRIBUTED_TORCH
 
 WORLD = 2
 JOB_TIMEOUT_S = 150
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> str:
     """Run the real job once; the folder holding rank 0's archives and figures."""
     out = str(tmp_path_factory.mktemp("real_job"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={WORLD}", os.path.join(ROOT, "tests", "real_job", "worker.py"), out]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every worker it started
-        log, _ = proc.communicate()
-        pytest.fail(f"the real job hung: killed after {JOB_TIMEOUT_S} s\n{log[-4000:]}")
-    assert proc.returncode == 0, log[-6000:]
-    return out
+    return run_real_job("worker.py", out, WORLD, JOB_TIMEOUT_S)
 
 
 def _signature(joint: Any) -> list[tuple]:

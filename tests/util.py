@@ -227,3 +227,23 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(n)
+
+
+def compare_with_planted_bug(joint, model: nn.Module, inputs: dict[str, Any], monkeypatch):
+    """Compile ``joint`` with Inductor and run it while ``monkeypatch``'s planted bug is in place,
+    then undo the bug and compare that run with eager, all on one CPU thread.
+
+    Args:
+        joint: the traced joint graph.
+        model: the model traced.
+        inputs: its inputs.
+        monkeypatch: pytest's fixture holding the planted bug (undone here, before comparing).
+
+    Returns:
+        The compiled graph's ``compare(model, inputs)`` result.
+    """
+    with one_thread():
+        bad = joint.compile("inductor")
+        bad.run(model, inputs)
+        monkeypatch.undo()
+        return bad.compare(model, inputs)
