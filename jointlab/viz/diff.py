@@ -161,15 +161,11 @@ class DiffView(DagView):
             return self.write_html(out)
         if suffix not in (".svg", ".png"):
             raise ExportError(f"a diff exports to .svg, .png or .html, got {out.name!r}")
-        svg = self.svg_text(depth=depth, max_groups=max_groups, title=title, aspect=aspect,
-                            width=width, arrange=arrange)
-        if suffix == ".svg":
-            out.write_text(svg, encoding="utf-8")
-        else:
-            from jointlab.viz.export import _png
+        from jointlab.viz.export import write_svg_or_png
 
-            _png(svg, out, timeout_s)
-        return out
+        return write_svg_or_png(self.svg_text(depth=depth, max_groups=max_groups, title=title,
+                                              aspect=aspect, width=width, arrange=arrange),
+                                out, timeout_s)
 
 
 def diff_view(joint_a: TracedGraph, joint_b: TracedGraph, d: GraphDiff | None = None, *,

@@ -267,8 +267,21 @@ def export_figure(obj: Any, path: str | os.PathLike[str], *, depth: int | str | 
         raise ExportError(f"export_figure writes .svg or .png, got {out.name!r}")
     page = {"depth": depth, "max_groups": max_groups, "aspect": aspect, "width": width,
             "arrange": arrange, "color_by": color_by, "layers": layers}
-    svg = _svg_of(obj, page, title)
-    if suffix == ".svg":
+    return write_svg_or_png(_svg_of(obj, page, title), out, timeout_s)
+
+
+def write_svg_or_png(svg: str, out: pathlib.Path, timeout_s: float) -> pathlib.Path:
+    """Write ``svg`` to ``out`` as SVG text, or rasterised by Chromium for a ``.png``.
+
+    Args:
+        svg: The figure's SVG document.
+        out: A ``.svg`` or ``.png`` path (the caller checked the suffix).
+        timeout_s: How long Chromium may take for a PNG.
+
+    Returns:
+        ``out``.
+    """
+    if out.suffix.lower() == ".svg":
         out.write_text(svg, encoding="utf-8")
     else:
         _png(svg, out, timeout_s)
