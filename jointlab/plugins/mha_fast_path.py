@@ -142,13 +142,11 @@ def fast_path_refusals(model: nn.Module) -> Iterator[None]:
         Nothing; the hooks are removed when the block exits.
     """
     kinds = (nn.TransformerEncoderLayer, nn.MultiheadAttention)
-    handles = [mod.register_forward_pre_hook(_hook(name), with_kwargs=True)
-               for name, mod in model.named_modules() if isinstance(mod, kinds)]
-    try:
+    with contextlib.ExitStack() as hooks:  # each hook handle removes itself on exit
+        for name, mod in model.named_modules():
+            if isinstance(mod, kinds):
+                hooks.enter_context(mod.register_forward_pre_hook(_hook(name), with_kwargs=True))
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 NAME = "mha fast path"

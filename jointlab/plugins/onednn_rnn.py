@@ -91,14 +91,13 @@ def eager_rnn_kernels(model: nn.Module) -> Iterator[None]:
         UnsupportedModuleError: An RNN module got an input with symbolic sizes.
         UnsupportedTorchError: This torch keeps its Python kernels elsewhere.
     """
-    handles = [mod.register_forward_pre_hook(_refuse_symbolic(name or "<the model>"))
-               for name, mod in model.named_modules() if isinstance(mod, nn.RNNBase)]
-    try:
-        with without_python_decompositions(RNN_OPS):
-            yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    with contextlib.ExitStack() as hooks:  # each hook handle removes itself on exit
+        for name, mod in model.named_modules():
+            if isinstance(mod, nn.RNNBase):
+                hooks.enter_context(
+                    mod.register_forward_pre_hook(_refuse_symbolic(name or "<the model>")))
+        hooks.enter_context(without_python_decompositions(RNN_OPS))
+        yield
 
 
 NAME = "onednn rnn"
