@@ -11,7 +11,6 @@ decompositions an op carries for the Python dispatcher.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -257,7 +256,7 @@ def backward_callback_flag_cleared() -> Iterator[None]:
     try:
         yield
     finally:
-        module = importlib.import_module(_LOGGING_UTILS)
+        module = torch_module(_LOGGING_UTILS, "clear the flag a failed backward leaves set")
         if hasattr(module, "callback_set"):
             module.callback_set = False
 
