@@ -19,7 +19,7 @@ from torch import nn
 
 import jointlab as jl
 from jointlab import meta, torch_compat
-from tests.util import one_thread
+from tests.util import compare_with_planted_bug, one_thread
 
 aten = torch.ops.aten
 
@@ -115,11 +115,7 @@ def test_a_wrong_compiled_batchnorm_backward_is_still_a_mismatch(monkeypatch, fa
     op = aten.native_batch_norm_backward.default
     monkeypatch.setitem(decomp.decompositions, op,
                         _wrong_bn_backward(factor, decomp.decompositions[op]))
-    with one_thread():
-        bad = jl.trace(model, _mse, inputs).compile("inductor")
-        bad.run(model, inputs)
-        monkeypatch.undo()
-        c = bad.compare(model, inputs)
+    c = compare_with_planted_bug(jl.trace(model, _mse, inputs), model, inputs, monkeypatch)
     print(c)
     assert c.verdict == "MISMATCH" and not c.ok, repr(c)
     bad_rows = c.grads[(c.grads["candidate"] == "inductor") & ~c.grads["ok"].astype(bool)]
