@@ -11,11 +11,12 @@ rest one click away. Every string is escaped.
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
-__all__ = ["COMPARISON_STYLE", "comparison_html", "worst_first"]
+__all__ = ["COMPARISON_STYLE", "comparison_html", "table_html", "tri_state", "worst_first"]
 
 #: How many compared tensors are shown before the "all N" fold.
 SHOWN = 8
@@ -63,12 +64,30 @@ def _cell(col: str, v: Any) -> str:
     return f"<td>{html.escape(str(v))}</td>"
 
 
-def _table(rows: pd.DataFrame) -> str:
+#: A row's class by its ``ok``: a fail is marked, a "not known" (None/NaN) too.
+_ROW_STATE = {True: "", False: " class='jl-fail'", None: " class='jl-unknown'"}
+
+
+def tri_state(ok: Any) -> bool | None:
+    """An ``ok`` cell as True, False or None (not known: None or NaN)."""
+    return None if ok is None or pd.isna(ok) else bool(ok)
+
+
+def table_html(rows: pd.DataFrame, cell: Callable[[str, Any], str] = _cell) -> str:
+    """``rows`` as an HTML table, each row marked by its ``ok`` (rows without one: unmarked).
+
+    Args:
+        rows: The table to show (column names become the headers).
+        cell: ``(column, value) -> "<td>...</td>"`` (default: this module's).
+
+    Returns:
+        The ``<table>`` fragment; style it with :data:`COMPARISON_STYLE`.
+    """
     head = "".join(f"<th>{html.escape(c.replace('_', ' '))}</th>" for c in rows.columns)
     body = []
     for rec in rows.to_dict("records"):
-        cls = "" if rec.get("ok", True) else " class='jl-fail'"
-        body.append(f"<tr{cls}>" + "".join(_cell(c, v) for c, v in rec.items()) + "</tr>")
+        state = _ROW_STATE[tri_state(rec.get("ok", True))]
+        body.append(f"<tr{state}>" + "".join(cell(c, v) for c, v in rec.items()) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -101,8 +120,8 @@ def comparison_html(comparison: Any) -> str:
                      f"{html.escape(', '.join(comparison.unchecked))}</p>")
     if len(rows):
         parts.append(f"<p class='jl-note'>worst first (largest relative error):</p>"
-                     f"{_table(rows.head(SHOWN))}")
+                     f"{table_html(rows.head(SHOWN))}")
         if len(rows) > SHOWN:
             parts.append(f"<details><summary>all {len(rows)} tensors</summary>"
-                         f"{_table(rows)}</details>")
+                         f"{table_html(rows)}</details>")
     return "".join(parts) + "</div>"

@@ -13,11 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from jointlab.viz.comparison import COMPARISON_STYLE
+from jointlab.viz.comparison import COMPARISON_STYLE, table_html, tri_state
 
 __all__ = ["plan_check_html"]
 
-_STATE = {True: "", False: " class='jl-fail'", None: " class='jl-unknown'"}
 _WORD = {True: "yes", False: "DIFFERS", None: "not known"}
 _STYLE = ".jl-cmp tr.jl-unknown td{background:#fff8c5} .jl-badge.unknown{background:#9a6700}"
 SHOWN = 8
@@ -25,23 +24,13 @@ SHOWN = 8
 
 def _cell(col: str, v: Any) -> str:
     if col == "ok":
-        return f"<td>{_WORD[None if v is None or pd.isna(v) else bool(v)]}</td>"
+        return f"<td>{_WORD[tri_state(v)]}</td>"
     if isinstance(v, float):
         text = f"{v:.6g}" if col in ("loss", "reference") else f"{v:.3g}"
         return f"<td class='num'>{html.escape(text)}</td>"
     if isinstance(v, tuple):
         v = ", ".join(map(str, v))
     return f"<td>{html.escape(str(v))}</td>"
-
-
-def _table(rows: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(c.replace('_', ' '))}</th>" for c in rows.columns)
-    body = []
-    for rec in rows.to_dict("records"):
-        ok = rec.get("ok")
-        state = _STATE[None if ok is None or pd.isna(ok) else bool(ok)]
-        body.append(f"<tr{state}>" + "".join(_cell(c, v) for c, v in rec.items()) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def _worst_first(grads: pd.DataFrame) -> pd.DataFrame:
@@ -70,11 +59,12 @@ def plan_check_html(check: Any) -> str:
         parts.append("<p>first differing gradient (backward order): "
                      f"<code>{html.escape(str(check.first))}</code></p>")
     parts += [f"<p class='jl-note'>{html.escape(n)}</p>" for n in check.notes]
-    parts.append(_table(check.loss))
+    parts.append(table_html(check.loss, _cell))
     rows = _worst_first(check.grads)
     if len(rows):
-        parts.append(f"<p class='jl-note'>gradients, worst first:</p>{_table(rows.head(SHOWN))}")
+        parts.append("<p class='jl-note'>gradients, worst first:</p>"
+                     + table_html(rows.head(SHOWN), _cell))
     if len(rows) > SHOWN:
         parts.append(f"<details><summary>all {len(rows)} gradients</summary>"
-                     f"{_table(check.grads)}</details>")
+                     f"{table_html(check.grads, _cell)}</details>")
     return "".join(parts) + "</div>"
