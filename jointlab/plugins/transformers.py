@@ -57,6 +57,7 @@ from torch import nn
 
 from jointlab import torch_compat
 from jointlab.errors import DataDependentError, JointlabError, TraceError
+from jointlab.patching import patched
 from jointlab.runtime.constants import LibraryConstant
 from jointlab.sources import frame_text, innermost_user_frame
 from jointlab.trace.probe_hooks import traced_node
@@ -94,18 +95,11 @@ def _loaded(module: str, name: str) -> tuple[Any, Callable[..., Any] | None]:
     return mod, fn if callable(fn) else None
 
 
-@contextlib.contextmanager
 def _swapped(mods: list[Any], name: str, original: Callable[..., Any],
-             replacement: Callable[..., Any]) -> Iterator[None]:
-    """``mod.name = replacement`` on each module inside the block; ``original`` back after."""
+             replacement: Callable[..., Any]) -> contextlib.AbstractContextManager[None]:
+    """``mod.name = replacement`` on each module in the block (``jointlab.patching.patched``)."""
     replacement.__wrapped__ = original  # type: ignore[attr-defined]
-    try:
-        for mod in mods:
-            setattr(mod, name, replacement)
-        yield
-    finally:
-        for mod in mods:
-            setattr(mod, name, original)
+    return patched([(mod, name, replacement) for mod in mods])
 
 
 def _holders(original: Callable[..., Any]) -> list[Any]:
