@@ -37,7 +37,6 @@ asserted: the file checks what was found wrong, nothing else.
 
 from __future__ import annotations
 
-import operator
 import pathlib
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +57,7 @@ from jointlab.analysis.bisect import (
 from jointlab.analysis.compare.judge import Tolerance, compute_dtype
 from jointlab.analysis.kernels import kernel_map
 from jointlab.errors import ReproError
+from jointlab.passes.analyze import is_getitem
 from jointlab.torch_compat import inductor_provenance
 
 __all__ = ["Repro", "write_repro"]
@@ -91,14 +91,10 @@ class Repro:
     generated: pathlib.Path | None = None
 
 
-def _is_item(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem
-
-
 def _is_multi(node: fx.Node) -> bool:
     """A tuple- or list-valued node (its results are read through ``getitem``)."""
     return isinstance(node.meta.get("val"), (tuple, list)) or (
-        bool(node.users) and all(_is_item(u) for u in node.users))
+        bool(node.users) and all(is_getitem(u) for u in node.users))
 
 
 def kernel_region(gm: fx.GraphModule, names: list[str]) -> Region | None:
@@ -110,9 +106,9 @@ def kernel_region(gm: fx.GraphModule, names: list[str]) -> Region | None:
     """
     wanted = set(names)
     group = [n for n in gm.graph.nodes if n.op == "call_function" and (
-        n.name in wanted or (_is_item(n) and n.args[0].name in wanted))]
-    group = [n for n in group if not (_is_item(n) and n.args[0].name not in wanted)]
-    if not any(not _is_item(n) for n in group):
+        n.name in wanted or (is_getitem(n) and n.args[0].name in wanted))]
+    group = [n for n in group if not (is_getitem(n) and n.args[0].name not in wanted)]
+    if not any(not is_getitem(n) for n in group):
         return None
     inside = set(group)
     ins = dict.fromkeys(a.name for n in group for a in n.all_input_nodes if a not in inside)
@@ -266,7 +262,7 @@ def _generated_block(code: str, path: pathlib.Path) -> tuple[str, pathlib.Path]:
 
 def _op_comment(node: fx.Node) -> str:
     info = _meta.info(node)
-    module = info.get("module") or "(root)"
+    module = _meta.module_label(info.get("module") or "")
     kind = f" ({info['module_type']})" if info.get("module_type") else ""
     parts = [f"{module}{kind}", info.get("source") or "source unknown", info.get("phase", "")]
     return "# " + " · ".join(p for p in parts if p)
@@ -287,7 +283,7 @@ def annotated_code(mod: fx.GraphModule, gm: fx.GraphModule) -> str:
     for line in mod.code.strip().splitlines():
         head = line.split(" = ", 1)[0]
         node = by_name.get(head.strip()) if head.startswith("    ") else None
-        if node is not None and node.op == "call_function" and not _is_item(node):
+        if node is not None and node.op == "call_function" and not is_getitem(node):
             out.append(f"    {_op_comment(node)}")
         out.append(line)
     return "\n".join(out)
@@ -298,14 +294,14 @@ def _header(compiled: Any, region: Region, cut: str, label: str, note: str
     by_name = {n.name: n for n in compiled.source.graph.nodes}
     sources = tuple(dict.fromkeys(s for n in region.nodes
                                   if (s := _meta.info(by_name[n]).get("source"))))
-    items = sum(_is_item(by_name[n]) for n in region.nodes)
+    items = sum(is_getitem(by_name[n]) for n in region.nodes)
     what = {"kernel": f"the nodes of kernel {label}",
             "op": f"the op {label}, which a decomposition broke (every kernel matched the "
                   "graph Inductor lowered)",
             }.get(cut, f"bisect region {region.index}")
     size = f"{len(region.nodes)} nodes" + (f", {items} of them getitem" if items else "")
     lines = [f"Region: {what} ({size}, {region.phase}).",
-             f"Modules: {', '.join(m or '(root)' for m in region.modules)}",
+             f"Modules: {', '.join(map(_meta.module_label, region.modules))}",
              *[f"Source: {s}" for s in sources[:8]]]
     if note:
         lines.append(f"Not smaller because: {note}")
