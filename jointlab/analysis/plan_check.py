@@ -24,7 +24,7 @@ computed after it from its wrong input gradient differs too.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +183,12 @@ def _judge(got: torch.Tensor, want: torch.Tensor, wide: torch.Tensor | None,
     return theirs <= ROUNDING_FACTOR * own + tol.bounds(want)[1], rel, max_abs
 
 
+def _overall(oks: Iterable[bool | None]) -> bool | None:
+    """False if any value differs, else None if any is not known, else True."""
+    oks = list(oks)
+    return False if False in oks else (None if None in oks else True)
+
+
 def _judge_ranks(values: dict[int, torch.Tensor], want: torch.Tensor,
                  wide: torch.Tensor | None, tol: Tolerance
                  ) -> tuple[bool | None, float, float, tuple[int, ...]]:
@@ -194,8 +200,7 @@ def _judge_ranks(values: dict[int, torch.Tensor], want: torch.Tensor,
         per_rank[rank] = same if same is not None else _judge(got, want, wide, tol)
         if same is None:
             seen.append((got, per_rank[rank]))
-    oks = [v[0] for v in per_rank.values()]
-    ok = False if False in oks else (None if None in oks else True)
+    ok = _overall(v[0] for v in per_rank.values())
     bad = tuple(r for r, v in per_rank.items() if v[0] is False)
     return (ok, max(v[1] for v in per_rank.values()), max(v[2] for v in per_rank.values()),
             bad)
@@ -277,8 +282,7 @@ def check_plan(graphs: dict[tuple[int, ...], TracedGraph], model: nn.Module,
     table = pd.DataFrame(grad_rows, columns=GRAD_COLUMNS)
     loss_table = pd.DataFrame(loss_rows, columns=LOSS_COLUMNS)
     first = _first(grad_rows, order, names)
-    oks = [r["ok"] for r in grad_rows + loss_rows]
-    ok = False if False in oks else (None if None in oks else True)
+    ok = _overall(r["ok"] for r in grad_rows + loss_rows)
     verdict = {True: "matches one device", False: "DIFFERS from one device",
                None: "not known"}[ok]
     return PlanCheck(ok, verdict, first, loss_table, table, tuple(notes))
