@@ -33,6 +33,7 @@ import torch
 from jointlab import meta as _meta
 from jointlab.analysis.compare.capture import capture_eager, probe_pairs
 from jointlab.analysis.compare.judge import Tolerance, close, compute_dtype, errors
+from jointlab.analysis.compare.random_ops import downstream_of, random_nodes
 from jointlab.analysis.step.runner import NodeRunner
 from jointlab.errors import StepperError
 from jointlab.runtime.kept import model_kept
@@ -108,11 +109,7 @@ def eager_values(stepper: Any) -> dict[str, torch.Tensor]:
 
 def after_random(stepper: Any) -> frozenset[str]:
     """Joint nodes whose value depends on a random op (the op itself included)."""
-    out: set[str] = set()
-    for node in stepper.joint.graph.nodes:  # topological order: inputs seen first
-        if _meta.draws_random(node) or any(a.name in out for a in node.all_input_nodes):
-            out.add(node.name)
-    return frozenset(out)
+    return frozenset(n.name for n in downstream_of(random_nodes(stepper.joint.graph)))
 
 
 def _unseeded_random(stepper: Any, node: str) -> bool:
