@@ -32,7 +32,7 @@ from jointlab.errors import StateMismatchError
 from jointlab.runtime.dtensor import DTensorRuntime, classes_sharing, is_dtensor
 from jointlab.runtime.rank_reads import rank_reads
 from jointlab.runtime.rank_view import RankGraphs, model_ranks
-from jointlab.runtime.saved_world import WorldRuntime
+from jointlab.runtime.saved_world import WorldRuntime, group_name
 from jointlab.runtime.train_fn import split_loss
 
 if TYPE_CHECKING:
@@ -53,12 +53,7 @@ def _wait_of(node: fx.Node) -> str:
 
 def collective_group(node: fx.Node) -> str:
     """The process-group name a collective node runs on ("" if it names none)."""
-    return _group_name(node)
-
-
-def _group_name(node: fx.Node) -> str:
-    names = [a for a in node.args if isinstance(a, str)]
-    return names[-1] if names else ""
+    return group_name(node)
 
 
 def comm_bytes(node: fx.Node) -> int:
@@ -105,7 +100,7 @@ def collectives(joint: TracedGraph, mesh: Any = None) -> pd.DataFrame:
         if not is_collective(node):
             continue
         info = _meta.info(node)
-        group = _group_name(node)
+        group = group_name(node)
         rows.append([node.name, _meta.op_name(node), info.get("phase", ""),
                      info.get("module", ""), group, dims.get(group, ""), _bytes(node),
                      _wait_of(node), info.get("source", "")])

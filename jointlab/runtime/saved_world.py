@@ -29,10 +29,16 @@ from jointlab.errors import StateMismatchError
 from jointlab.runtime.dtensor import AotDTensorRuntime, DTensorRuntime, ShardSpec, is_dtensor
 from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
 
-__all__ = ["SHARD_KEYS", "SavedWorld", "WorldRuntime", "collective_groups"]
+__all__ = ["SHARD_KEYS", "SavedWorld", "WorldRuntime", "collective_groups", "group_name"]
 
 #: ``ShardSpec.describe`` keys a live DTensor must match to feed a loaded graph.
 SHARD_KEYS = ("local_shape", "global_shape", "placement", "mesh_dim")
+
+
+def group_name(node: torch.fx.Node) -> str:
+    """The process-group name a collective node runs on: its last string argument ("" if none)."""
+    names = [a for a in node.args if isinstance(a, str)]
+    return names[-1] if names else ""
 
 
 def collective_groups(gm: torch.fx.GraphModule) -> list[str]:
@@ -40,9 +46,9 @@ def collective_groups(gm: torch.fx.GraphModule) -> list[str]:
     names: list[str] = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and compat.is_functional_collective(node.target):
-            group = [a for a in node.args if isinstance(a, str)]
-            if group and group[-1] not in names:
-                names.append(group[-1])
+            group = group_name(node)
+            if group and group not in names:
+                names.append(group)
     return names
 
 
