@@ -49,7 +49,7 @@ from jointlab.analysis.compare.judge import Tolerance, close, errors
 from jointlab.analysis.compare.scale import produced_scale
 from jointlab.analysis.kernels import kernel_map, kernel_table
 from jointlab.analysis.step.runner import ValueRecorder
-from jointlab.analysis.value_stats import _SAME_VALUES as SAME_VALUES
+from jointlab.analysis.value_stats import SAME_VALUES
 from jointlab.meta import ROOT_LABEL, graph_draws_random, module_label
 
 __all__ = ["DecomposedDivergence", "KernelCheck", "KernelDivergence",

@@ -37,7 +37,8 @@ from jointlab.torch_compat import graph_codegen, op_schema
 if TYPE_CHECKING:
     from jointlab.core import TracedGraph
 
-__all__ = ["NAN_ROW", "STAT_COLUMNS", "ValueObserver", "ValueStats", "describe", "instrument"]
+__all__ = ["NAN_ROW", "SAME_VALUES", "STAT_COLUMNS", "ValueObserver", "ValueStats", "describe",
+           "instrument"]
 
 #: Columns of :attr:`Record.table`; none collides with a ``joint.nodes`` column.
 STAT_COLUMNS = ("value_shape", "value_dtype", "mean", "std", "min", "max", "norm", "nan", "inf",
@@ -59,9 +60,9 @@ _CANCELLATION = 0.1
 NAN_ROW = (math.nan,) * 5
 #: Ops whose output holds exactly the values of their first argument, rearranged:
 #: its statistics are the argument's, unless something wrote in place in between.
-_SAME_VALUES = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose",
-                          "permute", "unsqueeze", "squeeze", "alias", "detach", "clone",
-                          "contiguous", "view_as", "flatten", "unflatten", "movedim"})
+SAME_VALUES = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose",
+                         "permute", "unsqueeze", "squeeze", "alias", "detach", "clone",
+                         "contiguous", "view_as", "flatten", "unflatten", "movedim"})
 
 
 _STRIDED = torch.strided
@@ -223,7 +224,7 @@ class ValueObserver:
         #: Per node: whether it writes into an input (its schema says so).
         self.mutates = [_is_mutating(n) for n in nodes]
         #: Per node: the index of the node whose values it rearranges, or -1.
-        self.same_as = [index.get(n.args[0], -1) if op_name(n) in _SAME_VALUES | {"expand"}
+        self.same_as = [index.get(n.args[0], -1) if op_name(n) in SAME_VALUES | {"expand"}
                         and n.args and isinstance(n.args[0], fx.Node) else -1 for n in nodes]
         self.uninitialized = [op_name(n) in _UNINITIALIZED for n in nodes]
         #: Per node: whether its -inf may be an attention mask (:func:`_mask_nodes`).
