@@ -232,7 +232,7 @@ def _unknown_reason(graphs: dict[tuple[int, ...], TracedGraph]) -> str:
 
 def _reads_rank_itself(graph: TracedGraph) -> bool:
     """True when the user's code (not torch's DTensor) read the rank while traced."""
-    return any("in torch's DTensor" not in str(f.target) for f in graph.assumptions.rank_facts())
+    return any(f.attr != "coordinate" for f in graph.assumptions.rank_facts())
 
 
 def check_plan(graphs: dict[tuple[int, ...], TracedGraph], model: nn.Module,
