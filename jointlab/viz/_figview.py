@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from jointlab.meta import module_label
 from jointlab.viz import _svgplot
 
 __all__ = ["PlotView"]
@@ -86,7 +87,7 @@ def _hover_rows(spec: dict[str, Any], extra: list[list[str]] | None) -> dict[str
         head = [f"step {xs[i]}"]
         if extra is not None:
             node, module, op, shape = extra[i]
-            head = [f"step {xs[i]}: {node}", f"module {module or '(root)'}", f"op {op}",
+            head = [f"step {xs[i]}: {node}", f"module {module_label(module)}", f"op {op}",
                     f"shape {shape}"]
         vals = [_svgplot.hover_text(t, i).splitlines()[-1] for t in order]
         rows.append("\n".join(head + vals))

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from jointlab.analysis.memory.result import CATEGORIES
+from jointlab.meta import module_label
 from jointlab.viz._figview import PlotView
 
 COLORS = {
@@ -214,7 +215,7 @@ def lifetime_label(module: str, op: str, filled_by: str = "") -> str:
         The label.
     """
     name = (filled_by or op).removeprefix("aten.")
-    return f"{module or '(root)'} · {name}"
+    return f"{module_label(module)} · {name}"
 
 
 def lifetimes_spec(profile: Any, top: int = 50, *, include_state: bool = False

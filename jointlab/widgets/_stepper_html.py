@@ -100,7 +100,7 @@ def node_card(node: fx.Node | None, backward_twins: dict[str, list[str]]) -> str
            f"{_esc(phase)}</span>" if phase else "")
     module = m.get("module", "")
     where = (f"in <code>{_esc(module)}</code> {_esc(m.get('module_type', ''))}" if module
-             else f"in (root) {_esc(m.get('module_type', ''))}")
+             else f"in {_meta.ROOT_LABEL} {_esc(m.get('module_type', ''))}")
     head = (f"<div class='jl-head'>next: <span class='jl-op'>{_esc(_meta.op_name(node))}"
             f"</span> {_name_code(node)} {tag} {where}</div>")
     rows = []
@@ -170,7 +170,7 @@ def value_rows(value: Any) -> dict[str, str]:
 
 def breakpoint_label(bp: Any) -> str:
     """``module h.1.attn``, ``op gelu_backward · non-finite``: the set parts of a breakpoint."""
-    parts = [f"{k} {v or '(root)'}" if k == "module" else f"{k} {v}"
+    parts = [f"{k} {_meta.module_label(v)}" if k == "module" else f"{k} {v}"
              for k, v in (("node", bp.node), ("module", bp.module), ("op", bp.op))
              if v is not None]
     if bp.when is not None:
@@ -185,7 +185,7 @@ def compare_card(c: Any, worst: int = 5) -> str:
              f"<span class='{'jl-ok' if good else 'jl-bad'}'>{_esc(c.verdict)}</span></div>"]
     d = c.first_divergence
     if d is not None:
-        owner = "(root)" if not d.module else d.module
+        owner = _meta.module_label(d.module)
         parts.append(
             f"<div class='jl-div'><b>first divergence</b> <code>{_esc(d.node)}</code>: "
             f"{_esc(d.what)} of <code>{_esc(owner)}</code>, {_esc(d.phase)}, "

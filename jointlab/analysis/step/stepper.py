@@ -338,7 +338,7 @@ class Stepper(BreakpointList):
             m = _meta.info(node)
             name = _meta.value_name(node)
             named = f"{node.name!r} = {name}" if name != node.name else repr(node.name)
-            owner = m.get("module") or "(root)"
+            owner = _meta.module_label(m.get("module"))
             where = (f"at node {self.position}/{total} {named} "
                      f"({m.get('phase', '?')}, {owner})")
         return (f"<Stepper {type(self.model).__name__!r} graph: {where}, "
