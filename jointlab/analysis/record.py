@@ -23,13 +23,13 @@ such a value over unchanged (views, ``expand``, ``slice``, ``cat``...), and
 every non-finite element of its value is exactly ``-inf``. Its ``inf`` count
 stays in the table, but the repr's "with NaN/Inf" count and the ``nan/inf``
 layer leave it out. A NaN or ``+inf`` anywhere, or ``-inf`` produced by
-arithmetic (scores + mask), is counted. See ``value_stats._mask_nodes``.
+arithmetic (scores + mask), is counted. See ``observer._mask_nodes``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -39,8 +39,9 @@ import pandas as pd
 import torch
 import torch.fx as fx
 
+from jointlab.analysis.observer import ObservedStep, ValueObserver, instrument
 from jointlab.analysis.tables import HumanFrame
-from jointlab.analysis.value_stats import NAN_ROW, STAT_COLUMNS, ValueObserver, instrument
+from jointlab.analysis.value_stats import STAT_COLUMNS
 from jointlab.errors import RecordError, ValueNotAvailableError
 from jointlab.meta import in_module, module_label, node_error, node_info
 from jointlab.units import human_bytes
@@ -59,12 +60,12 @@ __all__ = ["STAT_COLUMNS", "Record", "record"]
 class Record:
     """What one recorded step kept.
 
+    Every statistic is computed during the step (the values are gone after
+    it); :attr:`table` lays them out as a DataFrame when first read.
+
     Attributes:
-        table: One row per graph node, indexed like ``joint.nodes`` (join them
-            with ``joint.nodes.join(rec.table)``), columns :data:`STAT_COLUMNS`.
-            ``time_s`` is the node's wall time; ``kept`` whether :meth:`value` has it;
-            ``mask`` whether the value is an attention mask whose ``inf`` count is
-            its ``-inf`` fill (not a numerical problem: see below).
+        observed: The step's observations (:class:`~jointlab.analysis.observer.ObservedStep`),
+            which :attr:`table` lays out.
         loss: The step's loss.
         param_grad_norms: L2 norm of each trainable parameter's gradient, by FQN.
         values: The kept values (clones), by node name, in graph order.
@@ -76,12 +77,24 @@ class Record:
             ``requires_grad=True``, by input path (empty when none is).
     """
 
-    table: pd.DataFrame
+    observed: ObservedStep
     loss: float
     param_grad_norms: Mapping[str, float]
     values: Mapping[str, torch.Tensor]
     gradients: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     input_grad_norms: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    @functools.cached_property
+    def table(self) -> pd.DataFrame:
+        """One row per graph node, indexed like ``joint.nodes``, columns :data:`STAT_COLUMNS`.
+
+        Join it with the node table as ``joint.nodes.join(rec.table)``. ``time_s``
+        is the node's wall time; ``kept`` whether :meth:`value` has it; ``mask``
+        whether the value is an attention mask whose ``inf`` count is its
+        ``-inf`` fill (not a numerical problem: see the module docstring).
+        Built on first read, then the same frame.
+        """
+        return _table(self.observed)
 
     def value(self, node: str) -> torch.Tensor:
         """The kept value of ``node`` (a clone taken right after it ran).
@@ -95,7 +108,7 @@ class Record:
         Raises:
             ValueNotAvailableError: The node is unknown or its value was not kept.
         """
-        if node not in self.table.index:
+        if node not in self.observed.index:
             raise ValueNotAvailableError(f"no node named {node!r} in this record")
         if node not in self.values:
             raise ValueNotAvailableError(
@@ -181,29 +194,30 @@ class Record:
         return sum(v.nbytes for v in self.values.values())
 
     def __repr__(self) -> str:
-        t = self.table
-        described = int(t["note"].eq("").sum())
-        nonfinite = ((t["nan"].fillna(0) > 0) | (t["inf"].fillna(0) > 0)).to_numpy()
-        masks = int((nonfinite & t["mask"].to_numpy()).sum())
-        bad = int(nonfinite.sum()) - masks
+        rows, _ = self.observed.finished
+        described = bad = masks = 0
+        for row, mask in zip(rows, self.observed.mask):
+            if row[-1] == "":
+                described += 1
+                if row[7] or row[8]:
+                    masks += mask
+                    bad += not mask
         mask_note = f" ({masks} attention masks with -inf, not counted)" if masks else ""
-        return (f"Record(loss={self.loss:.6g}, {len(t)} nodes, {described} described, "
+        return (f"Record(loss={self.loss:.6g}, {len(rows)} nodes, {described} described, "
                 f"{bad} with NaN/Inf{mask_note}, kept {len(self.values)} values "
                 f"({human_bytes(self._kept_bytes())}))")
 
 
-_EMPTY_ROW = (None, "", *NAN_ROW, None, None, False, "not run")
-
-
-def _table(index: pd.Index, rec: ValueObserver) -> pd.DataFrame:
-    """The record's table: one row per node of ``index`` (graph order), :data:`STAT_COLUMNS`.
+def _table(step: ObservedStep) -> pd.DataFrame:
+    """The record's table: one row per node of the step (graph order), :data:`STAT_COLUMNS`.
 
     Built column by column from numpy arrays (object, float64, bool) and masked
     ``Int64`` arrays, so its cost is a few microseconds a column plus a pass
     over the rows, not pandas' per-column inference.
     """
+    index = step.index
     n = len(index)
-    rows = [_EMPTY_ROW if r is None else r for r in rec.rows]
+    rows, times = step.finished
     cols = list(zip(*rows)) if rows else [()] * 11
     data: dict[str, Any] = {}
     for k, c in enumerate(c for c in STAT_COLUMNS if c not in ("time_s", "mask")):
@@ -218,8 +232,8 @@ def _table(index: pd.Index, rec: ValueObserver) -> pd.DataFrame:
             data[c] = np.fromiter(col, dtype=np.float64, count=n)
         else:
             data[c] = np.fromiter(col, dtype=object, count=n)
-    data["time_s"] = np.array(rec.times, dtype=np.float64)
-    data["mask"] = np.array(rec.mask, dtype=bool)
+    data["time_s"] = times
+    data["mask"] = np.array(step.mask, dtype=bool)
     # shown in human units, no number wrapped
     return HumanFrame({c: data[c] for c in STAT_COLUMNS}, index=index, copy=False)
 
@@ -247,11 +261,13 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
     """
     if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
         raise RecordError(f"keep_bytes must be a non-negative int, got {keep_bytes!r}")
-    gm, rec = joint.cached("record.instrumented", instrument)
+    # keeping values observes every node; else views' rows are derived after the step
+    gm, rec = (joint.cached("record.instrumented", instrument) if not keep_bytes else
+               joint.cached("record.instrumented.keep", _instrument_all))
     rec.reset(keep_bytes)
 
     def run(*args: Any) -> Any:
-        rec.clock = time.perf_counter()
+        rec.start()
         try:
             return gm(*args)
         except Exception as exc:
@@ -261,12 +277,15 @@ def record(joint: TracedGraph, model: nn.Module, inputs: dict[str, Any], *,
             raise node_error(failed, exc, "while recording") from exc
 
     result = joint.run_with(run, model, inputs)
-    table = _table(rec.index, rec)
-    return Record(table=table, loss=float(result.loss),
+    return Record(observed=rec.take(), loss=float(result.loss),
                   param_grad_norms=MappingProxyType(_norms(result.grads)),
                   values=MappingProxyType(dict(rec.values)),
                   gradients=joint.cached("record.gradients", _gradient_map),
                   input_grad_norms=MappingProxyType(_norms(result.input_grads)))
+
+
+def _instrument_all(joint: TracedGraph) -> tuple[fx.GraphModule, ValueObserver]:
+    return instrument(joint, derive=False)
 
 
 def _norms(grads: Mapping[str, torch.Tensor]) -> dict[str, float]:

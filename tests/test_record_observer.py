@@ -1,0 +1,122 @@
+"""jl.record's fast path: rows derived after the step, clock marks, failures, the lazy table.
+
+Without ``keep_bytes`` the instrumented graph only stamps the time after a view
+that no in-place op can have changed, and the view's row is derived from its
+argument's after the step. The reference is independent of that path: torch's
+own reductions of the values a second, identically seeded record kept (every
+node observed), and the exception the op raises.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import pytest
+import torch
+
+import jointlab as jl
+from jointlab import meta as _meta
+from jointlab.errors import NodeExecutionError
+from tests.fixtures import zoo
+from tests.test_record import _assert_row, _WritesThroughView
+from tests.test_record_mask import _Attention, _train_fn
+
+_STATS = ["value_shape", "value_dtype", "mean", "std", "min", "max", "norm", "nan", "inf",
+          "note", "mask"]
+
+
+def _both(joint, model, inputs):
+    """A record on the fast path and one that kept every value, from the same seed and state."""
+    torch.manual_seed(0)
+    fast = jl.record(joint, copy.deepcopy(model), inputs)
+    torch.manual_seed(0)
+    kept = jl.record(joint, copy.deepcopy(model), inputs, keep_bytes=1 << 30)
+    return fast, kept
+
+
+@pytest.mark.parametrize("name", ["tiny_lm", "cnn_bn"])
+def test_derived_rows_match_torch_reductions_of_the_value(name):
+    f = zoo.FIXTURES[name]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    fast, kept = _both(joint, model, inputs)
+    derived = [n for i, n in enumerate(joint.graph.nodes) if fast.observed.plan.derived[i] >= 0]
+    assert len(derived) >= 10, "the fast path derived no rows: nothing checked"
+    for node in derived:
+        _assert_row(fast.table.loc[node.name], kept.values[node.name], node.name)
+    # every statistic equal to the all-observed path's, bit for bit
+    a, b = fast.table[_STATS], kept.table[_STATS]
+    assert a.astype(object).equals(b.astype(object))
+
+
+def test_a_view_read_after_an_inplace_write_is_observed_not_derived():
+    model = _WritesThroughView()
+    inputs = {"x": torch.arange(12.0).reshape(3, 4)}
+    joint = jl.trace(model, lambda m, x: m(x), inputs)
+    rec = jl.record(joint, model, inputs)
+    plan, nodes = rec.observed.plan, list(joint.graph.nodes)
+    mul_ = next(i for i, n in enumerate(nodes) if _meta.op_name(n) == "mul_")
+    after = [i for i, n in enumerate(nodes) if 0 <= plan.same_as[i] < mul_ < i]
+    assert after and all(plan.derived[i] < 0 for i in after)
+    kept = jl.record(joint, model, inputs, keep_bytes=1 << 20)
+    for i in after:
+        _assert_row(rec.table.loc[nodes[i].name], kept.values[nodes[i].name], nodes[i].name)
+    view_of_y = next(i for i in after if _meta.op_name(nodes[plan.same_as[i]]) == "t"
+                     and _meta.op_name(nodes[plan.same_as[plan.same_as[i]]]) == "clone")
+    assert rec.table.loc[nodes[view_of_y].name, "max"] == 33.0  # 3 * 11, written by mul_
+
+
+def test_every_node_that_ran_has_a_time_within_the_step():
+    f = zoo.FIXTURES["tiny_lm"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    jl.record(joint, model, inputs)
+    t0 = time.perf_counter()
+    rec = jl.record(joint, model, inputs)
+    wall = time.perf_counter() - t0
+    times = rec.table["time_s"]
+    ran = [n.name for n in joint.graph.nodes if n.op != "output"]
+    assert times[ran].notna().all() and (times[ran] >= 0).all()
+    assert math.isnan(times[list(joint.graph.nodes)[-1].name])  # the output node
+    derived = [n.name for i, n in enumerate(joint.graph.nodes)
+               if rec.observed.plan.derived[i] >= 0]
+    assert derived and times[derived].notna().all()
+    assert times.sum() < wall
+
+
+@pytest.mark.parametrize("previous", ["derived", "observed"])
+def test_a_node_failing_after_a_derived_or_observed_node_is_named(previous):
+    f = zoo.FIXTURES["tiny_lm"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    rec = jl.record(joint, model, inputs)
+    nodes = list(joint.graph.nodes)
+    derived = rec.observed.plan.derived
+    victim = next(n for i, n in enumerate(nodes) if i > 1 and (derived[i - 1] >= 0) == (
+        previous == "derived") and nodes[i - 1].op != "placeholder"
+                  and _meta.op_name(n) in ("mm", "addmm", "bmm", "gelu", "mul", "add")
+                  and derived[i] < 0)
+    victim.target = torch.ops.aten.linalg_inv.default  # raises on these arguments
+    victim.args = victim.args[:1]
+    joint.graph_module.recompile()
+    with pytest.raises(NodeExecutionError, match=rf"\b{victim.name}\b"):
+        jl.record(joint, model, inputs)
+
+
+def test_repr_counts_equal_the_table_with_a_mask_and_a_nan():
+    torch.manual_seed(0)
+    model = _Attention()
+    x = torch.randn(2, 5, 8)
+    x[0, 1, 2] = math.nan
+    joint = jl.trace(model, _train_fn, {"x": x})
+    rec = jl.record(joint, model, {"x": x})
+    assert "table" not in rec.__dict__  # repr reads the observations, not the frame
+    text = repr(rec)
+    t = rec.table
+    nonfinite = (t["nan"].fillna(0) > 0) | (t["inf"].fillna(0) > 0)
+    masks = int((nonfinite & t["mask"]).sum())
+    assert masks > 0 and f" {int(nonfinite.sum()) - masks} with NaN/Inf ({masks} attention" in text
+    assert f"{int(t['note'].eq('').sum())} described" in text
+    assert rec.table is t
