@@ -36,19 +36,23 @@ import numbers
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-import torch.fx as fx
 from torch import nn
 
-from jointlab import meta as _meta
 from jointlab.analysis.compare.capture import (
     EagerCapture,
-    Probe,
     capture_eager,
     local_values,
     placement_mismatches,
     probe_pairs,
     settle_points,
     to_device,
+)
+from jointlab.analysis.compare.divergence import (
+    close_by_dtype,
+    divergence_checks,
+    first_divergence,
+    name_compiled_divergence,
+    value_nodes,
 )
 from jointlab.analysis.compare.fp64 import (
     candidate_ok,
@@ -57,7 +61,7 @@ from jointlab.analysis.compare.fp64 import (
     fp64_table,
 )
 from jointlab.analysis.compare.judge import Tolerance as Tolerance
-from jointlab.analysis.compare.judge import close, compute_dtype, errors, expects_exact
+from jointlab.analysis.compare.judge import compute_dtype, expects_exact
 from jointlab.analysis.compare.judge import default_tolerances as default_tolerances
 from jointlab.analysis.compare.random_ops import blame_random_op, random_nodes, referee_fp64
 from jointlab.analysis.compare.result import Comparison as Comparison
@@ -212,7 +216,7 @@ def compare(joint: Any, model: nn.Module, inputs: dict[str, Any], *, seed: int =
         if cand is graph:
             keep = {p.node.name for p in probes} | set(uncertain_layout_nodes(graph))
             if compiled or not exact:  # what the scale of each loss and gradient reads
-                keep |= {r for n in _value_nodes(graph).values() for r in scale_reads(n)}
+                keep |= {r for n in value_nodes(graph).values() for r in scale_reads(n)}
             out, bufs, runner = _run_graph(graph, model, inputs, seed, dev, keep,
                                            settle_points(probes))
         else:
@@ -262,31 +266,14 @@ def _judged_notes(tol: Tolerance, graph: TracedGraph, dev: torch.device,
             "magnitudes that produced each value, never bitwise"]
 
 
-def _value_nodes(joint: TracedGraph) -> dict[tuple[str, str], fx.Node]:
-    """The loss node and each sole-term parameter gradient node, by ``(table, name)``."""
-    out = {("grads", name): terms[0] for name, terms in joint.grad_terms().items()
-           if len(terms) == 1}
-    out.update({("input_grads", path): node for path, node in _input_grad_nodes(joint)})
-    loss = joint.outputs_and_tangents()[0][0]
-    if isinstance(loss, fx.Node):
-        out[("loss", "loss")] = loss
-    return out
-
-
 def _grad_inputs(joint: TracedGraph) -> list[str]:
     """Paths of the inputs traced with ``requires_grad=True`` (eager differentiates them)."""
     return [leaf.path for leaf in joint.input_spec.tensor_leaves if leaf.requires_grad]
 
 
-def _input_grad_nodes(joint: TracedGraph) -> list[tuple[str, fx.Node]]:
-    """``(input path, gradient node)`` of each input whose gradient the graph computes."""
-    return [(_meta.info(ph)["input_path"], g) for ph, g in joint.inputs_and_grads()
-            if g is not None and _meta.info(ph).get("phase") == "input"]
-
-
 def _scale_of(joint: TracedGraph, runner: NodeRunner | None) -> Any:
     """``scale(table, name)``: the magnitudes that produced that loss or gradient (or None)."""
-    nodes = _value_nodes(joint)
+    nodes = value_nodes(joint)
 
     def scale(table: str, name: str) -> torch.Tensor | None:
         node = nodes.get((table, name))
@@ -294,81 +281,6 @@ def _scale_of(joint: TracedGraph, runner: NodeRunner | None) -> Any:
             return None
         return produced_scale(node, runner.lookup)
     return scale
-
-
-def name_compiled_divergence(comp: Comparison, joint: TracedGraph,
-                             compiled: list[str]) -> Comparison:
-    """A MISMATCH of a compiled candidate only, with ``first_divergence`` naming it.
-
-    The first diverging kernel where the kernel-by-kernel check found one; where
-    every kernel matched Inductor's post-grad graph (the bug arose before
-    lowering), the first traced op whose post-grad value differs; else the
-    first loss or gradient (in graph order) beyond tolerance.
-    """
-    if comp.ok or comp.first_divergence is not None:
-        return comp
-    for name in compiled:
-        check = (comp.kernels or {}).get(name)
-        if check is not None and check.first is not None:
-            return dataclasses.replace(comp, first_divergence=_kernel_divergence(
-                joint, name, check.first))
-        if (op := getattr(check, "decomposed", None)) is not None:
-            return dataclasses.replace(comp, first_divergence=_decomposed_divergence(
-                joint, name, op))
-        if (found := _first_bad_value(comp, joint, name)) is not None:
-            return dataclasses.replace(comp, first_divergence=found)
-    return comp
-
-
-def _kernel_divergence(joint: TracedGraph, candidate: str, k: Any) -> Divergence:
-    """The diverging kernel ``k`` named at the traced op whose result its buffer holds.
-
-    ``k.node`` is a node of Inductor's post-grad graph, whose names are its own
-    (a post-grad ``mul_23`` is not the traced ``mul_23``): the traced node comes
-    from Inductor's provenance (``k.traced``), else the kernel's first node.
-    """
-    by_name = {n.name: n for n in joint.graph.nodes}
-    traced = getattr(k, "traced", "")
-    node = traced if traced in by_name else next(iter(k.nodes), k.node)
-    info = _meta.info(by_name[node]) if node in by_name else {}
-    if traced in by_name:
-        return Divergence(node, info.get("module", ""), info.get("source", ""),
-                          info.get("phase", ""), "kernel output", k.max_abs_err,
-                          k.max_rel_err, candidate=candidate, kernel=k.kernel)
-    return Divergence(node, k.modules[0] if k.modules else info.get("module", ""),
-                      info.get("source", "") or next(iter(k.sources), ""),
-                      info.get("phase", ""), "kernel output", k.max_abs_err, k.max_rel_err,
-                      candidate=candidate, kernel=k.kernel)
-
-
-def _decomposed_divergence(joint: TracedGraph, candidate: str, op: Any) -> Divergence:
-    """``op`` (a :class:`jointlab.analysis.kernel_probe.DecomposedDivergence`) as a Divergence."""
-    info = _meta.info(next(n for n in joint.graph.nodes if n.name == op.node))
-    return Divergence(op.node, info.get("module", ""), info.get("source", ""),
-                      info.get("phase", ""), "output after Inductor's decompositions",
-                      op.max_abs_err, op.max_rel_err, candidate=candidate)
-
-
-def _first_bad_value(comp: Comparison, joint: TracedGraph, candidate: str
-                     ) -> Divergence | None:
-    order = {n.name: i for i, n in enumerate(joint.graph.nodes)}
-    nodes = _value_nodes(joint)
-    bad = []
-    for table in ("loss", "grads", "input_grads"):
-        t = getattr(comp, table)
-        for _, row in t[(t["candidate"] == candidate) & ~t["ok"].astype(bool)].iterrows():
-            node = nodes.get((table, row["name"]))
-            if node is not None:
-                bad.append((order[node.name], node, table, row))
-    if not bad:
-        return None
-    _, node, table, row = min(bad, key=lambda b: b[0])
-    info = _meta.info(node)
-    owner = _meta.TRAIN_FN if table != "grads" else row["name"].rpartition(".")[0]
-    what = {"loss": "loss", "grads": "parameter gradient"}.get(table, "input gradient")
-    return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""), what,
-                      row["max_abs_err"], row["max_rel_err"], candidate=candidate,
-                      input=row["name"] if table == "input_grads" else "")
 
 
 def _local_shards(results: dict[str, tuple], eager: EagerCapture
@@ -407,57 +319,3 @@ def _drift_notes(drift: list[str]) -> list[str]:
             f"{f' and {len(drift) - 3} more' if len(drift) > 3 else ''}: composite ops "
             "after them (linear, matmul) may take another kernel in eager than the trace "
             "recorded, so values are judged by dtype tolerance, not bitwise"]
-
-
-
-def close_by_dtype(runner: NodeRunner, joint: TracedGraph, checks: list, first: Divergence,
-                   tol: Tolerance) -> bool:
-    """True when the first (exact) divergence would pass the dtype tolerances."""
-    for node, want, _what, _owner in checks:
-        if node.name == first.node:
-            got = runner.lookup(node)
-            if isinstance(got, torch.Tensor) and got.numel() == want.numel():
-                return close(got, want.reshape(got.shape), tol)
-    return False
-
-
-def divergence_checks(joint: TracedGraph, eager: EagerCapture,
-                      probes: list[Probe]) -> list[tuple[fx.Node, torch.Tensor, str, str]]:
-    """Every ``(graph node, eager value, what, module)`` to check, in graph order."""
-    checks = [(p.node, p.want, p.what, p.module) for p in probes]
-    # A parameter's gradient node holds its full gradient only when it is the
-    # sole one; tied aliases in AOT mode each carry a partial gradient.
-    for name, terms in joint.grad_terms().items():
-        want = eager.grads.get(name)
-        if len(terms) == 1 and want is not None:
-            checks.append((terms[0], want, "parameter gradient", name.rpartition(".")[0]))
-    for path, node in _input_grad_nodes(joint):
-        if (want := eager.input_grads.get(path)) is not None:
-            checks.append((node, want, "input gradient", _meta.TRAIN_FN))
-    loss_node = joint.outputs_and_tangents()[0][0]  # the loss, in either mode's layout
-    if isinstance(loss_node, fx.Node):
-        checks.append((loss_node, eager.loss, "loss", _meta.TRAIN_FN))
-    order = {n: i for i, n in enumerate(joint.graph.nodes)}
-    checks.sort(key=lambda x: order[x[0]])
-    return checks
-
-
-def first_divergence(joint: TracedGraph, runner: NodeRunner, checks: list, tol: Tolerance
-                     ) -> Divergence | None:
-    """The first checked graph node, in graph order, whose value differs from eager."""
-    for node, want, what, owner in checks:
-        got = runner.lookup(node)
-        if isinstance(got, torch.Tensor) and got.shape != want.shape \
-                and got.numel() == want.numel():
-            want = want.reshape(got.shape)
-        if got is None or close(got, want, tol):
-            continue
-        if not tol.exact and close(got, want, tol, produced_scale(node, runner.lookup)):
-            continue  # within tolerance of the magnitudes that produced it
-        info = _meta.info(node)
-        abs_err, rel_err, _ = errors(got, want)
-        return Divergence(node.name, owner, info.get("source", ""), info.get("phase", ""),
-                          what, abs_err, rel_err, input=info.get("input_grad_of") or "")
-    return None
-
-
