@@ -13,7 +13,8 @@ The archive is a zip file:
   part of its meta, ``meta["jointlab"]`` included (:mod:`jointlab.io.node_records`).
 - ``layout.json``: mode, state and input specs (the input treespec through
   ``torch.utils._pytree.treespec_dumps``), parameter names, loss_dict keys,
-  dynamic dims and the shape guards as sympy expression trees.
+  dynamic dims and the shape guards as sympy expression trees
+  (:mod:`jointlab.io.layout_record`).
 - ``constants.pt``: tensors held by ``get_attr`` nodes, written with
   ``torch.save`` and read with ``torch.load(weights_only=True)``.
 
@@ -41,7 +42,6 @@ anywhere and run only inside a world of that size. Versions 1 to 4 are still rea
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 import os
@@ -52,25 +52,18 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from jointlab.assumptions import KINDS, Assumption, Assumptions
 from jointlab.core import GraphParts, TracedGraph
 from jointlab.errors import PersistError
-from jointlab.inputs import InputSpec, LeafSpec, StateSpec
 from jointlab.io.codec import (
     DOTTED,
     SharedValues,
     decode_callable,
-    decode_device,
-    decode_dtype,
     decode_shared,
-    decode_sympy,
-    decode_value,
-    encode_sympy,
     encode_target,
-    encode_value,
 )
 from jointlab.io.deferred import DeferredGraphModule
 from jointlab.io.fakes import SPEC_KEY, encode_vals, rebuild_vals
+from jointlab.io.layout_record import decode_layout, encode_layout
 from jointlab.io.node_records import (
     KeyTuples,
     decode_args,
@@ -79,14 +72,8 @@ from jointlab.io.node_records import (
     encode_args,
     encode_node_meta,
 )
-from jointlab.io.world_record import decode_world, encode_world
 from jointlab.passes.analyze import require_analyzed
-from jointlab.runtime.dtensor import AotDTensorRuntime, DTensorRuntime
 from jointlab.runtime.gc_pause import collector_paused
-from jointlab.runtime.plans import AotRuntime, MakeFxRuntime
-from jointlab.runtime.saved_world import WorldRuntime
-from jointlab.shape_guards import ShapeGuards
-from jointlab.torch_compat import pytree
 
 FORMAT = "jointlab.joint-graph"
 VERSION = 5
@@ -142,7 +129,7 @@ def _members(joint: TracedGraph) -> dict[str, str | bytes]:
     """Each archive member's content, everything encoded (nothing written yet)."""
     require_analyzed(joint.graph_module)
     graph_doc, constants = _encode_graph(joint.graph_module)
-    layout = _encode_layout(joint)
+    layout = encode_layout(joint)
     # The lowest version whose reader reads it right.
     version = 5 if "world" in layout else 4 if _input_grad_layout(joint) else 3
     members = {"format.json": json.dumps({"format": FORMAT, "version": version}),
@@ -233,7 +220,7 @@ def _read(path: str | bytes) -> GraphParts:
         constants = _load_constants(zf) if "constants.pt" in names else {}
         doc = _json(zf, "graph.json")
         gm = _decode_graph(doc, constants, fmt["version"])
-        parts = _decode_layout(_json(zf, "layout.json"), gm)
+        parts = decode_layout(_json(zf, "layout.json"), gm)
     rebuild_vals(gm, doc, fmt["version"], bool(parts.dynamic_dims))
     gm.meta[ARCHIVE_VERSION_KEY] = fmt["version"]
     return parts
@@ -358,158 +345,3 @@ def _set_constant(root: torch.nn.Module, key: str, tensor: torch.Tensor) -> None
             mod.add_module(part, torch.nn.Module())
         mod = getattr(mod, part)
     mod.register_buffer(leaf, tensor)
-
-
-# -- the layout -----------------------------------------------------------------------
-def _encode_layout(joint: TracedGraph) -> dict[str, Any]:
-    s, i = joint.state_spec, joint.input_spec
-    leaves = [{
-        "path": leaf.path, "is_tensor": leaf.is_tensor, "shape": list(leaf.shape),
-        "dtype": str(leaf.dtype).removeprefix("torch.") if leaf.dtype else None,
-        "device": str(leaf.device) if leaf.device is not None else None,
-        "value": encode_value(leaf.value, f"input '{leaf.path}'"),
-        **({"requires_grad": True} if leaf.requires_grad else {}),  # version 4's keys
-        **({"state_alias": leaf.state_alias} if leaf.state_alias else {}),
-        **({"input_alias": leaf.input_alias} if leaf.input_alias else {}),
-    } for leaf in i.leaves]
-    return {
-        "mode": joint.mode,
-        "state": {"fqns": list(s.fqns), "shapes": [list(x) for x in s.shapes],
-                  "dtypes": [str(d).removeprefix("torch.") for d in s.dtypes],
-                  "devices": [str(d) for d in s.devices], "is_param": list(s.is_param)},
-        "inputs": {"treespec": pytree.treespec_dumps(i.treespec), "leaves": leaves},
-        "param_names": list(joint.param_names),
-        "loss_dict_keys": list(joint.loss_dict_keys),
-        "dynamic_dims": {p: sorted(d) for p, d in joint.dynamic_dims.items()},
-        "guards": (_encode_guards(joint.shape_guards) if joint.shape_guards is not None
-                   else None),
-        "assumptions": _encode_assumptions(joint.assumptions),
-        "runtime": _encode_runtime(joint),
-        **encode_world(joint),
-    }
-
-
-def _encode_assumptions(a: Assumptions) -> list[list[Any]] | None:
-    """The recorded facts as rows; None for a graph that never had them recorded."""
-    if not a.recorded:
-        return None
-    return [[f.kind, f.target, f.attr, encode_value(f.value, f"assumption {f.target}.{f.attr}"),
-             f.source, *([list(f.ranks)] if f.ranks is not None else [])] for f in a.facts]
-
-
-def _decode_assumptions(rows: Any) -> Assumptions:
-    """The facts of an archive; an older archive without them records nothing."""
-    if rows is None:
-        return Assumptions(recorded=False)
-    facts = []
-    for row in rows:  # a rank fact has a sixth entry: the ranks that read the same value
-        if len(row) not in (5, 6) or row[0] not in KINDS or (row[0] == "rank") != (len(row) == 6):
-            raise PersistError(f"malformed assumption {row!r} in the archive")
-        kind, target, attr, value, source = row[:5]
-        ranks = tuple(int(r) for r in row[5]) if len(row) == 6 else None
-        facts.append(Assumption(str(kind), str(target), str(attr), decode_value(value),
-                                str(source), ranks))
-    return Assumptions(tuple(facts))
-
-
-def _plain_plan(runtime: Any) -> Any:
-    """The mode's plain-data plan under a DTensor or loaded-world runtime (its world apart)."""
-    if isinstance(runtime, (WorldRuntime, AotDTensorRuntime)):
-        return runtime.plan
-    if type(runtime) is DTensorRuntime:
-        return MakeFxRuntime()
-    return runtime
-
-
-def _encode_runtime(joint: TracedGraph) -> Any:
-    """The runtime's plain-data plan: None for make_fx, the field dict for AOT."""
-    plan = _plain_plan(joint.runtime)
-    if joint.mode == "make_fx" and type(plan) is MakeFxRuntime:
-        return None
-    if joint.mode == "aot" and type(plan) is AotRuntime:
-        fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(AotRuntime)}
-        return encode_value(fields, "the AOT runtime")
-    raise PersistError(f"cannot save a mode={joint.mode!r} graph with runtime "
-                       f"{type(joint.runtime).__name__}")
-
-
-def _decode_runtime(mode: str, data: Any) -> Any:
-    if mode == "make_fx":
-        if data is not None:
-            raise PersistError("a make_fx archive must not carry a runtime plan")
-        return None
-    fields = decode_value(data)
-    names = {f.name for f in dataclasses.fields(AotRuntime)}
-    if not isinstance(fields, dict) or set(fields) != names:
-        raise PersistError(f"malformed AOT runtime plan: expected fields {sorted(names)}")
-    plan_ok = all(i is None or isinstance(i, int) for i in fields["arg_plan"]) and all(
-        isinstance(k, str) and isinstance(i, int) for k, i in fields["out_plan"])
-    if not plan_ok or not isinstance(fields["tangent_dtype"], torch.dtype):
-        raise PersistError("malformed AOT runtime plan")
-    fields["out_plan"] = [tuple(x) for x in fields["out_plan"]]
-    fields["tangent_shape"] = tuple(fields["tangent_shape"])
-    return AotRuntime(**fields)
-
-
-def _encode_guards(g: ShapeGuards) -> dict[str, Any]:
-    return {
-        "dims": {p: [encode_sympy(e) for e in exprs] for p, exprs in g.dims.items()},
-        "traced_sizes": {p: list(s) for p, s in g.traced_sizes.items()},
-        "dynamic_dims": {p: sorted(d) for p, d in g.dynamic_dims.items()},
-        "ranges": [[encode_sympy(s), encode_sympy(lo), encode_sympy(hi)]
-                   for s, (lo, hi) in g.ranges.items()],
-        "guards": [[encode_sympy(e), str(sloc)] for e, sloc in g.guards],
-    }
-
-
-def _decode_guards(d: dict[str, Any]) -> ShapeGuards:
-    try:
-        return ShapeGuards(
-            dims={str(p): tuple(decode_sympy(e) for e in exprs) for p, exprs in d["dims"].items()},
-            traced_sizes={str(p): tuple(int(x) for x in s) for p, s in d["traced_sizes"].items()},
-            dynamic_dims={str(p): {int(x) for x in s} for p, s in d["dynamic_dims"].items()},
-            ranges={decode_sympy(s): (decode_sympy(lo), decode_sympy(hi))
-                    for s, lo, hi in d["ranges"]},
-            guards=[(decode_sympy(e), str(sloc)) for e, sloc in d["guards"]],
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        if isinstance(exc, PersistError):
-            raise
-        raise PersistError(f"malformed shape guards in the archive: {exc}") from exc
-
-
-def _decode_layout(d: Any, gm: fx.GraphModule) -> GraphParts:
-    try:
-        if d["mode"] not in ("make_fx", "aot"):
-            raise PersistError(f"unsupported mode {d['mode']!r} in the archive")
-        s = d["state"]
-        state = StateSpec(
-            tuple(str(f) for f in s["fqns"]),
-            tuple(tuple(int(x) for x in sh) for sh in s["shapes"]),
-            tuple(decode_dtype(x) for x in s["dtypes"]),
-            tuple(decode_device(x) for x in s["devices"]),
-            tuple(bool(x) for x in s["is_param"]))
-        leaves = tuple(
-            LeafSpec(str(lf["path"]), bool(lf["is_tensor"]), tuple(int(x) for x in lf["shape"]),
-                     decode_dtype(lf["dtype"]) if lf["dtype"] else None,
-                     decode_device(lf["device"]) if lf["device"] else None,
-                     decode_value(lf["value"]), bool(lf.get("requires_grad", False)),
-                     str(lf.get("state_alias", "")), str(lf.get("input_alias", "")))
-            for lf in d["inputs"]["leaves"])
-        treespec = pytree.treespec_loads(str(d["inputs"]["treespec"]))
-        runtime = _decode_runtime(d["mode"], d.get("runtime"))
-        if d.get("world") is not None:
-            runtime = WorldRuntime(decode_world(d["world"]), runtime or MakeFxRuntime())
-        return GraphParts(
-            gm, mode=d["mode"], runtime=runtime,
-            state_spec=state, input_spec=InputSpec(treespec, leaves),
-            param_names=[str(x) for x in d["param_names"]],
-            loss_dict_keys=[str(x) for x in d["loss_dict_keys"]],
-            dynamic_dims={str(p): {int(x) for x in v} for p, v in d["dynamic_dims"].items()},
-            shape_guards=_decode_guards(d["guards"]) if d["guards"] is not None else None,
-            assumptions=_decode_assumptions(d.get("assumptions")),
-        )
-    except PersistError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, NotImplementedError) as exc:
-        raise PersistError(f"malformed layout.json in the archive: {exc!r}") from exc
