@@ -24,11 +24,8 @@ from torch import nn
 import jointlab as jl
 from jointlab import torch_compat
 from jointlab.analysis.compare.judge import Tolerance
-from jointlab.analysis.kernel_probe import (
-    _group_outputs,
-    first_decomposed_divergence,
-    first_diverging_kernel,
-)
+from jointlab.analysis.kernel_probe import first_decomposed_divergence, first_diverging_kernel
+from jointlab.analysis.post_grad import _group_outputs
 from jointlab.analysis.step.runner import ValueRecorder
 from tests.util import one_thread
 
