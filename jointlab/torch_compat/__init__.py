@@ -15,14 +15,16 @@ In exchange it says plainly what it does not know:
   (or a silently different result) from deep inside. ``tests/test_torch_version.py``
   fails on a private torch name used anywhere else in ``jointlab/``.
 
-The accessors live in seven modules, all re-exported here:
+The accessors live in eight modules, all re-exported here:
 :mod:`~jointlab.torch_compat.fake_checks` (a fake mode that checks each op first),
 :mod:`~jointlab.torch_compat.ops` (private ATen overloads and op namespaces),
 :mod:`~jointlab.torch_compat.aot` (AOT's joint export and backward marks, its descriptors,
 the partitioners),
 :mod:`~jointlab.torch_compat.graphs` (ops, FX graphs, fake tensors, tracing,
 the profiler, checkpointing), :mod:`~jointlab.torch_compat.distributed`
-(meshes, ``LocalTensor``, FSDP2's memory tracker, AOT subclass metadata) and
+(meshes, ``LocalTensor``, FSDP2's memory tracker, AOT subclass metadata),
+:mod:`~jointlab.torch_compat.every_rank` (the ``LocalTensorMode`` of every rank at
+once, with exact collectives of plain tensors) and
 :mod:`~jointlab.torch_compat.inductor` (kernel provenance and the one codegen
 hook), :mod:`~jointlab.torch_compat.inductor_state` (the configuration, lowerings
 and decompositions a compile used, recorded and restored); the version policy
@@ -61,13 +63,10 @@ from jointlab.torch_compat.aot import aot_backward_marks as aot_backward_marks
 from jointlab.torch_compat.aot import aot_descriptors as aot_descriptors
 from jointlab.torch_compat.aot import aot_export_joint as aot_export_joint
 from jointlab.torch_compat.aot import partitioners as partitioners
-from jointlab.torch_compat.distributed import LocalTensorMode as LocalTensorMode
 from jointlab.torch_compat.distributed import aot_grad_subclass_metas as aot_grad_subclass_metas
 from jointlab.torch_compat.distributed import backward_node_name as backward_node_name
 from jointlab.torch_compat.distributed import clear_dtensor_caches as clear_dtensor_caches
 from jointlab.torch_compat.distributed import coordinate_reader as coordinate_reader
-from jointlab.torch_compat.distributed import every_rank_mode as every_rank_mode
-from jointlab.torch_compat.distributed import every_rank_mode_active as every_rank_mode_active
 from jointlab.torch_compat.distributed import fsdp_mem_tracker as fsdp_mem_tracker
 from jointlab.torch_compat.distributed import fsdp_module_class as fsdp_module_class
 from jointlab.torch_compat.distributed import group_ranks as group_ranks
@@ -82,6 +81,11 @@ from jointlab.torch_compat.distributed import (
 )
 from jointlab.torch_compat.distributed import root_mesh as root_mesh
 from jointlab.torch_compat.distributed import subclass_creation_parts as subclass_creation_parts
+from jointlab.torch_compat.every_rank import LocalTensorMode as LocalTensorMode
+from jointlab.torch_compat.every_rank import every_rank_mode as every_rank_mode
+from jointlab.torch_compat.every_rank import (
+    every_rank_mode_active as every_rank_mode_active,
+)
 from jointlab.torch_compat.fake_checks import checking_fake_mode as checking_fake_mode
 from jointlab.torch_compat.fake_checks import fake_mode_check as fake_mode_check
 from jointlab.torch_compat.fake_checks import runs_checks as runs_checks
