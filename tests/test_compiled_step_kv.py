@@ -21,7 +21,7 @@ import torch
 import jointlab as jl
 from jointlab.analysis.compare.judge import Tolerance
 from jointlab.analysis.step.boundary import after_random
-from jointlab.analysis.step.compiled import _check_arity
+from jointlab.analysis.step.compiled_checks import check_arity
 from jointlab.analysis.step.kernel_code import call_arity
 from jointlab.errors import CompiledGraphError
 from tests.util import assert_same_bits, one_thread
@@ -170,7 +170,7 @@ def test_kernel_probe_passes_the_lifted_constants(falcon):
 def test_a_call_taking_other_args_is_refused_in_words(falcon):
     model, inputs, c, _ = falcon
     n_graph = len(c.source.runtime.prepare(c.source, c.source.flat_args(model, inputs)))
-    _check_arity(c.compiled, n_graph)  # what the stepper gives is what call() takes
+    check_arity(c.compiled, n_graph)  # what the stepper gives is what call() takes
     blind = SimpleNamespace(source_code=c.compiled.source_code, lifted=[])
     with pytest.raises(CompiledGraphError, match=r"call\(\) takes \d+ args.*lifted 0"):
-        _check_arity(blind, n_graph)
+        check_arity(blind, n_graph)

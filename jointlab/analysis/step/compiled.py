@@ -43,8 +43,15 @@ from jointlab import meta as _meta
 from jointlab import torch_compat
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.boundary import boundary_table, node_of
-from jointlab.analysis.step.breakpoints import Breakpoint, BreakpointList, check_breakpoint
-from jointlab.analysis.step.kernel_code import OUTPUTS, KernelPiece, call_arity
+from jointlab.analysis.step.breakpoints import Breakpoint, BreakpointList
+from jointlab.analysis.step.compiled_checks import (
+    check_arity,
+    check_device,
+    kernel_breakpoint,
+    refuse_unsteppable,
+)
+from jointlab.analysis.step.compiled_checks import is_compiled_joint as is_compiled_joint
+from jointlab.analysis.step.kernel_code import OUTPUTS, KernelPiece
 from jointlab.analysis.step.kernel_timing import kernel_timings, module_timings
 from jointlab.analysis.step.rng import StepRng
 from jointlab.analysis.step.runner import check_call
@@ -58,43 +65,6 @@ if TYPE_CHECKING:
     from jointlab.analysis.compare.compare import Comparison
 
 __all__ = ["CompiledStepper", "is_compiled_joint"]
-
-
-def is_compiled_joint(obj: Any) -> bool:
-    """True for a :class:`jointlab.CompiledJoint` (it has a ``source`` graph and a backend)."""
-    return hasattr(obj, "source") and hasattr(obj, "backend") and hasattr(obj, "compiled")
-
-
-def _refuse_unsteppable(compiled: Any) -> None:
-    inner = compiled.compiled
-    if compiled.backend != "inductor" or not hasattr(inner, "provenance"):
-        raise CompiledGraphError(
-            f"jl.Stepper can step a compiled graph only when jointlab compiled it with "
-            f"Inductor directly (joint.compile('inductor') on a static-shape graph); this one "
-            f"was compiled with backend={compiled.backend!r}"
-            + ("" if compiled.backend != "inductor" else " through torch.compile (dynamic "
-               "shapes)") + ", so its kernels are not known. Step compiled.source to step "
-            "the uncompiled graph node by node.")
-
-
-def _check_device(source: Any, device: str | torch.device | None) -> None:
-    traced_on = {torch.device(d) for d in source.state_spec.devices}
-    if device is not None and traced_on and traced_on != {torch.device(device)}:
-        raise CompiledGraphError(
-            f"this graph was compiled for {', '.join(sorted(map(str, traced_on)))}, not "
-            f"{device}: its kernels run only there. Trace and compile on {device} to step "
-            "there.")
-
-
-def _check_arity(inner: Any, n_graph_args: int) -> None:
-    """Refuse when the generated ``call`` unpacks another number of args than it would get."""
-    want, lifted = call_arity(inner.source_code), len(inner.lifted)
-    if want is not None and want != lifted + n_graph_args:
-        raise CompiledGraphError(
-            f"the generated code's call() takes {want} args, but the graph gives "
-            f"{n_graph_args} and Inductor lifted {lifted} baked constants: this compile "
-            "passes its code arguments jointlab does not know, so it cannot be stepped "
-            "(compiled.run still runs it).")
 
 
 class CompiledStepper(BreakpointList):
@@ -139,12 +109,12 @@ class CompiledStepper(BreakpointList):
         """
         rng = StepRng(seed, torch.device(next(iter(compiled.source.state_spec.devices), "cpu")),
                       snapshot=True)  # the stream c.run would draw now: taken before all else
-        _refuse_unsteppable(compiled)
+        refuse_unsteppable(compiled)
         check_call(compiled.source, model, inputs, StepperError, "jl.Stepper")
         if keep is not None:
             raise StepperError("keep= does not apply to compiled code: the generated code "
                                "frees its buffers itself. Read stepper.boundary() at a stop.")
-        _check_device(compiled.source, device)
+        check_device(compiled.source, device)
         self.compiled, self.joint = compiled, compiled.source
         self.model, self.inputs, self.seed = model, inputs, seed
         self._bind(self.joint.flat_args(model, inputs))
@@ -154,7 +124,7 @@ class CompiledStepper(BreakpointList):
         inner = compiled.compiled
         self._globals = torch_compat.inductor_wrapper_globals(inner.fn)
         self._pieces: list[KernelPiece] = inner.kernel_pieces()
-        _check_arity(inner, len(self._fresh_args()))
+        check_arity(inner, len(self._fresh_args()))
         self.kernels = [p.kernel for p in self._pieces]
         cover = kernel_map(compiled)
         self.covers = {k: tuple(cover.get(k, ())) for k in self.kernels}
@@ -295,22 +265,8 @@ class CompiledStepper(BreakpointList):
             StepperError: The parts name nothing in the graph (with the nearest names), a
                 value condition was given, or no kernel covers the nodes they select.
         """
-        if when is not None:
-            raise StepperError(
-                "when= is not supported when stepping compiled code: a kernel writes buffers, "
-                "not joint-graph node values. Step, then read stepper.boundary(), or put the "
-                "condition on a Stepper over compiled.source.")
-        if node is not None and node not in self.joint_nodes:
-            raise StepperError(f"the graph has no node named {node!r}")
-        bp = Breakpoint(node, module, op)
-        check_breakpoint(bp, list(self.joint.graph.nodes))
-        selected = [n.name for n in self.joint.graph.nodes if bp.selects(n)]
-        covered = {n for names in self.covers.values() for n in names}
-        if not set(selected) & covered:
-            raise StepperError(
-                f"{bp!r} selects {', '.join(selected[:6])}, but no kernel of the compiled code "
-                "covers any of them (Inductor folded them into other kernels' indexing or "
-                "left no provenance), so it would never stop. Pick a compute node or module.")
+        bp = kernel_breakpoint(self.joint, self.joint_nodes, self.covers, node, module, op,
+                               when)
         self.breakpoints.append(bp)
         return bp
 
