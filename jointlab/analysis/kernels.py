@@ -1,7 +1,7 @@
 """The kernel map: which joint-graph nodes each Inductor kernel of a compiled joint covers.
 
 ``joint.compile("inductor")`` hands the traced graph to Inductor directly with
-provenance tracking on (:class:`jointlab.analysis.compile.InductorGraph`), so
+provenance tracking on (:class:`jointlab.analysis.inductor_graph.InductorGraph`), so
 Inductor's own records name the traced graph's nodes: each post-grad node
 knows the joint-graph nodes it came from (``from_node``), and each kernel the
 post-grad nodes it was generated for (fused C++/Triton kernels from their IR

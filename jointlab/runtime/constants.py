@@ -1,7 +1,7 @@
 """The constants baked into a traced graph: fresh literals and a library's own placeholders.
 
 Read by the tracer (:mod:`jointlab.trace.python_state` warns about baked
-values) and by :mod:`jointlab.analysis.compile` (which names a constant
+values) and by :mod:`jointlab.analysis.inductor_graph` (which names a constant
 Inductor cannot take), so they live below both. A plug-in
 (``jointlab/plugins/``) registers the empty constants its library's code
 makes (:class:`LibraryConstant`: HF's KV cache), so they are named with the fix.

@@ -2,7 +2,7 @@
 
 Which joint-graph node a buffer of the generated code holds comes from
 Inductor's own record, made while it lowered the graph
-(:func:`jointlab.analysis.compile.buffer_origins`): the post-grad node the
+(:func:`jointlab.analysis.inductor_graph.buffer_origins`): the post-grad node the
 buffer is the value of. That node is mapped back to the joint graph through
 Inductor's provenance (``postToPre``) and kept only when it *is* the joint
 node: one joint node, same op, same shape. Anything else (a decomposed op's
