@@ -120,3 +120,32 @@ def test_repr_counts_equal_the_table_with_a_mask_and_a_nan():
     assert masks > 0 and f" {int(nonfinite.sum()) - masks} with NaN/Inf ({masks} attention" in text
     assert f"{int(t['note'].eq('').sum())} described" in text
     assert rec.table is t
+
+
+class _ViewExpand(torch.nn.Module):
+    """A view and an expand of a computed value, read by a reduction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 12).reshape(3, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(x @ self.w)  # (2, 4)
+        return (h.view(8).sum() + h.unsqueeze(0).expand(3, 2, 4).sum()) * 0.5
+
+
+@pytest.mark.parametrize("op", ["view", "expand"])
+def test_a_view_edited_after_the_trace_is_read_from_its_value(op):
+    """The trace's shape of an edited view is stale: the row follows the value the step made."""
+    model, inputs = _ViewExpand(), {"x": torch.randn(2, 3)}
+    joint = jl.trace(model, lambda m, x: m(x), inputs)
+    rec = jl.record(joint, model, inputs)
+    node = next(n for i, n in enumerate(joint.graph.nodes)
+                if _meta.op_name(n) == op and rec.observed.plan.derived[i] >= 0)
+    node.args = (node.args[0], [2, 2, 2] if op == "view" else [5, 2, 4])  # edited: meta not
+    joint.graph_module.recompile()
+    fast = jl.record(joint, model, inputs)
+    kept = jl.record(joint, model, inputs, keep_bytes=1 << 20)
+    value = kept.values[node.name]
+    assert tuple(value.shape) == ((2, 2, 2) if op == "view" else (5, 2, 4))
+    _assert_row(fast.table.loc[node.name], value, node.name)

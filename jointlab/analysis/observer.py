@@ -177,6 +177,9 @@ class ValueObserver:
         for i, k in enumerate(self.plan.end_mark):
             if k >= 0:
                 self._mark_owner[k:k + (1 if self.plan.derived[i] >= 0 else 2)] = i
+        #: Per derived node: the shape and dtype the trace gave its value.
+        self._derived_meta = {i: (self.plan.static[i][0], nodes[i].meta["val"].dtype)
+                              for i in self.plan.derived_order}
         self.marks: list[float] = []
         self.reset(0)
 
@@ -200,8 +203,17 @@ class ValueObserver:
         """Take the run's first clock mark (call right before the instrumented graph)."""
         self.marks = [perf_counter()]
 
-    def stamp_end(self) -> None:
-        """A derived node ended: mark the time."""
+    def stamp_end(self, i: int, value: Any) -> None:
+        """Derived node ``i`` ended: mark the time.
+
+        Its shape and dtype are checked against the trace's (a node edited after
+        the trace may differ); a value that differs is described on the spot,
+        its time then including that.
+        """
+        shape, dtype = self._derived_meta[i]
+        if type(value) is not torch.Tensor or value.shape != shape or value.dtype is not dtype:
+            self.rows[i] = self._tensor_row(i, value) if isinstance(value, torch.Tensor) else (
+                None, type(value).__name__, *NAN_ROW, None, None, False, "not a tensor")
         self.marks.append(perf_counter())
 
     @property
@@ -322,9 +334,12 @@ class ObservedStep:
         static, derived, end_mark = plan.static, plan.derived, plan.end_mark
         for i in plan.derived_order:
             src = rows[derived[i]]
-            if end_mark[i] < done and src is not None:
+            if end_mark[i] < done and src is not None and rows[i] is None:
                 shape, dtype, numel = static[i]
-                stats, nan, inf = repeated_stats(src, numel / static[derived[i]][2])
+                if src[-1]:  # what cannot describe its argument (edited since the trace)
+                    rows[i] = (shape, dtype, *NAN_ROW, None, None, False, src[-1])
+                    continue
+                stats, nan, inf = repeated_stats(src, numel / math.prod(src[0]))
                 rows[i] = (shape, dtype, *stats, nan, inf, False, "")
         marks = np.asarray(self.marks, dtype=np.float64)
         ends = np.asarray(end_mark, dtype=np.int64)
@@ -406,7 +421,7 @@ def instrument(joint: TracedGraph, derive: bool = True) -> tuple[fx.GraphModule,
         elif n.op in ("placeholder", "output"):
             continue
         elif rec.plan.derived[i] >= 0:
-            g.call_function(rec.stamp_end, ())
+            g.call_function(rec.stamp_end, (i, env[n]))
         else:
             written = [env[a] for a in n.all_input_nodes] if rec.plan.mutates[i] else []
             g.call_function(rec.observe, (i, env[n], *written))
