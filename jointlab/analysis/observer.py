@@ -324,7 +324,7 @@ class ObservedStep:
     plan: Plan
 
     @functools.cached_property
-    def finished(self) -> tuple[list[tuple[Any, ...]], np.ndarray]:
+    def finished(self) -> tuple[list[tuple[Any, ...]], list[float]]:
         """Every node's row (derived ones filled in, ``not run`` ones marked) and time.
 
         Returns:
@@ -341,11 +341,8 @@ class ObservedStep:
                     continue
                 stats, nan, inf = repeated_stats(src, numel / math.prod(src[0]))
                 rows[i] = (shape, dtype, *stats, nan, inf, False, "")
-        marks = np.asarray(self.marks, dtype=np.float64)
-        ends = np.asarray(end_mark, dtype=np.int64)
-        ran = (ends > 0) & (ends < done)
-        times = np.full(len(rows), math.nan)
-        times[ran] = marks[ends[ran]] - marks[ends[ran] - 1]
+        marks, nan = self.marks, math.nan
+        times = [marks[e] - marks[e - 1] if 0 < e < done else nan for e in end_mark]
         return [_NOT_RUN if r is None else r for r in rows], times
 
 

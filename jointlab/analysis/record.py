@@ -212,8 +212,8 @@ def _table(step: ObservedStep) -> pd.DataFrame:
     """The record's table: one row per node of the step (graph order), :data:`STAT_COLUMNS`.
 
     Built column by column from numpy arrays (object, float64, bool) and masked
-    ``Int64`` arrays, so its cost is a few microseconds a column plus a pass
-    over the rows, not pandas' per-column inference.
+    ``Int64`` arrays, each converted in one call, so its cost is a few
+    microseconds a column, not pandas' per-column inference.
     """
     index = step.index
     n = len(index)
@@ -222,17 +222,18 @@ def _table(step: ObservedStep) -> pd.DataFrame:
     data: dict[str, Any] = {}
     for k, c in enumerate(c for c in STAT_COLUMNS if c not in ("time_s", "mask")):
         col = cols[k]
-        if c in ("nan", "inf"):
-            mask = np.fromiter((v is None for v in col), dtype=bool, count=n)
-            ints = np.fromiter((v or 0 for v in col), dtype=np.int64, count=n)
-            data[c] = pd.arrays.IntegerArray(ints, mask)
+        if c in ("nan", "inf"):  # None (no statistics) -> NaN -> the masked entry
+            counts = np.array(col, dtype=np.float64)
+            missing = np.isnan(counts)
+            data[c] = pd.arrays.IntegerArray(np.where(missing, 0, counts).astype(np.int64),
+                                             missing)
         elif c == "kept":
-            data[c] = np.fromiter(col, dtype=bool, count=n)
+            data[c] = np.array(col, dtype=bool)
         elif c in ("mean", "std", "min", "max", "norm"):
-            data[c] = np.fromiter(col, dtype=np.float64, count=n)
-        else:
+            data[c] = np.array(col, dtype=np.float64)
+        else:  # shapes are tuples: one object each, never a 2-D array
             data[c] = np.fromiter(col, dtype=object, count=n)
-    data["time_s"] = times
+    data["time_s"] = np.array(times, dtype=np.float64)
     data["mask"] = np.array(step.mask, dtype=bool)
     # shown in human units, no number wrapped
     return HumanFrame({c: data[c] for c in STAT_COLUMNS}, index=index, copy=False)
