@@ -16,7 +16,7 @@ What is decided once per graph (:class:`Plan`), not once per node and step:
   the step. A view read after an in-place op is observed and, when its storage
   was written since its argument ran, described from its own value.
 - Which nodes write in place (their schema says so), which may be an attention
-  mask (:func:`_mask_nodes`) and which add a mask to scores (:func:`_mask_sums`).
+  mask and which add a mask to scores (:mod:`jointlab.analysis.attention_masks`).
 
 Times come from one list of clock marks: each observed node appends the
 moment its op ended and the moment the observer returned, each derived node the
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.fx as fx
 
+from jointlab.analysis.attention_masks import mask_nodes, mask_sums
 from jointlab.analysis.value_stats import (
     NAN_ROW,
     SAME_VALUES,
@@ -55,15 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ObservedStep", "Plan", "ValueObserver", "instrument"]
 
-#: Ops that build an additive attention mask from a ``-inf`` fill value (a literal
-#: ``-inf`` argument, or a ``-inf`` scalar node that ``where`` selects from).
-_MASK_FILL = frozenset({"scalar_tensor", "full", "full_like", "new_full", "fill", "fill_",
-                        "masked_fill", "masked_fill_", "where", "lift_fresh_copy"})
-#: Ops that carry a mask's values over unchanged (rearranged, selected, repeated).
-_MASK_CARRY = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose",
-                         "permute", "unsqueeze", "squeeze", "alias", "detach", "clone",
-                         "contiguous", "view_as", "flatten", "unflatten", "movedim", "expand",
-                         "slice", "select", "cat", "repeat", "_to_copy", "to"})
 #: Ops whose output holds no defined values until something writes into it.
 _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
                             "new_empty_strided", "empty_permuted"})
@@ -112,8 +103,8 @@ def make_plan(nodes: list[fx.Node], derive: bool) -> Plan:
     same_as = [index[n.args[0]] if op_name(n) in _REUSES and n.args
                and isinstance(n.args[0], fx.Node) else -1 for n in nodes]
     uninitialized = [op_name(n) in _UNINITIALIZED for n in nodes]
-    maskable = _mask_nodes(nodes)
-    mask_sum = _mask_sums(nodes, maskable)
+    maskable = mask_nodes(nodes)
+    mask_sum = mask_sums(nodes, maskable)
     derived = [-1] * len(nodes)
     static: dict[int, tuple[tuple[int, ...], str, int]] = {}
     last_write = -1  # position of the last node that writes in place
@@ -173,10 +164,12 @@ class ValueObserver:
         import pandas as pd
 
         self.index = pd.Index([n.name for n in nodes], name="node")
-        self._mark_owner = np.full(max(self.plan.end_mark) + 2, -1, dtype=np.int64)
+        #: Per clock mark: the node that took it (-1: the run's start).
+        self._mark_owner = [-1] * (max(self.plan.end_mark) + 2)
         for i, k in enumerate(self.plan.end_mark):
             if k >= 0:
-                self._mark_owner[k:k + (1 if self.plan.derived[i] >= 0 else 2)] = i
+                for j in range(k, k + (1 if self.plan.derived[i] >= 0 else 2)):
+                    self._mark_owner[j] = i
         #: Per derived node: the shape and dtype the trace gave its value.
         self._derived_meta = {i: (self.plan.static[i][0], nodes[i].meta["val"].dtype)
                               for i in self.plan.derived_order}
@@ -220,7 +213,7 @@ class ValueObserver:
     def last_done(self) -> int:
         """The index of the last node that finished, or -1."""
         k = len(self.marks) - 1
-        return int(self._mark_owner[k]) if 0 <= k < len(self._mark_owner) else -1
+        return self._mark_owner[k] if 0 <= k < len(self._mark_owner) else -1
 
     def observe(self, i: int, value: Any, *written: Any) -> None:
         """Record node ``i``'s value.
@@ -344,48 +337,6 @@ class ObservedStep:
         marks, nan = self.marks, math.nan
         times = [marks[e] - marks[e - 1] if 0 < e < done else nan for e in end_mark]
         return [_NOT_RUN if r is None else r for r in rows], times
-
-
-def _mask_nodes(nodes: list[fx.Node]) -> list[bool]:
-    """Per node: whether its ``-inf`` values, if any, are an attention mask's.
-
-    The rule: a node is a mask when it fills with ``-inf`` (an op of
-    :data:`_MASK_FILL` with a literal ``-inf`` argument, or a ``where``/fill
-    whose value argument is such a node), or carries a mask's values over
-    unchanged (:data:`_MASK_CARRY` of a mask node). At run time its value counts
-    as a mask only when every non-finite element is exactly ``-inf`` (a NaN or a
-    ``+inf`` is reported as a numerical problem). Arithmetic on a mask (scores +
-    mask) is not a mask: its ``-inf`` are counted. A mask filled with the
-    dtype's min (``torch.finfo(dtype).min``, what HF uses in eager attention) is
-    finite and never counted.
-    """
-    out: dict[fx.Node, bool] = {}
-    for n in nodes:
-        name = op_name(n) if n.op == "call_function" else ""
-        flat: list[Any] = []
-        fx.node.map_aggregate((n.args, n.kwargs), flat.append)
-        from_mask = any(isinstance(a, fx.Node) and out.get(a, False) for a in flat)
-        if name in _MASK_FILL:
-            out[n] = from_mask or any(isinstance(a, float) and a == -math.inf for a in flat)
-        else:
-            out[n] = name in _MASK_CARRY and from_mask
-    return [out[n] for n in nodes]
-
-
-def _mask_sums(nodes: list[fx.Node], maskable: list[bool]) -> list[int]:
-    """Per node: for ``scores + mask`` (``add`` of exactly one mask node), the mask's index.
-
-    Such a sum is a mask when its ``-inf`` are exactly the mask's, broadcast
-    (:meth:`ValueObserver.observe` compares the counts); -1 for other nodes.
-    """
-    index = {n: i for i, n in enumerate(nodes)}
-    out = [-1] * len(nodes)
-    for i, n in enumerate(nodes):
-        if n.op == "call_function" and op_name(n) in ("add", "add_") and len(n.args) >= 2:
-            masks = [index[a] for a in n.args[:2] if isinstance(a, fx.Node) and maskable[index[a]]]
-            if len(masks) == 1:
-                out[i] = masks[0]
-    return out
 
 
 def _is_mutating(node: fx.Node) -> bool:

@@ -23,7 +23,7 @@ such a value over unchanged (views, ``expand``, ``slice``, ``cat``...), and
 every non-finite element of its value is exactly ``-inf``. Its ``inf`` count
 stays in the table, but the repr's "with NaN/Inf" count and the ``nan/inf``
 layer leave it out. A NaN or ``+inf`` anywhere, or ``-inf`` produced by
-arithmetic (scores + mask), is counted. See ``observer._mask_nodes``.
+arithmetic (scores + mask), is counted. See ``attention_masks.mask_nodes``.
 """
 
 from __future__ import annotations
