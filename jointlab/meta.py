@@ -72,7 +72,7 @@ KEY = "jointlab"
 TRAIN_FN = "<train_fn>"
 #: How every view, table and message spells the root module's own ops (FQN ``""``).
 ROOT_LABEL = "(root)"
-#: Trace-time ``node.meta`` tag (written by the tracer, not under :data:`KEY`) on
+#: ``node.meta`` tag (written by :mod:`jointlab.passes.recompute`, not under :data:`KEY`) on
 #: nodes created while checkpoint recomputes; the annotation pass reads it.
 RECOMPUTE_TAG = "jointlab_checkpoint_recompute"
 PHASES = ("param", "buffer", "input", "forward", "backward", "output")

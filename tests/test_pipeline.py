@@ -69,9 +69,9 @@ def _writes_in(path: pathlib.Path) -> list[str]:
     return found
 
 
-#: Writes left in trace/ (issue 44's closing note): the checkpoint recompute tag, made
-#: while the proxy graph grows, and AOT's own output descriptors, reordered with the outputs.
-_LEFT = {"checkpoint.py": 1, "aot.py": 1, "aot_subclass.py": 1}
+#: Writes left in trace/: none (the checkpoint recompute tag is written by
+#: passes/recompute.py, AOT's output descriptors by passes/aot_outputs.py).
+_LEFT: dict[str, int] = {}
 
 
 def test_trace_folder_retargets_no_node_and_writes_meta_only_where_listed():

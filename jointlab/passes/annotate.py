@@ -46,7 +46,7 @@ def is_engine_backward(node: fx.Node) -> bool:
 
 
 def is_checkpoint_recompute(node: fx.Node) -> bool:
-    """True when the tracer tagged the node as created by a checkpoint recompute."""
+    """True when the node was created by a checkpoint recompute (tagged by passes.recompute)."""
     return bool(node.meta.get(RECOMPUTE_TAG))
 
 

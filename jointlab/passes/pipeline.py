@@ -3,8 +3,9 @@
 Everything that edits a joint graph after tracing is a pass here: the tracing
 mode only records what it alone could see (:class:`TraceFacts`: the mode's
 classification rules, the module probes, the model's module names, which ops
-to retarget, the attention calls made on the meta device) and hands the raw
-graph over; :func:`run_passes` then runs :data:`PIPELINE` top to bottom.
+to retarget, the attention calls made on the meta device, the nodes
+checkpoint's recompute created) and hands the raw graph over;
+:func:`run_passes` then runs :data:`PIPELINE` top to bottom.
 After a user's edit, ``JointGraph.recompute`` calls :func:`reanalyze`, the
 only pass that depends on the graph alone. The graph object runs no pass.
 """
@@ -22,6 +23,7 @@ from jointlab.passes.annotate import ModeRules, annotate
 from jointlab.passes.meta_attention import flag_meta_attention
 from jointlab.passes.module_paths import absolute_module_paths
 from jointlab.passes.probes import write_probes
+from jointlab.passes.recompute import tag_recompute
 from jointlab.passes.repair import repair_views
 
 __all__ = ["PIPELINE", "PassStep", "TraceFacts", "reanalyze", "retarget", "run_passes"]
@@ -39,6 +41,8 @@ class TraceFacts:
         retargets: Op -> replacement op for nodes to retarget (e.g. oneDNN's RNN
             layer -> the kernel that keeps its workspace under ``no_grad``).
         sdpa_calls: The attention calls made on the meta device.
+        recomputed: The nodes made while gradient checkpointing recomputed a
+            forward region (make_fx mode; :mod:`jointlab.passes.recompute`).
     """
 
     rules: ModeRules
@@ -46,6 +50,7 @@ class TraceFacts:
     module_names: Collection[str] | None = None
     retargets: Mapping[Any, Any] = field(default_factory=dict)
     sdpa_calls: tuple[dict[str, Any], ...] = ()
+    recomputed: tuple[fx.Node, ...] = ()
 
 
 def retarget(gm: fx.GraphModule, targets: Mapping[Any, Any]) -> int:
@@ -87,6 +92,7 @@ class PassStep:
 
 #: The passes of ``jl.trace``, in the order they run (each reads what those above wrote).
 PIPELINE: tuple[PassStep, ...] = (
+    PassStep("recompute tags", lambda gm, facts: tag_recompute(gm, facts.recomputed)),
     PassStep("module paths", _module_paths),
     PassStep("annotate", lambda gm, facts: annotate(gm, facts.rules)),
     PassStep("probes", _probes),

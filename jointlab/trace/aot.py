@@ -247,8 +247,8 @@ def _export(model, train_fn, req, layout):
         stack.enter_context(aot_backward_marks())  # 2.11/2.12: tag backward nodes as 2.13 does
         joint = aot_export_joint_with_descriptors(stack, wrapper, tuple(args))
         gm = joint.graph_module
-    if ckpt.get("non_reentrant"):
-        warn_checkpoint_not_recomputed(ckpt["non_reentrant"])
+    if ckpt.regions:
+        warn_checkpoint_not_recomputed(ckpt.regions)
     # The stack is closed: the export's fake mode is gone before real tensors run.
     _drop_unrequested_input_grads(gm, [p in own for p, _ in tensors])
     gm.graph.set_codegen(fx.graph.CodeGen())  # public; plain positional codegen

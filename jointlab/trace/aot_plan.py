@@ -22,6 +22,7 @@ from torch import nn
 
 from jointlab.errors import TraceError
 from jointlab.meta import TRAIN_FN
+from jointlab.passes.aot_outputs import replace_outputs
 from jointlab.passes.classify import AotRules
 from jointlab.runtime.descriptors import state_base
 from jointlab.runtime.dtensor import DTensorLayout
@@ -66,7 +67,8 @@ def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> Non
     each group is put in reverse order of first forward use.
 
     Args:
-        gm: The AOT joint graph (its output node is edited in place).
+        gm: The AOT joint graph (its output node is edited in place, by
+            :func:`jointlab.passes.aot_outputs.replace_outputs`).
         canon: Alias FQN to the FQN ``named_parameters()`` reports.
     """
     out = gm.graph.output_node()
@@ -91,8 +93,7 @@ def sum_alias_grads_like_eager(gm: fx.GraphModule, canon: dict[str, str]) -> Non
         moved = [(values[j], descs[j]) for j in order]
         for j, (v, d) in zip(slots, moved):
             values[j], descs[j] = v, d
-    out.args = (type(out.args[0])(values),)
-    out.meta["desc"] = descs
+    replace_outputs(gm, (type(out.args[0])(values),), descs)
     gm.recompile()
 
 

@@ -28,6 +28,7 @@ import torch.fx as fx
 from torch import nn
 
 from jointlab.errors import UnsupportedWrapperError
+from jointlab.passes.aot_outputs import replace_outputs
 from jointlab.runtime.descriptors import D, subclass_base
 from jointlab.runtime.dtensor import (
     DTensorLayout,
@@ -103,8 +104,7 @@ def drop_opaque_parts(gm: fx.GraphModule, layout: DTensorLayout, canon: dict[str
             dropped.add(value)
         else:
             keep.append((value, desc))
-    out.args = ([v for v, _ in keep], *out.args[1:])
-    out.meta["desc"] = [d for _, d in keep]
+    replace_outputs(gm, ([v for v, _ in keep], *out.args[1:]), [d for _, d in keep])
     _erase_unread(gm, dropped)
     return mesh_of
 

@@ -7,11 +7,12 @@ recompute draws the same dropout masks. make_fx records tensor ops only: those
 Python calls would run once, at trace time, on the real generator, and the
 graph's recompute would draw fresh masks. While tracing, :func:`checkpoint_tracing`
 turns them into graph nodes (:data:`GET_STATE`, :data:`SET_STATE`), so running
-the graph replays the state exactly as eager does. It also tags the nodes
-created while checkpoint recomputes (``node.meta[RECOMPUTE_TAG]``; the
-annotation pass turns that into the ``recompute`` flag) and refuses reentrant
-checkpointing, which cannot be traced (its backward calls ``backward()``
-inside the engine).
+the graph replays the state exactly as eager does. It also records the nodes
+created while checkpoint recomputes (:attr:`CheckpointSeen.recomputed`, handed
+to the passes as ``TraceFacts.recomputed``: :mod:`jointlab.passes.recompute`
+tags them, the annotation pass turns the tag into the ``recompute`` flag) and
+refuses reentrant checkpointing, which cannot be traced (its backward calls
+``backward()`` inside the engine). It writes no node meta.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,7 +29,6 @@ import torch.fx as fx
 import torch.utils.checkpoint as torch_checkpoint
 
 from jointlab.errors import CheckpointWarning, UnsupportedCheckpointError, user_stacklevel
-from jointlab.meta import RECOMPUTE_TAG
 from jointlab.patching import patched
 from jointlab.runtime.custom_ops import GET_STATE, ORIGINAL_RNG, SET_STATE
 from jointlab.sources import user_line
@@ -88,8 +89,23 @@ def _rng_patches() -> list[tuple[Any, str, Any]]:
             (torch.cuda, "set_rng_state", _traced_set(ORIGINAL_RNG["cuda_set"], True))]
 
 
-# -- marking the recompute ---------------------------------------------------------
-def _marking_recompute(original: Callable[..., Any]) -> Callable[..., Any]:
+@dataclass
+class CheckpointSeen:
+    """What :func:`checkpoint_tracing` saw while the trace ran.
+
+    Attributes:
+        regions: Non-reentrant checkpointed regions entered by the traced pass.
+        recomputed: Every node the proxy graph gained while checkpoint recomputed
+            a region, in graph order per recompute (some may be erased later).
+    """
+
+    regions: int = 0
+    recomputed: list[fx.Node] = field(default_factory=list)
+
+
+# -- recording the recompute -------------------------------------------------------
+def _recording_recompute(original: Callable[..., Any], seen: CheckpointSeen
+                         ) -> Callable[..., Any]:
     def run_recompute(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         mode = get_proxy_mode()
         if mode is None:
@@ -103,14 +119,9 @@ def _marking_recompute(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             node = last.next if last is not None else next(iter(graph.nodes), None)
             while node is not None and node.op != "root":
-                node.meta[RECOMPUTE_TAG] = True
+                seen.recomputed.append(node)
                 node = node.next
     return run_recompute
-
-
-def is_recompute_traced(node: fx.Node) -> bool:
-    """True when the node was created while checkpoint recomputed a forward region."""
-    return bool(node.meta.get(RECOMPUTE_TAG))
 
 
 # -- refusing reentrant checkpointing ---------------------------------------------------
@@ -130,38 +141,39 @@ def _refusing_reentrant(original: Callable[..., Any]) -> Callable[..., Any]:
     return staticmethod(forward)
 
 
-def _counting(original: Callable[..., Any], uses: dict[str, int]) -> Callable[..., Any]:
+def _counting(original: Callable[..., Any], seen: CheckpointSeen) -> Callable[..., Any]:
     def generator(*args: Any, **kwargs: Any) -> Any:
         if get_proxy_mode() is not None:  # the traced pass, not AOT's metadata pass
-            uses["non_reentrant"] = uses.get("non_reentrant", 0) + 1
+            seen.regions += 1
         return original(*args, **kwargs)
     return generator
 
 
-def _checkpoint_patches() -> list[tuple[Any, str, Any]]:
+def _checkpoint_patches(seen: CheckpointSeen) -> list[tuple[Any, str, Any]]:
     run, func = checkpoint_internals()
-    return [(torch_checkpoint, "_run_fn_with_dynamo_disabled", _marking_recompute(run)),
+    return [(torch_checkpoint, "_run_fn_with_dynamo_disabled", _recording_recompute(run, seen)),
             (func, "forward", _refusing_reentrant(func.__dict__["forward"]))]
 
 
 @contextlib.contextmanager
-def checkpoint_tracing(replay_rng: bool = True) -> Iterator[dict[str, int]]:
-    """While tracing: refuse reentrant checkpoints, tag recompute nodes, trace the RNG state.
+def checkpoint_tracing(replay_rng: bool = True) -> Iterator[CheckpointSeen]:
+    """While tracing: refuse reentrant checkpoints, record recompute nodes, trace the RNG state.
 
     Args:
         replay_rng: Turn ``torch.get_rng_state``/``set_rng_state`` (and the CUDA
             ones) into graph nodes while a proxy mode traces (make_fx mode).
 
     Yields:
-        Counts of what ran (``"non_reentrant"``: checkpointed regions entered);
-        every patch is undone on exit, whatever happens.
+        What ran (checkpointed regions entered, the nodes their recomputes
+        created), filled in as the trace goes; every patch is undone on exit,
+        whatever happens.
     """
-    uses: dict[str, int] = {}
-    patches = _checkpoint_patches() + (_rng_patches() if replay_rng else [])
+    seen = CheckpointSeen()
+    patches = _checkpoint_patches(seen) + (_rng_patches() if replay_rng else [])
     name = checkpoint_region_entry()  # else AOT mode would drop its CheckpointWarning
-    patches.append((torch_checkpoint, name, _counting(getattr(torch_checkpoint, name), uses)))
+    patches.append((torch_checkpoint, name, _counting(getattr(torch_checkpoint, name), seen)))
     with patched(patches):
-        yield uses
+        yield seen
 
 
 def warn_checkpoint_not_recomputed(regions: int) -> None:

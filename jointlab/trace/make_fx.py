@@ -83,7 +83,7 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
             stack.enter_context(preserve_node_meta())
             stack.enter_context(torch.autograd.set_multithreading_enabled(False))
             stack.enter_context(non_strict_tracing_context())
-            stack.enter_context(checkpoint_tracing())  # exact RNG replay of recomputes
+            ckpt = stack.enter_context(checkpoint_tracing())  # exact RNG replay of recomputes
             stack.enter_context(user_errors())
             probes = stack.enter_context(module_probes(model))
             stack.enter_context(symbolic_dispatch(bool(dyn_dims)))
@@ -105,7 +105,8 @@ def trace_make_fx(model: nn.Module, train_fn: Callable[..., Any], req: TraceRequ
     names = {n for n, _ in model.named_modules(remove_duplicate=False)}
     parts = req.parts(gm, "make_fx", box, guards, layout.runtime(list(spec.fqns)),
                       module_inputs=probes.in_shapes)
-    return parts, TraceFacts(rules, probes, module_names=names)
+    return parts, TraceFacts(rules, probes, module_names=names,
+                             recomputed=tuple(ckpt.recomputed))
 
 
 def _fake_inputs(model, leaves, dyn_dims, layout):
