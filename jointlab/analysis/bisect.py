@@ -50,6 +50,7 @@ from jointlab.analysis.compare.scale import produced_scale
 from jointlab.analysis.kernels import kernel_map
 from jointlab.analysis.step.runner import ValueRecorder
 from jointlab.errors import CompiledGraphError
+from jointlab.passes.subgraph import subgraph_module
 
 __all__ = ["Bisection", "Region", "RegionCheck", "bisect", "compile_region", "split_regions"]
 
@@ -186,17 +187,11 @@ def split_regions(gm: fx.GraphModule, k: int = 6) -> list[Region]:
 
 
 def region_module(gm: fx.GraphModule, region: Region) -> fx.GraphModule:
-    """A graph module computing ``region.outputs`` from ``region.inputs``."""
-    by_name = {n.name: n for n in gm.graph.nodes}
-    g = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for name in region.inputs:
-        env[by_name[name]] = g.placeholder(name)
-        env[by_name[name]].meta = dict(by_name[name].meta)
-    for name in region.nodes:
-        env[by_name[name]] = g.node_copy(by_name[name], lambda a: env[a])
-    g.output(tuple(env[by_name[n]] for n in region.outputs))
-    return fx.GraphModule(gm, g)
+    """A graph module computing ``region.outputs`` from ``region.inputs``.
+
+    Built by :func:`jointlab.passes.subgraph.subgraph_module`; ``gm`` is only read.
+    """
+    return subgraph_module(gm, region.inputs, region.nodes, region.outputs)
 
 
 def compile_region(backend: str, gm: fx.GraphModule, args: list[Any],

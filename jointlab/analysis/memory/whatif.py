@@ -14,6 +14,10 @@ make_fx joint graph has neither, so :func:`functional_joint` builds such a copy:
 3. ``torch.func.functionalize`` turns ``bernoulli_``/``add_`` into functional
    ops (buffer write-backs are dropped: they do not change memory).
 
+The meta those copies need (the seed's meta on the tangent, the partitioner's
+forward tags, jointlab's annotations dropped) is written by
+:mod:`jointlab.passes.partition`; the user's graph is only read.
+
 Each option is then scored with :mod:`jointlab.analysis.memory.predict`'s liveness model: the
 forward graph runs with the state and inputs live; the backward graph runs
 with the state and inputs (the caller holds them) plus the saved values, which
@@ -33,8 +37,9 @@ import torch.fx as fx
 from jointlab.analysis.memory.predict import predict
 from jointlab.errors import WhatIfError
 from jointlab.input_grads import graph_input_grads
-from jointlab.meta import KEY, op_name, storage_owner
+from jointlab.meta import op_name, storage_owner
 from jointlab.passes.analyze import ensure_analyzed, hint
+from jointlab.passes.partition import drop_annotations, seed_as_tangent, tag_forward
 from jointlab.runtime.descriptors import has_descriptors, outputs_and_tangents
 from jointlab.torch_compat import FakeTensorMode, aot_descriptors, make_fx, partitioners
 
@@ -105,10 +110,9 @@ def _aot_functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]]:
             "what-if: the aot graph lacks the primals_*/tangents_* placeholders the "
             f"partitioners expect (tangents: {[t.name for t in tangents]}, "
             f"misnamed: {misnamed[:5]}); was it edited after tracing?")
-    for node in gm.graph.nodes:
-        # Fresh analysis per split graph: the partitioners copy node meta shallowly,
-        # so a shared jointlab dict would let one graph's storages overwrite another's.
-        node.meta.pop(KEY, None)
+    # Fresh analysis per split graph: the partitioners copy node meta shallowly,
+    # so a shared jointlab dict would let one graph's storages overwrite another's.
+    drop_annotations(gm)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     args = [_empty_like_val(n.meta.get("val"), mode) for n in gm.graph.nodes
             if n.op == "placeholder"]
@@ -128,12 +132,7 @@ def _makefx_functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]
         raise WhatIfError(
             "what-if: no ones_like(loss) node seeds the backward of this make_fx graph, so it "
             "cannot be split into forward and backward; was the graph edited after tracing?")
-    last_ph = [n for n in graph.nodes if n.op == "placeholder"][-1]
-    with graph.inserting_after(last_ph):
-        tangent = graph.placeholder(TANGENT)
-    tangent.meta = dict(seed.meta)
-    seed.replace_all_uses_with(tangent)
-    graph.erase_node(seed)
+    seed_as_tangent(graph, seed, TANGENT)
     out.args = ([loss, *extra, *grads],)
     gm.recompile()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -144,27 +143,9 @@ def _makefx_functional_joint(joint: Any) -> tuple[fx.GraphModule, int, list[Any]
     phs = [n for n in fgm.graph.nodes if n.op == "placeholder"]
     tangent = phs[len(args) - 1 - _tangent_pos_from_end(graph)]
     tangent.target = TANGENT
-    _tag_forward(fgm, tangent)
+    tag_forward(fgm, tangent)
     fgm.recompile()
     return fgm, 1 + len(extra), args
-
-
-def _tag_forward(gm: fx.GraphModule, tangent: fx.Node) -> None:
-    """Tag every node placed before the backward's first step as forward.
-
-    ``default_partition`` splits by these tags ("respect the original placement").
-    """
-    first_bwd = min((u for u in tangent.users), key=_order(gm), default=None)
-    for node in gm.graph.nodes:
-        if node is first_bwd:
-            break
-        if node.op == "call_function":
-            node.meta["partitioner_tag"] = "is_forward"
-
-
-def _order(gm: fx.GraphModule) -> Any:
-    pos = {n: i for i, n in enumerate(gm.graph.nodes)}
-    return pos.__getitem__
 
 
 def _tangent_pos_from_end(graph: fx.Graph) -> int:
