@@ -24,9 +24,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from jointlab.errors import PersistError
 from jointlab.io.codec import decode_device, decode_dtype
+from jointlab.passes.restore import restore_vals
 from jointlab.torch_compat import FakeTensorMode, fake_tensor_maker, storage_id
-
-SPEC_KEY = "_jointlab_val_spec"
 
 
 # -- saving -----------------------------------------------------------------------------
@@ -88,20 +87,24 @@ def placeholder_spec(val: Any) -> Any:
 
 
 # -- loading ----------------------------------------------------------------------------
-def rebuild_vals(gm: fx.GraphModule, doc: dict[str, Any], version: int, dynamic: bool) -> None:
+def rebuild_vals(gm: fx.GraphModule, doc: dict[str, Any], version: int, dynamic: bool,
+                 specs: list[Any]) -> None:
     """Set ``meta["val"]`` on ``gm``'s nodes from the archive (best effort; static only).
 
+    The values are rebuilt here and written by :func:`jointlab.passes.restore.restore_vals`
+    (version 1: by torch's fake propagation).
+
     Args:
-        gm: The decoded graph; version 1 left each record's spec under ``SPEC_KEY``.
+        gm: The decoded graph.
         doc: graph.json.
         version: The archive's format version.
         dynamic: Whether the graph has dynamic dims (no values are rebuilt then).
+        specs: Each node's recorded value spec (None where there is none), in node order.
 
     Raises:
         PersistError: A version-2 value spec is malformed.
     """
     nodes = list(gm.graph.nodes)
-    specs = [n.meta.pop(SPEC_KEY, None) for n in nodes]
     if dynamic:
         return
     if version >= 2:
@@ -124,9 +127,7 @@ def _build_direct(nodes: list[fx.Node], specs: list[Any], sizes: Any) -> None:
         raise
     except (TypeError, ValueError, IndexError, RuntimeError) as exc:
         raise PersistError(f"malformed value spec in graph.json: {exc}") from exc
-    for node, spec, val in zip(nodes, specs, vals):
-        if spec is not None:
-            node.meta["val"] = val
+    restore_vals((node, val) for node, spec, val in zip(nodes, specs, vals) if spec is not None)
 
 
 class _Builder:

@@ -20,7 +20,8 @@ The archive is a zip file:
 
 Loading resolves targets only against :mod:`jointlab.io.codec`'s allow-list and
 never evaluates code from the file. The fake ``meta["val"]`` values are
-rebuilt from their recorded specs (:mod:`jointlab.io.fakes`). The graph module
+rebuilt from their recorded specs (:mod:`jointlab.io.fakes`); the decoded meta
+and values are put on the nodes by :mod:`jointlab.passes.restore`. The graph module
 generates its Python code when first run or read (:mod:`jointlab.io.deferred`).
 
 Version 2 added every node's value spec with its storage, and stores each
@@ -62,7 +63,7 @@ from jointlab.io.codec import (
     encode_target,
 )
 from jointlab.io.deferred import DeferredGraphModule
-from jointlab.io.fakes import SPEC_KEY, encode_vals, rebuild_vals
+from jointlab.io.fakes import encode_vals, rebuild_vals
 from jointlab.io.layout_record import decode_layout, encode_layout
 from jointlab.io.node_records import (
     KeyTuples,
@@ -73,13 +74,13 @@ from jointlab.io.node_records import (
     encode_node_meta,
 )
 from jointlab.passes.analyze import require_analyzed
+from jointlab.passes.restore import ARCHIVE_VERSION_KEY as ARCHIVE_VERSION_KEY  # jl.load reads it
+from jointlab.passes.restore import mark_archive_version, restore_meta
 from jointlab.runtime.gc_pause import collector_paused
 
 FORMAT = "jointlab.joint-graph"
 VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
-#: Graph-module meta key holding the archive version a graph was read from.
-ARCHIVE_VERSION_KEY = "jointlab_archive_version"
 #: Archives older than this carry analysis keys computed by an older rule
 #: (``saved_for_backward`` per node, not per storage): the loader recomputes them.
 CURRENT_ANALYSIS_SINCE = 2
@@ -219,10 +220,10 @@ def _read(path: str | bytes) -> GraphParts:
                                f"jointlab reads {READABLE_VERSIONS}: {fmt!r}")
         constants = _load_constants(zf) if "constants.pt" in names else {}
         doc = _json(zf, "graph.json")
-        gm = _decode_graph(doc, constants, fmt["version"])
+        gm, specs = _decode_graph(doc, constants, fmt["version"])
         parts = decode_layout(_json(zf, "layout.json"), gm)
-    rebuild_vals(gm, doc, fmt["version"], bool(parts.dynamic_dims))
-    gm.meta[ARCHIVE_VERSION_KEY] = fmt["version"]
+    rebuild_vals(gm, doc, fmt["version"], bool(parts.dynamic_dims), specs)
+    mark_archive_version(gm, fmt["version"])
     return parts
 
 
@@ -289,11 +290,17 @@ def _check_name(name: Any, what: str) -> str:
 
 
 def _decode_graph(doc: Any, constants: dict[str, torch.Tensor],
-                  version: int) -> fx.GraphModule:
+                  version: int) -> tuple[fx.GraphModule, list[Any]]:
+    """The archived graph and each node's value spec (None where it has none), in node order.
+
+    Node meta is restored by :func:`jointlab.passes.restore.restore_meta`.
+    """
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise PersistError("graph.json must hold a list of nodes")
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
+    metas: list[dict[str, Any]] = []
+    specs: list[Any] = []
 
     def node_of(name: Any) -> fx.Node:
         if name not in env:
@@ -323,10 +330,10 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor],
         node.args = args
         if kwargs:
             node.kwargs = kwargs
-        node.meta.update(decode_meta(rec, version, shared, keys))
-        if rec.get("val") is not None:
-            node.meta[SPEC_KEY] = rec["val"]
+        metas.append(decode_meta(rec, version, shared, keys))
+        specs.append(rec.get("val"))
         env[name] = node
+    restore_meta(graph, metas)
     try:
         graph.lint()
     except Exception as exc:
@@ -334,7 +341,7 @@ def _decode_graph(doc: Any, constants: dict[str, torch.Tensor],
     root = torch.nn.Module()
     for key, tensor in constants.items():
         _set_constant(root, key, tensor)
-    return DeferredGraphModule(root, graph)  # code generated when first run or read
+    return DeferredGraphModule(root, graph), specs  # code generated when first run or read
 
 
 def _set_constant(root: torch.nn.Module, key: str, tensor: torch.Tensor) -> None:
