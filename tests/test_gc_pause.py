@@ -127,3 +127,27 @@ def test_a_disabled_collector_stays_off(collections_seen):
     assert not gc.isenabled()
     assert collections_seen == []
     assert gc.get_threshold() == LOW
+
+
+def test_a_giant_trace_runs_the_held_back_collection_as_it_returns(collections_seen,
+                                                                   monkeypatch):
+    """At COLLECT_AT_NODES nodes (lowered here to the MLP's size) the trace pays its own walk."""
+    from jointlab.runtime import gc_pause
+
+    model, train_fn, inputs = _mlp()
+    garbage = []
+
+    def step(model, **kw):
+        cycle = [torch.nn.Linear(1, 1)]
+        cycle.append(cycle)  # cyclic garbage once train_fn returns
+        garbage.append(weakref.ref(cycle[0]))
+        return train_fn(model, **kw)
+
+    monkeypatch.setattr(gc_pause, "COLLECT_AT_NODES", 10)
+    collections_seen.clear()
+    joint = jl.trace(model, step, inputs)
+    starts = [g for g, phase in collections_seen if phase == "start"]
+    assert len(joint.graph.nodes) >= 10 and starts.count(1) >= 3 * LOW[2], starts
+    assert starts.count(2) == 1 and starts[-1] == 2, starts  # once, after the young ones
+    assert garbage and garbage[0]() is None  # the trace's cycle is already freed
+    assert gc.get_threshold() == LOW and gc.get_count()[2] == 0

@@ -12,7 +12,7 @@ The mode's trace runs inside every watch of
 :data:`jointlab.trace.watch_table.WATCHES` (refusals, guards, swaps, records,
 in table order). All of it runs under
 :func:`~jointlab.runtime.gc_pause.no_full_collection`: no full garbage
-collection while it runs.
+collection while it runs; a giant trace runs the one held back as it returns.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch import nn
 from jointlab.assumptions import Assumptions, hooks_fact
 from jointlab.errors import TraceError
 from jointlab.passes.pipeline import run_passes
+from jointlab.runtime import gc_pause
 from jointlab.runtime.gc_pause import no_full_collection
 from jointlab.runtime.graph import RunnableGraph
 from jointlab.runtime.stack_room import with_stack_room
@@ -80,7 +81,10 @@ def trace(
             be traced; the message says why and where.
     """
     with no_full_collection():  # not a walk of the growing heap every few seconds
-        return _trace(model, train_fn, inputs, mode, dynamic, dynamic_arg_dims)
+        joint = _trace(model, train_fn, inputs, mode, dynamic, dynamic_arg_dims)
+    if len(joint.graph_module.graph.nodes) >= gc_pause.COLLECT_AT_NODES:  # due now, not at a view
+        gc_pause.collect_held_back()
+    return joint
 
 
 def _trace(model: nn.Module, train_fn: Callable[..., Any], inputs: dict[str, Any], mode: str,
