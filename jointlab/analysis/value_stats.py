@@ -29,6 +29,9 @@ __all__ = ["NAN_ROW", "SAME_VALUES", "STAT_COLUMNS", "ValueStats", "describe", "
 #: Columns of :attr:`Record.table`; none collides with a ``joint.nodes`` column.
 STAT_COLUMNS = ("value_shape", "value_dtype", "mean", "std", "min", "max", "norm", "nan", "inf",
                 "time_s", "kept", "note", "mask")
+#: A non-contiguous value of more elements is reduced as its flat memory (see :func:`_flat`);
+#: a smaller one in place, where finding its layout would cost more than it saves.
+_FLATTEN_ABOVE = 2048
 #: Below this variance / mean**2 the one-pass variance loses digits; use two passes.
 _CANCELLATION = 0.1
 NAN_ROW = (math.nan,) * 5
@@ -88,7 +91,7 @@ def tensor_stats(x: torch.Tensor) -> tuple[tuple[float, ...], int, int]:
     Returns:
         ``((mean, std, min, max, norm), nan, inf)``.
     """
-    if not x.is_contiguous():
+    if not x.is_contiguous() and x.numel() > _FLATTEN_ABOVE:
         x = _flat(x)
     if x.dtype is not torch.float32 and x.dtype is not torch.float64:
         x = x.float() if x.dtype.is_floating_point else x.double()
