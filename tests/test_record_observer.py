@@ -149,3 +149,33 @@ def test_a_view_edited_after_the_trace_is_read_from_its_value(op):
     value = kept.values[node.name]
     assert tuple(value.shape) == ((2, 2, 2) if op == "view" else (5, 2, 4))
     _assert_row(fast.table.loc[node.name], value, node.name)
+
+
+class _RotateHalf(torch.nn.Module):
+    """Rotary embedding's rotate_half, as Llama-family attention writes it (neg of a slice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        x1, x2 = h[..., :4], h[..., 4:]
+        rotated = torch.cat((-x2, x1), dim=-1)
+        return (h * 0.5 + rotated * 0.25).pow(2).mean()
+
+
+def test_a_negated_value_is_derived_exactly():
+    model, inputs = _RotateHalf(), {"x": torch.randn(3, 8)}
+    joint = jl.trace(model, lambda m, x: m(x), inputs)
+    fast, kept = _both(joint, model, inputs)
+    nodes = list(joint.graph.nodes)
+    negs = [nodes[i] for i in fast.observed.plan.negated]
+    assert negs and all(_meta.op_name(n) == "neg" for n in negs)
+    for node in negs:
+        _assert_row(fast.table.loc[node.name], kept.values[node.name], node.name)
+        row, seen = fast.table.loc[node.name], kept.table.loc[node.name]
+        assert (row["min"], row["max"]) == (seen["min"], seen["max"])  # extremes: exact
+        # sums: the argument's order of summation (a strided slice) against neg's own
+        assert row["mean"] == pytest.approx(seen["mean"], rel=1e-6)
+        assert row["norm"] == pytest.approx(seen["norm"], rel=1e-6)

@@ -9,9 +9,10 @@ never edited.
 What is decided once per graph (:class:`Plan`), not once per node and step:
 
 - A view, or another op that only rearranges its argument (``SAME_VALUES``, and
-  ``expand``), whose argument no in-place op can have written since it ran (no
-  node whose schema mutates lies between them), and whose shape and dtype the
-  trace fixed, is *derived*: the instrumented graph only stamps the time after
+  ``expand``), or the ``neg`` of a floating value (negation rounds nothing),
+  whose argument no in-place op can have written since it ran (no node whose
+  schema mutates lies between them), and whose shape and dtype the trace fixed,
+  is *derived*: the instrumented graph only stamps the time after
   it, and its row is its argument's statistics, scaled for ``expand``, after
   the step. A view read after an in-place op is observed and, when its storage
   was written since its argument ran, described from its own value.
@@ -41,6 +42,7 @@ from jointlab.analysis.value_stats import (
     NAN_ROW,
     SAME_VALUES,
     dtype_name,
+    negated_stats,
     repeated_stats,
     tensor_stats,
     why_not,
@@ -72,7 +74,8 @@ class Plan:
         mutates: Per node: whether its schema writes into an input.
         same_as: Per node: the index of the node whose values it rearranges, or -1.
         derived: Per node: the index of the node its row is derived from after
-            the step (a view no in-place op can have changed), or -1.
+            the step (a view no in-place op can have changed, or the ``neg``
+            of a floating value), or -1.
         static: Per derived node: its traced shape, dtype name and element count.
         uninitialized: Per node: whether its op leaves memory undefined (``empty*``).
         maskable: Per node: whether its ``-inf`` may be an attention mask.
@@ -82,6 +85,7 @@ class Plan:
         end_mark: Per node: the index of the clock mark taken when it ended, or
             -1 (the output node).
         derived_order: The derived nodes' indices in graph order.
+        negated: The derived nodes whose values are their argument's negated.
     """
 
     mutates: list[bool]
@@ -94,6 +98,7 @@ class Plan:
     is_source: list[bool]
     end_mark: list[int]
     derived_order: tuple[int, ...]
+    negated: frozenset[int]
 
 
 def make_plan(nodes: list[fx.Node], derive: bool) -> Plan:
@@ -107,11 +112,12 @@ def make_plan(nodes: list[fx.Node], derive: bool) -> Plan:
     mask_sum = mask_sums(nodes, maskable)
     derived = [-1] * len(nodes)
     static: dict[int, tuple[tuple[int, ...], str, int]] = {}
+    negated = {i for i, n in enumerate(nodes) if _is_float_neg(n)}
     last_write = -1  # position of the last node that writes in place
     for i, node in enumerate(nodes):
         if mutates[i]:
             last_write = i
-        src = same_as[i]
+        src = index[node.args[0]] if i in negated else same_as[i]
         if not derive or src < 0 or last_write > src or maskable[i] or mask_sum[i] >= 0:
             continue
         mine, theirs = _static_tensor(node), _static_tensor(nodes[src])
@@ -123,7 +129,16 @@ def make_plan(nodes: list[fx.Node], derive: bool) -> Plan:
         if src >= 0 and derived[i] < 0:
             is_source[src] = True
     return Plan(mutates, same_as, derived, static, uninitialized, maskable, mask_sum, is_source,
-                _end_marks(nodes, derived), tuple(i for i, s in enumerate(derived) if s >= 0))
+                _end_marks(nodes, derived), tuple(i for i, s in enumerate(derived) if s >= 0),
+                frozenset(i for i in negated if derived[i] >= 0))
+
+
+def _is_float_neg(node: fx.Node) -> bool:
+    """``aten.neg`` of one floating tensor node: its values, negated exactly (no rounding)."""
+    val = node.meta.get("val")
+    return (node.op == "call_function" and op_name(node) == "neg" and len(node.args) == 1
+            and isinstance(node.args[0], fx.Node) and not node.kwargs
+            and isinstance(val, torch.Tensor) and val.dtype.is_floating_point)
 
 
 def _static_tensor(node: fx.Node) -> tuple[tuple[int, ...], str, int] | None:
@@ -332,7 +347,8 @@ class ObservedStep:
                 if src[-1]:  # what cannot describe its argument (edited since the trace)
                     rows[i] = (shape, dtype, *NAN_ROW, None, None, False, src[-1])
                     continue
-                stats, nan, inf = repeated_stats(src, numel / math.prod(src[0]))
+                stats, nan, inf = (negated_stats(src) if i in plan.negated else
+                                   repeated_stats(src, numel / math.prod(src[0])))
                 rows[i] = (shape, dtype, *stats, nan, inf, False, "")
         marks, nan = self.marks, math.nan
         times = [marks[e] - marks[e - 1] if 0 < e < done else nan for e in end_mark]

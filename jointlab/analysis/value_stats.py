@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 __all__ = ["NAN_ROW", "SAME_VALUES", "STAT_COLUMNS", "ValueStats", "describe", "dtype_name",
-           "repeated_stats", "tensor_stats", "why_not"]
+           "negated_stats", "repeated_stats", "tensor_stats", "why_not"]
 
 #: Columns of :attr:`Record.table`; none collides with a ``joint.nodes`` column.
 STAT_COLUMNS = ("value_shape", "value_dtype", "mean", "std", "min", "max", "norm", "nan", "inf",
@@ -147,6 +147,26 @@ def repeated_stats(row: tuple[Any, ...], times: float) -> tuple[tuple[float, ...
     """
     mean, std, lo, hi, nrm = row[2:7]
     return (mean, std, lo, hi, nrm * math.sqrt(times)), row[7] * int(times), row[8] * int(times)
+
+
+def negated_stats(row: tuple[Any, ...]) -> tuple[tuple[float, ...], Any, Any]:
+    """Statistics of a floating value negated, from its record row, adding no rounding.
+
+    Negation rounds nothing and rounding is symmetric, so a sum of the negated
+    elements, taken in the same order, is the negated sum: the mean and the
+    extremes change sign (and swap), the spread and the norm do not. (Reducing
+    the negated value where it lies may add in another order: the last bits
+    of its mean and norm can differ.)
+
+    Args:
+        row: The value's record row (statistics at positions 2-6, NaN and Inf
+            counts at 7 and 8).
+
+    Returns:
+        ``((mean, std, min, max, norm), nan, inf)`` of the negated value.
+    """
+    mean, std, lo, hi, nrm = row[2:7]
+    return (-mean, std, -hi, -lo, nrm), row[7], row[8]
 
 
 def why_not(value: torch.Tensor, uninitialized: bool) -> str:
