@@ -115,6 +115,9 @@ from jointlab.torch_compat.graphs import (
     without_python_decompositions as without_python_decompositions,
 )
 from jointlab.torch_compat.inductor import (
+    FALLBACK_RANDOM_DRAWS_EAGER as FALLBACK_RANDOM_DRAWS_EAGER,
+)
+from jointlab.torch_compat.inductor import (
     complete_inductor_provenance as complete_inductor_provenance,
 )
 from jointlab.torch_compat.inductor import inductor_lifted_args as inductor_lifted_args

@@ -19,7 +19,13 @@ from typing import Any
 
 import torch
 
-from jointlab.torch_compat._base import required, torch_attr, unsupported
+from jointlab.torch_compat._base import release, required, torch_attr, unsupported
+
+#: Whether Inductor compiling with ``fallback_random`` draws the numbers eager draws from
+#: the same seed. torch 2.13 does; torch 2.11's compiled code draws other numbers (a make_fx
+#: graph's ``bernoulli_`` on the CPU: tests/test_random_ops.py), so values downstream of a
+#: random op cannot be compared there.
+FALLBACK_RANDOM_DRAWS_EAGER = release(torch.__version__) >= (2, 13, 0)
 
 #: What ``torch.utils.cpp_extension`` logs on import under a CUDA build without a GPU.
 NO_CUDA_RUNTIME = "No CUDA runtime is found"

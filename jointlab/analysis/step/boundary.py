@@ -21,7 +21,9 @@ of views of it (views keep values; the buffer is reshaped to the probe's shape).
 Tolerances are :mod:`jointlab.analysis.compare`'s dtype-aware ones. A row
 beyond tolerance says so in its note (max abs and rel error); eager runs
 seeded, so for a stepper without ``seed=`` a node that follows a random op is
-not compared with eager, and its note says why.
+not compared with eager, and its note says why. Before torch 2.13 Inductor's
+code draws other numbers than eager even with ``fallback_random``: there a node
+that follows a random op is compared with neither, and its note says so.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from jointlab import meta as _meta
+from jointlab import torch_compat
 from jointlab.analysis.compare.capture import capture_eager, probe_pairs
 from jointlab.analysis.compare.judge import Tolerance, close, compute_dtype, errors
 from jointlab.analysis.compare.random_ops import downstream_of, random_nodes
@@ -117,6 +120,19 @@ def _unseeded_random(stepper: Any, node: str) -> bool:
     return stepper.seed is None and node in stepper.cached_values("random", after_random)
 
 
+#: The note of a buffer after a random op where compiled code draws other numbers.
+_DRAWS_DIFFER = (f"not compared: it follows a random op, and the code Inductor compiles on "
+                 f"torch {torch.__version__} (before 2.13) draws other numbers than the graph "
+                 f"and eager, even with fallback_random; step the model in eval mode, or use "
+                 f"torch 2.13 or later")
+
+
+def _draws_differ(stepper: Any, node: str) -> bool:
+    """True when ``node`` follows a random op that this torch's compiled code draws otherwise."""
+    return (not torch_compat.FALLBACK_RANDOM_DRAWS_EAGER
+            and node in stepper.cached_values("random", after_random))
+
+
 def probe_of(stepper: Any, name: str, probed: dict[str, Any]) -> str | None:
     """``name``, or the one chain of views of it, up to a node eager recorded (else None)."""
     node = stepper.joint_nodes[name]
@@ -183,7 +199,9 @@ def boundary_table(stepper: Any, writes: tuple[str, ...], *, eager: bool = False
         node, note = node_of(stepper, buf)
         row = _unchecked(buf, note)
         row.update(node=node, shape=tuple(got.shape))
-        if node is not None:
+        if node is not None and _draws_differ(stepper, node):
+            _add_note(row, _DRAWS_DIFFER)
+        elif node is not None:
             want = ref.get(node)
             if isinstance(want, torch.Tensor):
                 _compare(row, got, "graph", want, tol)
