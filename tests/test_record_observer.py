@@ -179,3 +179,18 @@ def test_a_negated_value_is_derived_exactly():
         # sums: the argument's order of summation (a strided slice) against neg's own
         assert row["mean"] == pytest.approx(seen["mean"], rel=1e-6)
         assert row["norm"] == pytest.approx(seen["norm"], rel=1e-6)
+
+
+def test_an_earlier_record_keeps_its_rows_after_a_later_step():
+    """Records share one observer per graph: each keeps the lists of its own step."""
+    f = zoo.FIXTURES["mlp"]
+    model, inputs = f.make_model(), f.make_inputs(4)
+    joint = jl.trace(model, f.train_fn, inputs)
+    first = jl.record(joint, model, inputs)
+    text = repr(first)
+    other = {k: v * 3 if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+             for k, v in inputs.items()}
+    second = jl.record(joint, model, other)
+    assert first.loss != second.loss
+    assert first.table["norm"].to_list() != second.table["norm"].to_list()
+    assert repr(first) == text and first.observed.rows is not second.observed.rows

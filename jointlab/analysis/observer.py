@@ -123,7 +123,6 @@ def make_plan(nodes: list[fx.Node], derive: bool) -> Plan:
         mine, theirs = _static_tensor(node), _static_tensor(nodes[src])
         if mine and theirs and not uninitialized[src]:  # src's value will be described
             derived[i], static[i] = src, mine
-            static.setdefault(src, theirs)
     is_source = [False] * len(nodes)
     for i, src in enumerate(same_as):
         if src >= 0 and derived[i] < 0:
@@ -188,7 +187,6 @@ class ValueObserver:
         #: Per derived node: the shape and dtype the trace gave its value.
         self._derived_meta = {i: (self.plan.static[i][0], nodes[i].meta["val"].dtype)
                               for i in self.plan.derived_order}
-        self.marks: list[float] = []
         self.reset(0)
 
     def reset(self, keep_bytes: int) -> None:
@@ -205,7 +203,7 @@ class ValueObserver:
         #: Per source node: its value's storage and that storage's write count when it ran.
         self.stamp: dict[int, tuple[int, int]] = {}
         self.numel: dict[int, int] = {}
-        self.marks = []
+        self.marks: list[float] = []
 
     def start(self) -> None:
         """Take the run's first clock mark (call right before the instrumented graph)."""
@@ -306,10 +304,12 @@ class ValueObserver:
                     and src[8] * value.numel() == neg * math.prod(src[0]) and self.mask[j])
 
     def take(self) -> ObservedStep:
-        """What the last step observed; the observer starts afresh (the step keeps its lists)."""
-        step = ObservedStep(self.index, self.rows, self.marks, self.mask, self.plan)
-        self.rows, self.marks, self.mask = [None] * len(self.nodes), [], [False] * len(self.nodes)
-        return step
+        """What the last step observed.
+
+        The step keeps these lists: :meth:`reset` and :meth:`start` give the
+        observer new ones.
+        """
+        return ObservedStep(self.index, self.rows, self.marks, self.mask, self.plan)
 
 
 @dataclass(frozen=True, eq=False)
