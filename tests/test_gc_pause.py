@@ -53,15 +53,20 @@ def _mlp():
     return f.make_model(), f.train_fn, f.make_inputs(4)
 
 
-def test_no_full_collection_during_a_trace_then_cpython_resumes(collections_seen):
-    model, train_fn, inputs = _mlp()
-    garbage = []
-
+def _leaving_a_cycle(train_fn, garbage: list):
+    """``train_fn`` that also leaves cyclic garbage behind, weakly referenced in ``garbage``."""
     def step(model, **kw):
         cycle = [torch.nn.Linear(1, 1)]
         cycle.append(cycle)  # cyclic garbage once train_fn returns
         garbage.append(weakref.ref(cycle[0]))
         return train_fn(model, **kw)
+    return step
+
+
+def test_no_full_collection_during_a_trace_then_cpython_resumes(collections_seen):
+    model, train_fn, inputs = _mlp()
+    garbage = []
+    step = _leaving_a_cycle(train_fn, garbage)
 
     collections_seen.clear()
     jl.trace(model, step, inputs)
@@ -136,13 +141,7 @@ def test_a_giant_trace_runs_the_held_back_collection_as_it_returns(collections_s
 
     model, train_fn, inputs = _mlp()
     garbage = []
-
-    def step(model, **kw):
-        cycle = [torch.nn.Linear(1, 1)]
-        cycle.append(cycle)  # cyclic garbage once train_fn returns
-        garbage.append(weakref.ref(cycle[0]))
-        return train_fn(model, **kw)
-
+    step = _leaving_a_cycle(train_fn, garbage)
     monkeypatch.setattr(gc_pause, "COLLECT_AT_NODES", 10)
     collections_seen.clear()
     joint = jl.trace(model, step, inputs)
