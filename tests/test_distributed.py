@@ -13,6 +13,7 @@ from torch import nn
 import jointlab as jl
 from jointlab.analysis.distributed import collectives
 from jointlab.errors import BakedConstantWarning, StateMismatchError, UnsupportedWrapperError
+from tests.real_job.models import simple_fsdp as _simple_fsdp
 from tests.util import NEEDS_DISTRIBUTED_TORCH, assert_unchanged, deep_state
 
 pytestmark = NEEDS_DISTRIBUTED_TORCH
@@ -102,30 +103,6 @@ def _tp_plan():
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     return {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-
-
-class _Gather(nn.Module):
-    """SimpleFSDP-style parametrisation: all-gather in forward, reduce-scatter (avg) back."""
-
-    def __init__(self, mesh) -> None:
-        super().__init__()
-        self.mesh = mesh
-
-    def forward(self, p):
-        from torch.distributed.tensor import Partial, Replicate
-
-        return p.redistribute(self.mesh, [Replicate()]).to_local(grad_placements=[Partial("avg")])
-
-
-def _simple_fsdp(model, mesh):
-    from torch.distributed.tensor import Shard, distribute_tensor
-    from torch.nn.utils import parametrize
-
-    for mod in list(model.modules()):
-        for name, p in list(mod.named_parameters(recurse=False)):
-            mod.register_parameter(name, nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)])))
-            parametrize.register_parametrization(mod, name, _Gather(mesh), unsafe=True)
-    return model
 
 
 def _tp(model, mesh):

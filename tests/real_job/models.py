@@ -48,21 +48,27 @@ def reference(kind: str) -> nn.Module:
     return nn.Sequential(nn.Linear(16, hidden), nn.ReLU(), nn.Linear(hidden, 16))
 
 
-def sharded(kind: str, mesh) -> nn.Module:
-    """``reference(kind)`` sharded over ``mesh`` (1-D) by the kind's plan."""
+def simple_fsdp(model: nn.Module, mesh) -> nn.Module:
+    """SimpleFSDP in place: every parameter ``Shard(0)`` over ``mesh``, gathered by ``_Gather``."""
     from torch.distributed.tensor import Shard, distribute_tensor
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
     from torch.nn.utils import parametrize
 
-    model = reference(kind)
-    if kind == "tp":
-        return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     for mod in list(model.modules()):
         for name, p in list(mod.named_parameters(recurse=False)):
             mod.register_parameter(name, nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)])))
             parametrize.register_parametrization(mod, name, _Gather(mesh), unsafe=True)
     return model
+
+
+def sharded(kind: str, mesh) -> nn.Module:
+    """``reference(kind)`` sharded over ``mesh`` (1-D) by the kind's plan."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    model = reference(kind)
+    if kind == "tp":
+        return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return simple_fsdp(model, mesh)
