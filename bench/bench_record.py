@@ -81,14 +81,10 @@ def _gpt2_small() -> tuple[Any, Any, dict[str, Any]]:
 
 
 def _falcon() -> tuple[Any, Any, dict[str, Any]]:
-    import transformers as tr
-
     from tests.fixtures.real import lm_train_fn
+    from tests.fixtures.view_models import tiny_falcon
 
-    cfg = tr.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                          num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0)
-    torch.manual_seed(0)
-    model = tr.FalconForCausalLM(cfg).train()
+    model = tiny_falcon()
     ids = torch.randint(0, 64, (2, 16))
     return model, lm_train_fn, {"input_ids": ids, "labels": ids.clone()}
 

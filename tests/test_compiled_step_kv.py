@@ -24,6 +24,7 @@ from jointlab.analysis.step.boundary import after_random
 from jointlab.analysis.step.compiled_checks import check_arity
 from jointlab.analysis.step.kernel_code import call_arity
 from jointlab.errors import CompiledGraphError
+from tests.fixtures.view_models import tiny_falcon
 from tests.util import assert_same_bits, one_thread
 
 transformers = pytest.importorskip("transformers")
@@ -63,11 +64,7 @@ def gpt2():
 def falcon():
     """HF Falcon (KV cache constants), no dropout: the kernel probe can run on it too."""
     with one_thread():
-        torch.manual_seed(0)
-        cfg = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                        num_attention_heads=4, hidden_dropout=0.0,
-                                        attention_dropout=0.0)
-        yield _compiled(transformers.FalconForCausalLM(cfg).train())
+        yield _compiled(tiny_falcon())
 
 
 def _extra_args(c, model, inputs):

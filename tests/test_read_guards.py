@@ -358,12 +358,10 @@ def test_an_unwatchable_config_is_guarded_whole():
 
 # -- HF config fields -------------------------------------------------------------------
 def _falcon():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                    num_attention_heads=4, hidden_dropout=0.1,
-                                    attention_dropout=0.0)
-    return transformers.FalconForCausalLM(cfg).train()
+    pytest.importorskip("transformers")
+    from tests.fixtures.view_models import tiny_falcon
+
+    return tiny_falcon(hidden_dropout=0.1)
 
 
 def _lm_loss(model, input_ids):
