@@ -7,6 +7,7 @@ is set, are copied there as well.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -94,6 +95,25 @@ def open_dag_page(b: Any, path: pathlib.Path, *, init: str | None = None, width:
     page.goto(path.as_uri())
     page.wait_for_function(drawn, timeout=timeout)
     return page, errors
+
+
+def code_notebook(path: pathlib.Path, sources: list[str]) -> pathlib.Path:
+    """Write ``sources`` as the code cells of a Python 3 notebook (nbformat 4.5) at ``path``.
+
+    Args:
+        path: Where to write the ``.ipynb``.
+        sources: Each cell's source, in order (cell ids ``c0``, ``c1``...).
+
+    Returns:
+        ``path``.
+    """
+    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
+              "outputs": [], "source": src} for i, src in enumerate(sources)]
+    kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                             "language": "python"}}
+    path.write_text(json.dumps({"cells": cells, "metadata": kernel, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
 
 
 def save_screenshot(page: Any, tmp_dir: pathlib.Path, name: str) -> pathlib.Path:

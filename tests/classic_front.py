@@ -23,7 +23,7 @@ import urllib.request
 from typing import Any
 
 from tests import hostsim
-from tests.chromium import PageErrors, browser
+from tests.chromium import PageErrors, browser, code_notebook
 
 # the graph's own answers, printed by the kernel, that the page must agree with
 REFERENCE_CELL = """\
@@ -53,14 +53,7 @@ STATE = """() => ({
 
 
 def _notebook(path: pathlib.Path) -> pathlib.Path:
-    cells = [*hostsim.WIDGET_CELLS[:3], REFERENCE_CELL]
-    path.write_text(json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                   "source": src, "id": f"c{i}"} for i, src in enumerate(cells)],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                    "language": "python"}},
-        "nbformat": 4, "nbformat_minor": 5}))
-    return path
+    return code_notebook(path, [*hostsim.WIDGET_CELLS[:3], REFERENCE_CELL])
 
 
 def _serve(python: pathlib.Path, root: pathlib.Path, port: int, token: str) -> subprocess.Popen:

@@ -29,6 +29,7 @@ from tests.chromium import (
     PageErrors,
     browser,
     chromium_path,
+    code_notebook,
     dag_layout,
     dag_screen_of,
     dag_state,
@@ -562,13 +563,7 @@ EXPLORE_CELLS = [
 
 
 def _explore_notebook(path: pathlib.Path) -> pathlib.Path:
-    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
-              "outputs": [], "source": src} for i, src in enumerate(EXPLORE_CELLS)]
-    kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                             "language": "python"}}
-    path.write_text(json.dumps({"cells": cells, "metadata": kernel, "nbformat": 4,
-                                "nbformat_minor": 5}))
-    return path
+    return code_notebook(path, EXPLORE_CELLS)
 
 
 def _selected_label(select) -> str:

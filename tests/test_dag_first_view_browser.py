@@ -17,7 +17,7 @@ import pathlib
 
 import pytest
 
-from tests.chromium import browser, chromium_path, open_dag_page
+from tests.chromium import browser, chromium_path, code_notebook, open_dag_page
 from tests.fixtures.view_models import (
     collective_view,
     falcon_joint,
@@ -376,17 +376,9 @@ def test_shift_enter_in_the_search_box_does_not_run_the_cell_in_jupyterlab(lab, 
     """JupyterLab at 1024x768: Enter, Enter, Shift+Enter in the view's search box step
     through the hits; the cell is not run again (its prompt stays [1], no cell is added)
     and the view is the same element, its search kept."""
-    import json
-
     from tests.test_browser import _open_and_run_all
 
-    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": "lesson",
-                     "metadata": {}, "outputs": [], "source": LESSON_CELL}],
-          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                      "language": "python"}},
-          "nbformat": 4, "nbformat_minor": 5}
-    src = tmp_path / "keys.ipynb"
-    src.write_text(json.dumps(nb))
+    src = code_notebook(tmp_path / "keys.ipynb", [LESSON_CELL])
     with browser() as b:
         page, errors = _open_and_run_all(lab, b, "keys", src=src, min_cells=1)
         page.set_viewport_size({"width": 1024, "height": 768})

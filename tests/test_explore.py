@@ -183,17 +183,11 @@ TOGGLE_LOOK = """b => { const s = getComputedStyle(b);
 def test_search_brings_hits_into_view_in_jupyterlab(lab, tmp_path, width):  # noqa: F811
     """In JupyterLab: a search for the loss's backward (off-screen at first) moves the view
     onto it; the toggle of a hidden phase does not look like the shown ones."""
-    import json
-
-    from tests.chromium import browser, save_screenshot
+    from tests.chromium import browser, code_notebook, save_screenshot
     from tests.test_browser import REPO, _assert_no_error_outputs, _open_and_run_all
 
-    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
-              "outputs": [], "source": src.format(repo=str(REPO))}
-             for i, src in enumerate(EXPLORE_CELLS)]
-    nb = tmp_path / "explore.ipynb"
-    nb.write_text(json.dumps({"cells": cells, "nbformat": 4, "nbformat_minor": 5, "metadata": {
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
+    nb = code_notebook(tmp_path / "explore.ipynb",
+                       [src.format(repo=str(REPO)) for src in EXPLORE_CELLS])
     with browser() as b:
         page, errors = _open_and_run_all(lab, b, "explore", src=nb, min_cells=3)
         _assert_no_error_outputs(page)

@@ -239,17 +239,10 @@ def _overlap(a, b) -> bool:
 def test_panel_buttons_and_memory_plot_fit_1024_and_1280(lab, tmp_path):  # noqa: F811
     """At 1024 and 1280 wide no button or label of the panel is cut, and the memory plot's
     peak label overlaps neither its legend nor its titles, after each resize."""
-    import json
-
-    from tests.chromium import browser, save_screenshot
+    from tests.chromium import browser, code_notebook, save_screenshot
     from tests.test_browser import REPO, _assert_no_error_outputs, _open_and_run_all
 
-    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
-              "outputs": [], "source": src.format(repo=str(REPO))}
-             for i, src in enumerate(FIT_CELLS)]
-    nb = tmp_path / "fit.ipynb"
-    nb.write_text(json.dumps({"cells": cells, "nbformat": 4, "nbformat_minor": 5, "metadata": {
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
+    nb = code_notebook(tmp_path / "fit.ipynb", [src.format(repo=str(REPO)) for src in FIT_CELLS])
     with browser() as b:
         page, errors = _open_and_run_all(lab, b, "fit", src=nb, min_cells=4)
         _assert_no_error_outputs(page)
