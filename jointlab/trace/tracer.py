@@ -27,7 +27,6 @@ from jointlab.assumptions import Assumptions, hooks_fact
 from jointlab.errors import TraceError
 from jointlab.passes.pipeline import run_passes
 from jointlab.runtime import gc_pause
-from jointlab.runtime.gc_pause import no_full_collection
 from jointlab.runtime.graph import RunnableGraph
 from jointlab.runtime.stack_room import with_stack_room
 from jointlab.trace.fake_world import (
@@ -80,7 +79,7 @@ def trace(
         jointlab.errors.JointlabError: The inputs, the loss or the model cannot
             be traced; the message says why and where.
     """
-    with no_full_collection():  # not a walk of the growing heap every few seconds
+    with gc_pause.no_full_collection():  # not a walk of the growing heap every few seconds
         joint = _trace(model, train_fn, inputs, mode, dynamic, dynamic_arg_dims)
     if len(joint.graph_module.graph.nodes) >= gc_pause.COLLECT_AT_NODES:  # due now, not at a view
         gc_pause.collect_held_back()
